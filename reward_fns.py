@@ -1,0 +1,116 @@
+"""
+Reward functions for GRPO. Each one is pure: (completion: str, answer: str) -> float.
+
+extract_number(text)   Parse the model's final numeric answer into a normalized string
+                       ("1,234" -> "1234", "$5" -> "5", "3.50" -> "3.5", "42." -> "42").
+                       Precedence: the number after the LAST "####" (GSM8K style, and the
+                       format our prompt asks for) wins; else the LAST \\boxed{...}; else
+                       the LAST number anywhere in the text. None if there is no number.
+gsm8k_reward           1.0 if the completion's final number equals the final number of the
+                       GSM8K answer ("...reasoning...\\n#### 72", or just "72"), else 0.0.
+format_reward          1.0 if the completion has a line "#### <number>" or a "\\boxed{<number>}".
+                       A small *shaping* reward: it teaches the output format early on, when
+                       correctness rewards are still mostly zero. Weight it low (e.g. 0.1),
+                       otherwise the policy learns to format wrong answers nicely.
+arithmetic_reward      Built-in offline task ("What is 7 + 12?" -> "19"): 1.0 iff the LAST
+                       number in the completion equals the answer.
+safe_reward            Wraps any reward fn so a buggy or weird return value can never crash
+                       (or poison with NaN) a training step: it becomes 0.0 plus a counted warning.
+REWARD_FNS / get_reward_fn   Name -> function registry, used by the trainer's --reward flag.
+"""
+import math
+import numbers
+import re
+from decimal import Decimal, InvalidOperation
+
+# One number: optional minus, optional "$", then either properly comma-grouped digits
+# ("1,234,567") or plain digits, then an optional decimal part. A trailing "." with no
+# digits after it ("42.") is left out, so sentence-ending periods are harmless.
+# (?<!\d) stops the "-" in "10-3" being read as a negative sign.
+_NUM = r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_NUM_RE = re.compile(r"(?<!\d)" + _NUM)
+_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")  # no nested braces: keeps the regex simple
+_FORMAT_RE = re.compile(  # "#### 42" on its own line, or \boxed{42} / \boxed{\$42} anywhere
+    r"^[ \t]*####[ \t]*" + _NUM + r"\.?[ \t]*$|\\boxed\{\s*\\?" + _NUM + r"\s*\}", re.MULTILINE)
+
+
+def _normalize(num: str) -> str | None:
+    """'$1,234.50' -> '1234.5'. Canonical strings, so equal numbers give equal strings."""
+    try:
+        d = Decimal(num.replace(",", "").replace("$", ""))
+    except InvalidOperation:
+        return None
+    if d == d.to_integral_value():
+        return str(int(d))  # "72.00" -> "72", and "-0" -> "0"
+    return format(d.normalize(), "f")  # "3.50" -> "3.5", and never "1E+1" style
+
+
+def _last_number(text: str) -> str | None:
+    nums = _NUM_RE.findall(text)
+    return _normalize(nums[-1]) if nums else None
+
+
+def extract_number(text: str) -> str | None:
+    # "####" wins even if more numbers follow it: the model was told to put its answer
+    # there, so anything after (a "check", a step count) is not the answer.
+    if "####" in text:
+        m = _NUM_RE.search(text.rsplit("####", 1)[1])  # FIRST number after the LAST ####
+        if m:
+            return _normalize(m.group())
+    boxed = _BOXED_RE.findall(text)
+    if boxed:
+        num = _last_number(boxed[-1])  # "\$5" inside the box still parses: "$" is optional
+        if num is not None:
+            return num
+    # Fallback: models usually end with the answer ("... so she has 18 apples.").
+    return _last_number(text)
+
+
+def gsm8k_reward(completion: str, answer: str) -> float:
+    pred, gold = extract_number(completion), extract_number(answer)
+    # Normalized strings are canonical, so string equality is numeric equality.
+    return 1.0 if pred is not None and pred == gold else 0.0
+
+
+def format_reward(completion: str, answer: str | None = None) -> float:
+    return 1.0 if _FORMAT_RE.search(completion) else 0.0  # answer unused: format only
+
+
+def arithmetic_reward(completion: str, answer: str) -> float:
+    # Last number, not "any number": the question's own numbers ("7", "12") appear in most
+    # completions, so "contains the answer" would be trivially hackable; the last number is
+    # where a solution ends up ("7 + 12 = 19"). Deliberately strict: no ####/boxed logic.
+    pred = _last_number(completion)
+    return 1.0 if pred is not None and pred == _normalize(answer.strip()) else 0.0
+
+
+def safe_reward(fn, completion: str, answer: str, warnings) -> float:
+    """Call fn; anything other than a finite real number becomes 0.0 and a counted warning.
+    One NaN reward would turn the whole group's advantages into NaN, so we never let it through."""
+    name = getattr(fn, "__name__", repr(fn))
+    try:
+        r = fn(completion, answer)
+        if r is None:
+            reason = "returned None"
+        elif not isinstance(r, numbers.Real):  # bools are ints, so True -> 1.0 is fine
+            reason = f"returned non-number {type(r).__name__}"
+        elif math.isnan(float(r)):
+            reason = "returned NaN"
+        elif math.isinf(float(r)):
+            reason = "returned inf"
+        else:
+            return float(r)
+    except Exception as e:  # not BaseException: Ctrl-C should still stop training
+        reason = f"raised {type(e).__name__}"
+    key = f"{name}: {reason}"
+    warnings[key] = warnings.get(key, 0) + 1
+    return 0.0
+
+
+REWARD_FNS = {"gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward, "format": format_reward}
+
+
+def get_reward_fn(name: str):
+    if name not in REWARD_FNS:
+        raise ValueError(f"unknown reward function {name!r}; valid names: {', '.join(sorted(REWARD_FNS))}")
+    return REWARD_FNS[name]

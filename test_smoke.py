@@ -1,0 +1,463 @@
+"""CPU tests, no GPU and no model hub:  python -m pytest -q test_smoke.py
+
+1. the GRPO math on hand-computed values;  2. reward parsing;  3. the weight payload, read back with
+SGLang's own deserializer and bucket class;  4. GPU-layout rules;  5. the real script as a subprocess
+(1 process, then torchrun with 2) on a tiny model built from a config, against a stand-in server
+that speaks SGLang's endpoints and loads the weights it is sent;  6. faults and bad input.
+"""
+import collections
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+import grpo_sglang as g
+import reward_fns
+from reward_fns import (arithmetic_reward, extract_number, format_reward, get_reward_fn, gsm8k_reward,
+                        safe_reward)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. GRPO math
+
+def test_group_advantages_hand_values():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    a = g.group_advantages(r, 4, scale=True)
+    # group 1: mean 0.5, unbiased std sqrt(1/3) -> +-0.5 / 0.57735 = +-0.866
+    assert torch.allclose(a[:4], torch.tensor([0.8660, -0.8660, -0.8660, 0.8660]), atol=1e-3)
+    assert torch.equal(a[4:], torch.zeros(4))  # all-equal group: no signal, no NaN
+    a = g.group_advantages(r, 4, scale=False)  # Dr. GRPO: only centred
+    assert torch.allclose(a, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    a = g.group_advantages(torch.tensor([3.0, 3.0]), 2)  # eps keeps all-equal groups finite
+    assert torch.equal(a, torch.zeros(2))
+
+
+def test_token_logprobs_matches_log_softmax_and_temperature():
+    logits = torch.tensor([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]])  # (1, 2, 3)
+    lp = g.token_logprobs(logits, torch.tensor([[2, 1]]))
+    assert torch.allclose(lp, torch.tensor([[3 - math.log(math.e + math.e ** 2 + math.e ** 3), -math.log(3)]]))
+    lp2 = g.token_logprobs(logits, torch.tensor([[2, 1]]), temperature=2.0)
+    assert torch.allclose(lp2[0, 0], torch.tensor(1.5 - math.log(math.e ** 0.5 + math.e + math.e ** 1.5)))
+
+
+def test_kl_k3_hand_values():
+    logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.0, -1.0]])
+    # d = ref - logp = [0, 1]: e^0 - 0 - 1 = 0;  e^1 - 1 - 1 = 0.71828
+    assert torch.allclose(g.kl_k3(logp, ref), torch.tensor([[0.0, math.e - 2]]))
+    assert (g.kl_k3(torch.randn(4, 5), torch.randn(4, 5)) >= 0).all()
+
+
+def test_clipped_surrogate_hand_values():
+    old = torch.zeros(2, 2)
+    logp = torch.log(torch.tensor([[1.5, 0.9], [0.5, 1.1]]))  # ratios
+    adv = torch.tensor([1.0, -1.0])
+    loss, clipped = g.clipped_surrogate(logp, old, adv, 0.2, 0.3)
+    # row 0 (A=+1): min(1.5, 1.3) = 1.3 (clipped); min(0.9, 0.9) = 0.9
+    # row 1 (A=-1): min(-0.5, -0.8) = -0.8 (clipped); min(-1.1, -1.1) = -1.1
+    assert torch.allclose(loss, torch.tensor([[-1.3, -0.9], [0.8, 1.1]]), atol=1e-6)
+    assert clipped.tolist() == [[True, False], [True, False]]
+    # the gradient vanishes where clipping is active, not elsewhere
+    lp = logp.clone().requires_grad_(True)
+    g.clipped_surrogate(lp, old, adv, 0.2, 0.3)[0].sum().backward()
+    assert lp.grad[0, 0] == 0 and lp.grad[1, 0] == 0
+    assert torch.allclose(lp.grad[0, 1], torch.tensor(-0.9)) and torch.allclose(lp.grad[1, 1], torch.tensor(1.1))
+
+
+def test_aggregate_modes_and_mask():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])
+    m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])  # masked values must not count
+    assert g.aggregate(x, m, "seq", 2, 4, 3).item() == pytest.approx((2.0 + 4.0) / 2)
+    assert g.aggregate(x, m, "token", 2, 4, 3).item() == pytest.approx(10.0 / 4)
+    assert g.aggregate(x, m, "constant", 2, 4, 3).item() == pytest.approx(10.0 / 6)
+    # micro-batches with whole-batch normalisers add up to the whole-batch value
+    for mode in ("seq", "token", "constant"):
+        parts = g.aggregate(x[:1], m[:1], mode, 2, 4, 3) + g.aggregate(x[1:], m[1:], mode, 2, 4, 3)
+        assert parts.item() == pytest.approx(g.aggregate(x, m, mode, 2, 4, 3).item())
+    with pytest.raises(ValueError):
+        g.aggregate(x, m, "tokens", 2, 4, 3)
+
+
+def test_tis_weights_truncate():
+    old, server = torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]]))
+    assert torch.allclose(g.tis_weights(old, server, 1.5), torch.tensor([[1.5, 0.5]]))
+
+
+def test_prompts_for_step_is_a_pure_function_of_step():
+    a = [g.prompts_for_step(10, s, 4, seed=0) for s in range(5)]
+    assert sorted(a[0] + a[1] + a[2][:2]) == list(range(10))  # one epoch covers every row once
+    assert a[3] == g.prompts_for_step(10, 3, 4, seed=0)      # resume at step 3 -> same prompts
+    assert a != [g.prompts_for_step(10, s, 4, seed=1) for s in range(5)]
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. rewards
+
+def test_extract_number_formats():
+    assert extract_number("The total is 1,234 apples") == "1234"
+    assert extract_number("It costs 1,234,567 dollars") == "1234567"
+    assert extract_number("She pays $5 in total") == "5"
+    assert extract_number("She pays $1,000.50") == "1000.5"
+    assert extract_number("So the answer is 42.") == "42"
+    assert extract_number("The temperature is -3 degrees") == "-3"
+    assert extract_number("It costs 3.50") == "3.5"
+    assert extract_number("72.00") == "72"
+    assert extract_number("What is 10-3") == "3"  # "-" after a digit is subtraction, not a sign
+
+
+def test_extract_number_precedence():
+    # "####" wins over later numbers (documented choice: it is the format we ask for)
+    assert extract_number("#### 42\nI used 3 steps.") == "42"
+    assert extract_number("#### 1\nwrong\n#### 18") == "18"  # the LAST ####
+    assert extract_number("x = 5 so #### 7") == "7"
+    # boxed: last box wins, commas and \$ inside work
+    assert extract_number(r"First \boxed{3} then \boxed{4}, checked 9 times") == "4"
+    assert extract_number(r"\boxed{1,000}") == "1000"
+    assert extract_number(r"\boxed{\$5}") == "5"
+    # "#### <no number>" falls back to the last number
+    assert extract_number("so 12 eggs\n#### ") == "12"
+    # otherwise, the last number in the text
+    assert extract_number("3 + 4 = 7, then 7 * 2 = 14") == "14"
+
+
+def test_extract_number_none():
+    assert extract_number("") is None
+    assert extract_number("no digits here") is None
+
+
+def test_gsm8k_reward():
+    gold = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
+    assert gsm8k_reward("She sold 48 + 24 = 72 clips.\n#### 72", gold) == 1.0
+    assert gsm8k_reward("The answer is 72.00", gold) == 1.0  # numeric, not string, compare
+    assert gsm8k_reward(r"\boxed{72}", "72") == 1.0  # plain answer accepted
+    assert gsm8k_reward("#### 1,234", "#### 1234") == 1.0
+    assert gsm8k_reward("#### 71", gold) == 0.0
+    assert gsm8k_reward("#### 72\nThat used 5 steps.", gold) == 1.0  # #### wins
+    assert gsm8k_reward("I don't know", gold) == 0.0
+    assert gsm8k_reward("", gold) == 0.0
+    assert gsm8k_reward("", "") == 0.0  # None == None must not count as correct
+
+
+def test_format_reward():
+    assert format_reward("reasoning...\n#### 42") == 1.0
+    assert format_reward("reasoning\n#### -3.5.\n") == 1.0
+    assert format_reward(r"so \boxed{1,000}") == 1.0
+    assert format_reward(r"so \boxed{\$5}") == 1.0
+    assert format_reward("the answer is 42") == 0.0
+    assert format_reward("#### forty-two") == 0.0
+    assert format_reward("I think #### 42 maybe") == 0.0  # must be its own line
+    assert format_reward("#### 42 apples") == 0.0  # ...holding just the number
+    assert format_reward("") == 0.0
+
+
+def test_arithmetic_reward():
+    assert arithmetic_reward("7 + 12 = 19", "19") == 1.0
+    assert arithmetic_reward("19", "19") == 1.0
+    assert arithmetic_reward("The answer is 19.", "19") == 1.0
+    assert arithmetic_reward("12", "19") == 0.0
+    assert arithmetic_reward("19 is not right, it is 20", "19") == 0.0  # last number only
+    assert arithmetic_reward("no idea", "19") == 0.0
+    assert arithmetic_reward("", "19") == 0.0
+
+
+@pytest.mark.parametrize("ret, reason", [
+    (float("nan"), "returned NaN"), (None, "returned None"), (float("inf"), "returned inf"),
+    (-math.inf, "returned inf"), ("1.0", "returned non-number str"),
+])
+def test_safe_reward_bad_returns(ret, reason):
+    def bad_reward(c, a):
+        return ret
+    w = collections.Counter()
+    assert safe_reward(bad_reward, "c", "a", w) == 0.0
+    assert w == {f"bad_reward: {reason}": 1}
+
+
+def test_safe_reward_raising_fn_and_plain_dict():
+    def broken_reward(c, a):
+        raise ZeroDivisionError
+    w = {}  # a plain dict works too
+    assert safe_reward(broken_reward, "c", "a", w) == 0.0
+    assert safe_reward(broken_reward, "c", "a", w) == 0.0
+    assert w == {"broken_reward: raised ZeroDivisionError": 2}
+
+
+def test_safe_reward_good_values():
+    w = collections.Counter()
+    assert safe_reward(lambda c, a: True, "c", "a", w) == 1.0
+    assert safe_reward(lambda c, a: 0.25, "c", "a", w) == 0.25
+    assert safe_reward(gsm8k_reward, "#### 3", "3", w) == 1.0
+    assert not w
+
+
+def test_registry():
+    assert set(reward_fns.REWARD_FNS) == {"gsm8k", "arithmetic", "format"}
+    assert get_reward_fn("gsm8k") is gsm8k_reward
+    assert get_reward_fn("arithmetic") is arithmetic_reward
+    with pytest.raises(ValueError, match="valid names: arithmetic, format, gsm8k") as e:
+        get_reward_fn("gsm9k")
+    assert "gsm9k" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. the weight payload, read back with SGLang's own classes
+
+def test_payload_roundtrip_with_sglang_deserializer():
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+    named = [("a.weight", torch.randn(3, 5)), ("b.bias", torch.randn(7)), ("c", torch.randn(2, 2, 2).double())]
+    payload, flat = g.make_payload(named, torch.device("cpu"))
+    assert isinstance(payload, str) and flat.dtype == torch.uint8 and flat.numel() == (15 + 7 + 8) * 2
+    obj = MultiprocessingSerializer.deserialize(payload)
+    got = FlattenedTensorBucket(flattened_tensor=obj["flattened_tensor"], metadata=obj["metadata"]).reconstruct_tensors()
+    assert [n for n, _ in got] == ["a.weight", "b.bias", "c"]
+    for (_, want), (_, t) in zip(named, got):
+        assert t.dtype == torch.bfloat16 and t.shape == want.shape
+        assert torch.equal(t, want.to(torch.bfloat16))
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. GPU layout rules (pure function; the GPU run exercises the real devices)
+
+def test_gpu_layout_dedicated_and_colocated():
+    assert g.gpu_layout(3, False, 0, 3, None, 4) == (0, 3)
+    assert g.gpu_layout(3, False, 2, 3, "0,1,2,3", 4) == (2, 3)
+    assert g.gpu_layout(3, False, 0, 1, "0,3", 2) == (0, 1)   # CUDA_VISIBLE_DEVICES renumbers GPUs
+    assert g.gpu_layout(3, True, 0, 1, None, 1) == (0, 0)     # colocated: stage on rank 0's GPU
+
+
+def test_gpu_layout_refuses_overlap_and_hidden_server_gpu():
+    with pytest.raises(g.UserError, match="which the SGLang server uses"):
+        g.gpu_layout(3, False, 0, 4, None, 4)
+    with pytest.raises(g.UserError, match="training rank 0 would run on GPU 3"):
+        g.gpu_layout(3, False, 0, 1, "3,0", 2)
+    with pytest.raises(g.UserError, match="hides GPU 3"):
+        g.gpu_layout(3, False, 0, 3, "0,1,2", 3)
+    with pytest.raises(g.UserError, match="only 1 visible"):
+        g.gpu_layout(3, False, 0, 2, None, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. the real script against a stand-in server
+
+WORDS = ["user", "assistant", "What", "is", "+", "?", "Answer", "with", "the", "number", "only", "."]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A 2-layer Llama and a word-level tokenizer with a chat template, built offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    d = str(tmp_path_factory.mktemp("tiny"))
+    specials = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+    vocab = {w: i for i, w in enumerate(specials + WORDS + ["0", "1", "2"])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>",
+                                  additional_special_tokens=["<|im_start|>"], chat_template=template)
+    tok.save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=True, eos_token_id=vocab["<|im_end|>"], pad_token_id=0, bos_token_id=None)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    return d
+
+
+class StandIn:
+    """Speaks the SGLang endpoints the trainer uses; generates with a real copy of the model and
+    loads every weight push with SGLang's own deserializer and bucket class."""
+
+    def __init__(self, model_dir, served_path=None, reject_updates=False, api_key=""):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+        self.served_path, self.reject, self.api_key = served_path or model_dir, reject_updates, api_key
+        self.pushes, self.calls, self.lock = [], collections.Counter(), threading.Lock()
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.http.shutdown()
+        self.http.server_close()
+
+    @torch.no_grad()
+    def logprobs(self, ids):  # -> (len(ids)-1,) logprob of ids[i+1] given ids[:i+1]
+        logits = self.model(torch.tensor([ids])).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+
+    @torch.no_grad()
+    def sample(self, ids, sp, seed):
+        gen, out, lps, fin = torch.Generator().manual_seed(seed), [], [], {"type": "length", "length": sp["max_new_tokens"]}
+        for _ in range(sp["max_new_tokens"]):
+            logits = self.model(torch.tensor([ids + out])).logits[0, -1].float()
+            t = sp.get("temperature", 1.0)
+            lp = torch.log_softmax(logits / (t if t > 0 else 1.0), -1)
+            nxt = int(lp.argmax()) if t == 0 else int(torch.multinomial(lp.exp(), 1, generator=gen))
+            out.append(nxt)
+            lps.append([float(lp[nxt]), nxt, None])
+            if nxt == self.eos:  # like SGLang: the EOS token is part of output_ids
+                fin = {"type": "stop", "matched": nxt}
+                break
+        return {"text": "", "output_ids": out, "meta_info": {"output_token_logprobs": lps, "finish_reason": fin,
+                                                              "completion_tokens": len(out)}}
+
+    def load(self, payload):
+        from sglang.srt.utils import MultiprocessingSerializer
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+        obj = MultiprocessingSerializer.deserialize(payload)
+        named = FlattenedTensorBucket(flattened_tensor=obj["flattened_tensor"], metadata=obj["metadata"]).reconstruct_tensors()
+        sd = self.model.state_dict()
+        for name, t in named:
+            sd[name].copy_(t)
+        return {n: t.clone() for n, t in named}
+
+    def _handler(self):
+        srv = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def reply(self, obj, code=200):
+                body = (obj if isinstance(obj, str) else json.dumps(obj)).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def authorized(self):
+                if srv.api_key and self.headers.get("Authorization") != f"Bearer {srv.api_key}":
+                    self.reply({"error": "Unauthorized"}, 401)
+                    return False
+                return True
+
+            def do_GET(self):
+                srv.calls[self.path] += 1
+                if not self.authorized():
+                    return
+                if self.path in ("/health", "/health_generate"):
+                    return self.reply("")
+                if self.path == "/model_info":
+                    return self.reply({"model_path": srv.served_path, "is_generation": True})
+                if self.path == "/server_info":
+                    return self.reply({"tp_size": 1})
+                self.reply({"detail": "Not Found"}, 404)
+
+            def do_POST(self):
+                srv.calls[self.path] += 1
+                if not self.authorized():
+                    return
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                with srv.lock:
+                    if self.path == "/generate":
+                        return self.reply(self.generate(req))
+                    if self.path == "/update_weights_from_tensor":
+                        if srv.reject:
+                            return self.reply({"success": False, "message": "Failed to update weights: test"}, 400)
+                        for p in req["serialized_named_tensors"]:
+                            srv.pushes.append(srv.load(p))
+                        return self.reply({"success": True, "message": "Succeeded to update model weights."})
+                    if self.path == "/flush_cache":
+                        return self.reply("Cache flushed.")
+                self.reply({"detail": "Not Found"}, 404)
+
+            def generate(self, req):
+                ids, sp = req["input_ids"], req.get("sampling_params", {})
+                if not isinstance(ids[0], list):  # a single sequence: scoring (the probe)
+                    lp = srv.logprobs(ids)
+                    start = req.get("logprob_start_len", 0)
+                    rows = [[None, ids[0], None]] + [[float(v), t, None] for v, t in zip(lp, ids[1:])]
+                    out = srv.sample(ids, dict(sp, max_new_tokens=1), 0)
+                    out["meta_info"]["input_token_logprobs"] = rows[start:]
+                    return out
+                return [srv.sample(p, sp, seed=hash((tuple(p), i, len(srv.pushes))) % 2**31) for i, p in enumerate(ids)]
+
+        return H
+
+
+@pytest.fixture
+def server(tiny_model):
+    s = StandIn(tiny_model)
+    yield s
+    s.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_cmd(model_dir, url, out_dir, *extra, nproc=1):
+    flags = ["--model", model_dir, "--server_url", url, "--out_dir", str(out_dir), "--dataset", "builtin",
+             "--builtin_max_operand", "2", "--eval_size", "2", "--steps", "2", "--prompts_per_step", "2",
+             "--group_size", "4", "--max_new_tokens", "5", "--lr", "3e-2", "--micro_batch", "4", "--device", "cpu",
+             "--save_every", "1", "--eval_every", "2", "--request_retries", "1", *extra]
+    if nproc == 1:
+        return [sys.executable, os.path.join(HERE, "grpo_sglang.py"), *flags]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            f"--master_port={free_port()}", os.path.join(HERE, "grpo_sglang.py"), *flags]
+
+
+def run(cmd, timeout=300):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
+               MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
+    # output to a file, not a pipe: torch's shared-memory manager (CPU tensors shared by file name)
+    # outlives the trainer and would hold a pipe open
+    import tempfile
+    with tempfile.TemporaryFile("w+") as f:
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, timeout=timeout, env=env, cwd=HERE)
+        f.seek(0)
+        return p.returncode, f.read()
+
+
+def ckpt_weights(out_dir):
+    from transformers import AutoModelForCausalLM
+    m = AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "ckpt"), dtype=torch.float32)
+    return {n: p.detach() for n, p in m.named_parameters()}
+
+
+def assert_server_has(pushed, trainer):
+    assert set(pushed) == set(trainer), (sorted(pushed), sorted(trainer))
+    for n, t in trainer.items():
+        assert torch.equal(pushed[n], t.to(torch.bfloat16)), n
+
+
+def read_metrics(out_dir):
+    return [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path, nproc):
+    # step 1, then resume to step 2: after EACH step the server holds exactly the trainer's weights
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", nproc=nproc))
+    assert code == 0, out
+    assert len(server.pushes) == 2  # the initial push, then one per step
+    assert_server_has(server.pushes[-1], ckpt_weights(tmp_path))
+    assert not torch.equal(server.pushes[0]["model.layers.0.mlp.up_proj.weight"],
+                           server.pushes[1]["model.layers.0.mlp.up_proj.weight"])  # training moved the weights
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "2", "--resume", nproc=nproc))
+    assert code == 0, out
+    assert "resumed from" in out and "at step 1" in out
+    assert len(server.pushes) == 4
+    assert_server_has(server.pushes[2], {n: t for n, t in server.pushes[1].items()})  # resume pushes step-1 weights
+    assert_server_has(server.pushes[-1], ckpt_weights(tmp_path))
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert [r["step"] for r in m] == [1, 2]
+    for key in ("reward_mean", "kl", "sync_logprob_diff_mean", "sync_logprob_diff_max", "time_rollout",
+                "time_train", "time_sync", "rollout_tokens_per_s"):
+        assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in m), key
+    assert all(r["sync_logprob_diff_max"] < 0.35 for r in m)
+    assert "batch: 2 prompts x 4 completions = 8 sequences per step" in out
+    assert server.calls["/flush_cache"] == 0  # the cache is flushed by the last bucket's flush_cache flag
