@@ -91,7 +91,7 @@ class Config:
     # weight sync
     sync_bucket_mb: int = arg(512, "size of one flattened weight bucket pushed to the server")
     sync_check_max: float = arg(0.35, "stop if max |server - trainer| probe logprob exceeds this (nats)")
-    debug_skip_sync: str = arg("", "comma-separated steps whose weight push is skipped (negative control)")
+    debug_skip_sync: str = arg("", "steps whose weight push is skipped, e.g. '40' or '40-60' (negative control)")
     # eval, checkpoints, logging
     eval_every: int = arg(50, "evaluate (greedy, via the server) every N steps; 0 = only at start and end")
     save_every: int = arg(100, "checkpoint every N steps (0 = only at the end)")
@@ -297,17 +297,11 @@ def check_server(cfg):
     server_info = call(cfg, "/server_info", timeout=30)
     if isinstance(server_info, dict) and int(server_info.get("tp_size", 1) or 1) != 1:
         raise UserError("the server runs with tensor parallelism > 1; this trainer pushes weights to one GPU (tp_size 1)")
-    # Newer SGLang brackets weight updates with begin/end calls; 0.5.16 has neither.
-    return {"begin_end": has_route(cfg, "/begin_weight_update")}
-
-
-def has_route(cfg, path):
-    try:
-        r = requests.post(cfg.server_url + path, json={}, timeout=10,
-                          headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {})
-        return r.status_code not in (404, 405)
-    except requests.RequestException:
-        return False
+    # SGLang >= 0.5.21 refuses weight updates outside a /begin_weight_update ... /end_weight_update
+    # session; 0.5.16 has neither route. A GET on a POST-only route answers 405 where it exists.
+    r = requests.get(cfg.server_url + "/begin_weight_update", timeout=10,
+                     headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {})
+    return {"begin_end": r.status_code == 405}
 
 
 def generate(cfg, prompt_ids, n, greedy=False):
@@ -334,10 +328,9 @@ def generate(cfg, prompt_ids, n, greedy=False):
 
 def server_logprobs(cfg, ids, n_prompt):
     """Server's logprobs of ids[n_prompt:] given the prefix, no sampling. -> list of floats."""
-    out = call(cfg, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+    out = call(cfg, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 0},
                                   "return_logprob": True, "logprob_start_len": n_prompt - 1})
-    rows = out["meta_info"]["input_token_logprobs"]
-    rows = rows[-(len(ids) - n_prompt):]
+    rows = out["meta_info"]["input_token_logprobs"][1:]  # entry 0 is always None (no prefix scored)
     got = [int(t) for _, t, *_ in rows]
     if got != ids[n_prompt:]:
         raise UserError("the server's probe logprobs are for other tokens than sent: unexpected /generate format")
@@ -360,7 +353,8 @@ def gpu_layout(server_gpu, colocate, local_rank, local_world, visible, n_devices
         return local_rank, 0  # the server shares rank 0's GPU
     ids = [s.strip() for s in visible.split(",")] if visible is not None else [str(i) for i in range(n_devices)]
     if str(server_gpu) not in ids:
-        raise UserError(f"CUDA_VISIBLE_DEVICES={visible} hides GPU {server_gpu} (the server's, --server_gpu) "
+        seen = f"CUDA_VISIBLE_DEVICES={visible} hides" if visible is not None else f"this machine's {n_devices} GPU(s) lack"
+        raise UserError(f"{seen} GPU {server_gpu} (the server's, --server_gpu) "
                         f"from the trainer; rank 0 must see it to stage weights there. Unset CUDA_VISIBLE_DEVICES "
                         f"or include {server_gpu}, or pass --colocate if the server shares rank 0's GPU.")
     stage = ids.index(str(server_gpu))
@@ -400,7 +394,7 @@ def push_weights(cfg, model, stage_device, begin_end, flush=True):
     from torch.distributed.tensor import DTensor
     rank0, limit, pending, pushed = dist.get_rank() == 0, cfg.sync_bucket_mb * 2**20, [], 0
     if rank0 and begin_end:
-        call(cfg, "/begin_weight_update", {})
+        call(cfg, "/begin_weight_update", {"selector": "all"})
     params = list(model.named_parameters())
     for i, (name, p) in enumerate(params):
         full = p.data.full_tensor() if isinstance(p.data, DTensor) else p.data  # collective: every rank
@@ -585,7 +579,10 @@ def main(cfg):
     if cfg.wandb and master:
         import wandb
         wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg))
-    skip_sync = {int(s) for s in cfg.debug_skip_sync.split(",") if s.strip()}
+    skip_sync = set()
+    for part in filter(None, cfg.debug_skip_sync.replace(" ", "").split(",")):
+        lo, _, hi = part.partition("-")
+        skip_sync.update(range(int(lo), int(hi or lo) + 1))
 
     # the probe: a fixed held-out prompt and its reference answer, re-scored after every push
     probe_ans = tok(evals[0]["answer"] + tok.eos_token, add_special_tokens=False)["input_ids"]
@@ -598,6 +595,8 @@ def main(cfg):
         errs = [e for e in errs if e]
         if errs:
             raise UserError(errs[0])
+
+    last_probe = []
 
     def sync_and_check(step, push=True):
         t0 = time.time()
@@ -617,7 +616,11 @@ def main(cfg):
             try:
                 theirs = torch.tensor(server_logprobs(cfg, probe, len(evals[0]["ids"])))
                 d = (theirs - mine).abs()
-                stats = {"sync_logprob_diff_mean": d.mean().item(), "sync_logprob_diff_max": d.max().item()}
+                stats = {"sync_logprob_diff_mean": d.mean().item(), "sync_logprob_diff_max": d.max().item(),
+                         # how far one training step moved the probe: a skipped push is only
+                         # visible to the check when this exceeds the kernel noise (~0.05 nats)
+                         "probe_step_change_max": (mine - last_probe[0]).abs().max().item() if last_probe else 0.0}
+                last_probe[:] = [mine]
                 if stats["sync_logprob_diff_max"] > cfg.sync_check_max:
                     err = (f"sync check failed at step {step}: the server's logprobs on the probe differ from the "
                            f"trainer's by up to {d.max():.3f} nats (mean {d.mean():.3f}; limit --sync_check_max "
@@ -649,7 +652,7 @@ def main(cfg):
 
     for step in range(start, cfg.steps):
         # 1. rollout: this rank's share of the step's prompts, G completions each
-        t0 = time.time()
+        t0 = t_step = time.time()
         rows = [train[i] for i in prompts_for_step(len(train), step, cfg.prompts_per_step, cfg.seed)]
         rows = rows[rank * n_local: (rank + 1) * n_local]
         err, outs = None, []
@@ -742,6 +745,7 @@ def main(cfg):
                  "truncated_frac": agg[4].item() / agg[2].item(), "zero_std_groups_frac": agg[5].item() / agg[6].item(),
                  "reward_warnings": int(agg[7].item()), "nonfinite_skips": int(agg[8].item()),
                  "time_rollout": t_rollout, "time_ref": t_ref, "time_train": t_train, **sync,
+                 "time_step": time.time() - t_step, "sync_skipped": step + 1 in skip_sync,
                  "rollout_tokens_per_s": agg[3].item() / max(t_rollout, 1e-9)}
             print0(f"step {m['step']:4d} | reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} | kl {m['kl']:.4f} "
                    f"clip {m['clip_frac']:.3f} | len {m['completion_len_mean']:.0f} | rollout {t_rollout:.2f}s "

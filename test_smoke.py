@@ -378,7 +378,8 @@ class StandIn:
                     lp = srv.logprobs(ids)
                     start = req.get("logprob_start_len", 0)
                     rows = [[None, ids[0], None]] + [[float(v), t, None] for v, t in zip(lp, ids[1:])]
-                    out = srv.sample(ids, dict(sp, max_new_tokens=1), 0)
+                    out = srv.sample(ids, dict(sp, max_new_tokens=max(sp.get("max_new_tokens", 1), 1)), 0)
+                    rows[start][0] = None  # like SGLang: the first entry is never scored
                     out["meta_info"]["input_token_logprobs"] = rows[start:]
                     return out
                 return [srv.sample(p, sp, seed=hash((tuple(p), i, len(srv.pushes))) % 2**31) for i, p in enumerate(ids)]
