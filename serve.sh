@@ -7,7 +7,7 @@
 #   MODEL=/path/to/model bash serve.sh -- --context-length 4096   # anything after -- goes to SGLang
 #   bash serve.sh stop
 #
-# Settings (environment): MODEL, GPU, HOST, PORT, MEM_FRACTION, ATTENTION_BACKEND, DTYPE, SEED,
+# Settings (environment): MODEL, GPU, HOST, PORT, MEM_FRACTION, ATTENTION_BACKEND, DTYPE, SEED, FP32_LM_HEAD,
 # SGLANG_API_KEY, EXTRA_ARGS, TIMEOUT (seconds to wait), LOG, PIDFILE, PYTHON.
 # The trainer's --model and --server_url must name the same model and port.
 set -euo pipefail
@@ -20,6 +20,7 @@ MEM_FRACTION=${MEM_FRACTION:-0.85} # of the GPU for weights + KV cache; lower it
 ATTENTION_BACKEND=${ATTENTION_BACKEND:-}
 DTYPE=${DTYPE:-bfloat16}           # the trainer pushes bf16 weights
 SEED=${SEED:-0}
+FP32_LM_HEAD=${FP32_LM_HEAD:-1}    # logits in fp32, as the trainer computes them (see grpo_sglang.shard)
 TIMEOUT=${TIMEOUT:-900}
 LOG=${LOG:-serve.log}
 PIDFILE=${PIDFILE:-serve.pid}
@@ -64,6 +65,7 @@ fi
 
 args=(--model-path "$MODEL" --host "$HOST" --port "$PORT" --mem-fraction-static "$MEM_FRACTION"
       --dtype "$DTYPE" --random-seed "$SEED")
+[ "$FP32_LM_HEAD" = 1 ] && args+=(--enable-fp32-lm-head)
 [ -n "$ATTENTION_BACKEND" ] && args+=(--attention-backend "$ATTENTION_BACKEND")
 [ -n "${SGLANG_API_KEY:-}" ] && args+=(--api-key "$SGLANG_API_KEY")
 # shellcheck disable=SC2206
