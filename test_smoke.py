@@ -277,15 +277,26 @@ class StandIn:
     """Speaks the SGLang endpoints the trainer uses; generates with a real copy of the model and
     loads every weight push with SGLang's own deserializer and bucket class."""
 
-    def __init__(self, model_dir, served_path=None, reject_updates=False, api_key=""):
+    def __init__(self, model_dir, served_path=None, reject_updates=False, api_key="", fail_generate_after=None,
+                 nan_logprobs=False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
         self.served_path, self.reject, self.api_key = served_path or model_dir, reject_updates, api_key
-        self.pushes, self.calls, self.lock = [], collections.Counter(), threading.Lock()
+        self.fail_after, self.nan = fail_generate_after, nan_logprobs
+        self.pushes, self.calls, self.lock, self.rollouts = [], collections.Counter(), threading.Lock(), []
+        self.digest = self.weights_digest()
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def weights_digest(self):
+        """Sampling is seeded by the weights it samples with: same weights, same completions."""
+        import hashlib
+        h = hashlib.sha1()
+        for p in self.model.parameters():
+            h.update(p.detach().to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+        return int(h.hexdigest()[:8], 16)
 
     def close(self):
         self.http.shutdown()
@@ -305,7 +316,7 @@ class StandIn:
             lp = torch.log_softmax(logits / (t if t > 0 else 1.0), -1)
             nxt = int(lp.argmax()) if t == 0 else int(torch.multinomial(lp.exp(), 1, generator=gen))
             out.append(nxt)
-            lps.append([float(lp[nxt]), nxt, None])
+            lps.append([float("nan") if self.nan else float(lp[nxt]), nxt, None])
             if nxt == self.eos:  # like SGLang: the EOS token is part of output_ids
                 fin = {"type": "stop", "matched": nxt}
                 break
@@ -320,6 +331,7 @@ class StandIn:
         sd = self.model.state_dict()
         for name, t in named:
             sd[name].copy_(t)
+        self.digest = self.weights_digest()
         return {n: t.clone() for n, t in named}
 
     def _handler(self):
@@ -361,6 +373,8 @@ class StandIn:
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 with srv.lock:
                     if self.path == "/generate":
+                        if srv.fail_after is not None and srv.calls["/generate"] > srv.fail_after:
+                            return self.reply({"error": "stand-in: scheduler died"}, 503)
                         return self.reply(self.generate(req))
                     if self.path == "/update_weights_from_tensor":
                         if srv.reject:
@@ -382,7 +396,9 @@ class StandIn:
                     rows[start][0] = None  # like SGLang: the first entry is never scored
                     out["meta_info"]["input_token_logprobs"] = rows[start:]
                     return out
-                return [srv.sample(p, sp, seed=hash((tuple(p), i, len(srv.pushes))) % 2**31) for i, p in enumerate(ids)]
+                if sp.get("temperature", 1.0) > 0:
+                    srv.rollouts.append([tuple(p) for p in ids])  # what each training rollout asked for
+                return [srv.sample(p, sp, seed=hash((tuple(p), i, srv.digest)) % 2**31) for i, p in enumerate(ids)]
 
         return H
 
@@ -425,7 +441,7 @@ def run(cmd, timeout=300):
 
 def ckpt_weights(out_dir):
     from transformers import AutoModelForCausalLM
-    m = AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "ckpt"), dtype=torch.float32)
+    m = AutoModelForCausalLM.from_pretrained(g.latest_checkpoint(str(out_dir)), dtype=torch.float32)
     return {n: p.detach() for n, p in m.named_parameters()}
 
 
@@ -462,3 +478,212 @@ def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path,
     assert all(r["sync_logprob_diff_max"] < 0.35 for r in m)
     assert "batch: 2 prompts x 4 completions = 8 sequences per step" in out
     assert server.calls["/flush_cache"] == 0  # the cache is flushed by the last bucket's flush_cache flag
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. faults and bad input: each stops with a clear message (or recovers), nothing is lost
+
+def test_server_not_running_is_reported_before_loading_anything(tiny_model, tmp_path):
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path), timeout=120)
+    assert code == 1
+    assert "no answer from the SGLang server" in out and "bash serve.sh" in out
+    assert "data:" not in out and "Traceback" not in out  # before the data or model; no raw traceback
+
+
+def test_wrong_model_on_server(tiny_model, tmp_path):
+    s = StandIn(tiny_model, served_path="Qwen/Qwen2.5-0.5B-Instruct")
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path), timeout=120)
+    finally:
+        s.close()
+    assert code == 1 and "serves 'Qwen/Qwen2.5-0.5B-Instruct' but the trainer trains" in out
+    assert "MODEL=" in out and "bash serve.sh" in out and "Traceback" not in out
+
+
+def test_api_key_is_sent_and_a_missing_key_is_explained(tiny_model, tmp_path):
+    s = StandIn(tiny_model, api_key="sekret")
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "a"), timeout=120)
+        assert code == 1 and "wrong or missing --api_key" in out
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "b", "--steps", "1", "--api_key", "sekret"))
+        assert code == 0, out
+    finally:
+        s.close()
+
+
+def test_rejected_weight_update_stops_training(tiny_model, tmp_path):
+    s = StandIn(tiny_model, reject_updates=True)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path), timeout=120)
+    finally:
+        s.close()
+    assert code == 1 and "HTTP 400" in out and "Failed to update weights: test" in out
+    assert "step    1" not in out  # no rollout against stale weights
+
+
+def test_server_dies_mid_run_bounded_retries_and_checkpoint_survives(tiny_model, tmp_path):
+    s = StandIn(tiny_model, fail_generate_after=5)  # probe+eval+step 1 work, step 2's rollout fails
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3"), timeout=120)
+    finally:
+        s.close()
+    assert code == 1 and "HTTP 503" in out and "stand-in: scheduler died" in out, out
+    assert s.calls["/generate"] <= 5 + 2  # bounded: --request_retries 1, then a clean stop
+    st = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path)), "trainer_state.pt"), weights_only=True)
+    assert st["step"] == 1 and ckpt_weights(tmp_path)  # the last checkpoint loads
+
+
+def test_world_size_must_divide_the_batch(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--prompts_per_step", "3", nproc=2), timeout=120)
+    assert code != 0 and "--prompts_per_step 3 must divide by the world size 2" in out
+
+
+def test_unusable_rows_are_counted_and_skipped(tiny_model, tmp_path):
+    from transformers import AutoTokenizer
+    path = tmp_path / "data.jsonl"
+    rows = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "", "answer": "3"},
+            {"question": "What is 2 + 0?", "answer": "none"}, {"question": "What is " + "1 + " * 200 + "1?", "answer": "201"},
+            {"question": "What is 0 + 1?", "answer": "#### 1"}, {"answer": "4"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = g.Config(dataset=str(path), eval_size=0, max_prompt_tokens=64)
+    train, evals = g.load_splits(cfg)  # through HF datasets' json loader
+    assert len(train) == 6 and evals == []
+    skipped = collections.Counter()
+    kept = g.tokenize_rows(train, AutoTokenizer.from_pretrained(tiny_model), cfg, "", skipped)
+    assert sorted(r["answer"] for r in kept) == ["#### 1", "2"]
+    assert skipped == {"empty or missing prompt": 2, "answer without a number": 1,
+                       "prompt longer than max_prompt_tokens=64": 1}
+    with pytest.raises(g.UserError, match="does not exist"):
+        g.load_splits(g.Config(dataset=str(tmp_path / "missing.jsonl")))
+
+
+def test_nonfinite_gradients_skip_the_step_then_stop(tiny_model, tmp_path):
+    s = StandIn(tiny_model, nan_logprobs=True)  # a broken server: NaN logprobs -> NaN TIS weights -> NaN loss
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "4", "--tis_cap", "2",
+                                  "--max_nonfinite_steps", "2"), timeout=120)
+    finally:
+        s.close()
+    assert code == 1 and "NaN/Inf gradients in 2 steps in a row" in out, out
+    assert out.count("update(s) skipped") == 2
+    for p in s.pushes[1:]:  # the weights never moved: every push equals the initial one
+        assert all(torch.equal(p[n], s.pushes[0][n]) for n in p)
+
+
+def test_sync_check_rule_on_the_recorded_h200_runs():
+    """Replays the per-step probe gaps logged on the H200 (results/h200) through the stop rule."""
+    def series(name):
+        rows = [json.loads(line) for line in open(os.path.join(HERE, "results", "h200", name))]
+        return [r["sync_logprob_diff_max"] for r in rows if "sync_logprob_diff_max" in r]
+
+    def first_stop(diffs, limit=g.Config.sync_check_max):
+        over = False
+        for i, d in enumerate(diffs):
+            stop, over = g.sync_check_fails(d, over, limit)
+            if stop:
+                return i
+        return None
+    for good in ("metrics.jsonl", "first_run_bf16_logits_metrics.jsonl", "bench/step_metrics.jsonl"):
+        assert first_stop(series(good)) is None, good  # correct pushes never stop a run
+    # pushes stopped after step 3; the run logged steps 1-12, then failed at 13 with this gap:
+    log = open(os.path.join(HERE, "results", "h200", "negative_stop_syncing.log")).read()
+    final = float(log.split("differ from the trainer's by up to ")[1].split()[0])
+    assert first_stop(series("negative_stop_syncing_metrics.jsonl") + [final]) == 12  # step 13
+    assert g.sync_check_fails(0.7, False, 0.3) == (True, True)  # one gap > 2x: wrong weights, stop now
+    assert g.sync_check_fails(0.31, False, 0.3) == (False, True)
+
+
+def test_kill_9_then_resume_continues_exactly(tiny_model, tmp_path):
+    import signal
+    import time
+    # uninterrupted reference run
+    ref = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, ref.url, tmp_path / "ref", "--steps", "4"))
+        assert code == 0, out
+    finally:
+        ref.close()
+    # the same run, killed with SIGKILL once its step-2 checkpoint exists, then resumed
+    s = StandIn(tiny_model)
+    try:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
+        with open(tmp_path / "killed.log", "w") as f:
+            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4"), stdout=f,
+                                 stderr=subprocess.STDOUT, env=env, cwd=HERE)
+            deadline = time.time() + 240
+            while time.time() < deadline and p.poll() is None:
+                ck = g.latest_checkpoint(str(tmp_path / "k"))
+                if ck and ck.endswith("step_2"):
+                    break
+                time.sleep(0.05)
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        ck = g.latest_checkpoint(str(tmp_path / "k"))
+        step = torch.load(os.path.join(ck, "trainer_state.pt"), weights_only=True)["step"]
+        assert 2 <= step < 4, "the kill landed outside the run"
+        n_before = len(s.rollouts)
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--resume"))
+        assert code == 0, out
+        assert f"at step {step}" in out
+    finally:
+        s.close()
+    # same next prompts (and completions: the stand-in samples deterministically from the weights)
+    assert s.rollouts[n_before:] == ref.rollouts[step:]
+    # same final weights and optimizer state as the uninterrupted run
+    a, b = ckpt_weights(tmp_path / "ref"), ckpt_weights(tmp_path / "k")
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    sa = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path / "ref")), "trainer_state.pt"), weights_only=True)
+    sb = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path / "k")), "trainer_state.pt"), weights_only=True)
+    assert sa["step"] == sb["step"] == 4
+    for k, v in sa["optimizer"]["state"].items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(v[name], sb["optimizer"]["state"][k][name]), (k, name)
+
+
+def test_serve_sh_binds_loopback_passes_api_key_waits_and_stops(tmp_path):
+    """serve.sh against a fake `python` that records its arguments and answers like a server."""
+    fake = tmp_path / "fakepython"
+    port = free_port()
+    fake.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = "-m" ]; then
+  echo "$@" > {tmp_path}/argv
+  exec {sys.executable} -c 'import http.server as h, time
+time.sleep(1)
+class H(h.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+h.HTTPServer(("127.0.0.1", {port}), H).serve_forever()'
+fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(fake), PORT=str(port), GPU="0", SGLANG_API_KEY="sekret",
+               LOG=str(tmp_path / "serve.log"), PIDFILE=str(tmp_path / "serve.pid"), TIMEOUT="30")
+    p = subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True, timeout=60)
+    try:
+        assert p.returncode == 0 and "healthy after" in p.stdout, p.stdout + p.stderr
+        argv = (tmp_path / "argv").read_text()
+        assert "--host 127.0.0.1" in argv and "--api-key sekret" in argv and "--enable-fp32-lm-head" in argv
+        assert "sekret" not in p.stdout  # the key is not echoed
+    finally:
+        q = subprocess.run(["bash", os.path.join(HERE, "serve.sh"), "stop"], env=env, capture_output=True, text=True, timeout=60)
+    assert "stopped server" in q.stdout and not (tmp_path / "serve.pid").exists()
+
+
+def test_serve_sh_reports_a_server_that_dies_at_start(tmp_path):
+    fake = tmp_path / "fakepython"
+    fake.write_text(f'#!/usr/bin/env bash\n[ "$1" = "-m" ] && {{ echo "CUDA error: no GPU"; exit 1; }}\nexec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(fake), PORT=str(free_port()), LOG=str(tmp_path / "serve.log"),
+               PIDFILE=str(tmp_path / "serve.pid"), TIMEOUT="30")
+    p = subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "exited during start-up" in p.stderr and "CUDA error: no GPU" in p.stderr
+
+
+def test_no_pickle_is_ever_read_from_the_network():
+    """We only serialize for the server; nothing the network sends us is unpickled."""
+    src = open(os.path.join(HERE, "grpo_sglang.py")).read()
+    import re
+    for forbidden in ("pickle.load", "deserialize(", "weights_only=False", "unpickle"):
+        assert forbidden not in src, forbidden
+    assert not re.search(r"(?<![\w.])(eval|exec)\(", src)
