@@ -363,10 +363,10 @@ def gpu_layout(server_gpu, colocate, local_rank, local_world, visible, n_devices
         return local_rank, 0  # the server shares rank 0's GPU
     ids = [s.strip() for s in visible.split(",")] if visible is not None else [str(i) for i in range(n_devices)]
     if str(server_gpu) not in ids:
-        seen = f"CUDA_VISIBLE_DEVICES={visible} hides" if visible is not None else f"this machine's {n_devices} GPU(s) lack"
-        raise UserError(f"{seen} GPU {server_gpu} (the server's, --server_gpu) "
-                        f"from the trainer; rank 0 must see it to stage weights there. Unset CUDA_VISIBLE_DEVICES "
-                        f"or include {server_gpu}, or pass --colocate if the server shares rank 0's GPU.")
+        why = f"CUDA_VISIBLE_DEVICES={visible}" if visible is not None else f"this machine shows {n_devices} GPU(s)"
+        raise UserError(f"GPU {server_gpu} (the server's, --server_gpu) is not visible to the trainer ({why}); rank 0 "
+                        f"must see it to stage weights there. Unset CUDA_VISIBLE_DEVICES or include {server_gpu}, "
+                        f"or pass --colocate if the server shares rank 0's GPU.")
     stage = ids.index(str(server_gpu))
     if stage < local_world:
         raise UserError(f"training rank {stage} would run on GPU {server_gpu}, which the SGLang server uses. "

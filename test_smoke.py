@@ -238,7 +238,7 @@ def test_gpu_layout_refuses_overlap_and_hidden_server_gpu():
         g.gpu_layout(3, False, 0, 4, None, 4)
     with pytest.raises(g.UserError, match="training rank 0 would run on GPU 3"):
         g.gpu_layout(3, False, 0, 1, "3,0", 2)
-    with pytest.raises(g.UserError, match="hides GPU 3"):
+    with pytest.raises(g.UserError, match=r"GPU 3 \(the server's, --server_gpu\) is not visible .*CUDA_VISIBLE_DEVICES=0,1,2"):
         g.gpu_layout(3, False, 0, 3, "0,1,2", 3)
     with pytest.raises(g.UserError, match="only 1 visible"):
         g.gpu_layout(3, False, 0, 2, None, 1)

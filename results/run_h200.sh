@@ -5,6 +5,8 @@
 #   . .gpukit/a/env.sh && bash results/run_h200.sh negative  # negative controls (same server)
 #   . .gpukit/a/env.sh && bash results/run_h200.sh bench     # bench.py: step, rollout, sync (small model)
 #   . .gpukit/a/env.sh && bash results/run_h200.sh bench_large  # bench.py: sync of a random 1.4B model
+#   . .gpukit/a/env.sh && bash results/run_h200.sh final     # fresh machine: server with decode graphs up to
+#                                                           # 256, bench.py step + rollout on the final code
 # Everything lands in /tmp/res, packed after each phase into $OUT/res.tgz (the device tool's folder).
 set -uo pipefail
 RES=/tmp/res
@@ -61,5 +63,10 @@ bench)
   ;;
 bench_large)
   python3 bench.py --model "$MODEL" --out "$RES/bench_large" --parts sync --no-small --reps 3 2>&1 | tail -n 30
+  ;;
+final)
+  EXTRA_ARGS="--sampling-backend pytorch --cuda-graph-max-bs-decode 256" bash serve.sh
+  python3 bench.py --model "$MODEL" --out "$RES/bench_final" --parts step,rollout --rollout_batches 128,256 \
+      --rollout_reps 2 --step_args --micro_batch 128 2>&1 | tail -n 25
   ;;
 esac
