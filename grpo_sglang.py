@@ -324,15 +324,12 @@ def generate(cfg, prompt_ids, n, greedy=False):
     if not isinstance(out, list) or len(out) != len(batch):
         raise UserError(f"/generate returned {type(out).__name__} of unexpected size (wanted {len(batch)} items)")
     results = []
-    for o in out:
-        ids, meta = list(o["output_ids"]), o["meta_info"]
-        lps = [lp for lp, _, *_ in meta["output_token_logprobs"]]
-        fin = meta.get("finish_reason") or {}
-        # Keep EOS in the completion: the policy must learn to stop, so EOS needs a gradient too.
-        if fin.get("type") == "stop" and isinstance(fin.get("matched"), int) and (not ids or ids[-1] != fin["matched"]):
-            ids.append(fin["matched"])
-            lps.append(lps[-1] if len(lps) == len(ids) else 0.0)  # server didn't report it; TIS ignores the 0
-        results.append((ids[: cfg.max_new_tokens], lps[: len(ids)], fin.get("type", "?")))
+    for o in out:  # SGLang keeps the EOS token in output_ids (and its logprob): the policy must learn
+        ids, meta = o["output_ids"], o["meta_info"]  # to stop, so EOS needs a gradient too
+        lps = [lp for lp, *_ in meta["output_token_logprobs"]]
+        if len(lps) != len(ids):
+            raise UserError(f"/generate returned {len(ids)} tokens but {len(lps)} logprobs: unexpected server version?")
+        results.append((ids, lps, (meta.get("finish_reason") or {}).get("type", "?")))
     return results
 
 

@@ -278,12 +278,12 @@ class StandIn:
     loads every weight push with SGLang's own deserializer and bucket class."""
 
     def __init__(self, model_dir, served_path=None, reject_updates=False, api_key="", fail_generate_after=None,
-                 nan_logprobs=False):
+                 nan_logprobs=False, stall_generate_after=None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
         self.served_path, self.reject, self.api_key = served_path or model_dir, reject_updates, api_key
-        self.fail_after, self.nan = fail_generate_after, nan_logprobs
+        self.fail_after, self.nan, self.stall_after = fail_generate_after, nan_logprobs, stall_generate_after
         self.pushes, self.calls, self.lock, self.rollouts = [], collections.Counter(), threading.Lock(), []
         self.digest = self.weights_digest()
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -371,6 +371,9 @@ class StandIn:
                 if not self.authorized():
                     return
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                if self.path == "/generate" and srv.stall_after is not None and srv.calls["/generate"] > srv.stall_after:
+                    import time
+                    time.sleep(20)  # a hung scheduler: accepts the request, never answers in time
                 with srv.lock:
                     if self.path == "/generate":
                         if srv.fail_after is not None and srv.calls["/generate"] > srv.fail_after:
@@ -531,6 +534,19 @@ def test_server_dies_mid_run_bounded_retries_and_checkpoint_survives(tiny_model,
     assert s.calls["/generate"] <= 5 + 2  # bounded: --request_retries 1, then a clean stop
     st = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path)), "trainer_state.pt"), weights_only=True)
     assert st["step"] == 1 and ckpt_weights(tmp_path)  # the last checkpoint loads
+
+
+def test_stalled_server_times_out_instead_of_hanging(tiny_model, tmp_path):
+    import time
+    s = StandIn(tiny_model, stall_generate_after=5)
+    try:
+        t0 = time.time()
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--request_timeout", "2"), timeout=120)
+        took = time.time() - t0
+    finally:
+        s.close()
+    assert code == 1 and "no answer from the SGLang server" in out and "ReadTimeout" in out, out
+    assert took < 60  # 2 tries x 2 s + backoff, plus start-up; not the stand-in's 20 s per request
 
 
 def test_world_size_must_divide_the_batch(tiny_model, server, tmp_path):
