@@ -27,7 +27,6 @@ advantages are centred); watch the reward.
 """
 import dataclasses
 import json
-import math
 import os
 import random
 import sys
@@ -37,7 +36,6 @@ from dataclasses import dataclass, field
 import requests
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import reward_fns
 
@@ -430,9 +428,9 @@ def push_weights(cfg, model, stage_device, begin_end, flush=True):
 
 def shard(model, mesh, param_dtype):
     """FSDP2: each transformer block its own unit computing in bf16; fp32 master weights and grads.
-    The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded to
-    0.125 nats at |logit| ~ 20, which on our H200 run was the largest trainer/server logprob gap
-    (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 made the same fix)."""
+    The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
+    steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
+    0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     for m in model.modules():
         if type(m).__name__ in (model._no_split_modules or []):
