@@ -8,6 +8,7 @@ One GPU; the server shares GPU 0 with this process (the layout of `grpo_sglang.p
     python3 bench.py --model $KIT_MODEL_DIR --out results/bench               # all three parts
     python3 bench.py --model $KIT_MODEL_DIR --parts sync --no-large            # no second server
     python3 bench.py --model $KIT_MODEL_DIR --parts step --step_args --steps 10 --lr 2e-6   # --step_args last
+    python3 bench.py --merge OUT_DIR run1/bench.json run2/bench.json   # one report from several runs
     bash serve.sh stop
 
 Parts (--parts; a part that fails is recorded in bench.json and the others still run):
@@ -580,7 +581,29 @@ def has_dist(name):
         return False
 
 
+def merge(paths):
+    """Several bench.json files (runs of different parts) -> one result; later files win, except that
+    a part that only failed or was skipped never replaces a real one."""
+    res = {}
+    for path in paths:
+        for part, val in json.load(open(path)).items():
+            if isinstance(val, dict) and isinstance(res.get(part), dict):
+                for k, v in val.items():
+                    if not (isinstance(v, dict) and set(v) <= {"error", "restored", "restore_error"} and "error" in v):
+                        res[part][k] = v
+            else:
+                res[part] = val
+    return res
+
+
 def main():
+    if sys.argv[1:2] == ["--merge"]:  # bench.py --merge OUT_DIR a/bench.json b/bench.json ...
+        out, res = sys.argv[2], merge(sys.argv[3:])
+        os.makedirs(out, exist_ok=True)
+        json.dump(res, open(os.path.join(out, "bench.json"), "w"), indent=1, default=str)
+        write_md(res, os.path.join(out, "bench.md"))
+        plot(res, os.path.join(out, "bench.png"))
+        return
     args = parse_args()
     os.makedirs(args.out, exist_ok=True)
     from importlib.metadata import version

@@ -7,6 +7,8 @@
 #   . .gpukit/a/env.sh && bash results/run_h200.sh bench_large  # bench.py: sync of a random 1.4B model
 #   . .gpukit/a/env.sh && bash results/run_h200.sh final     # fresh machine: server with decode graphs up to
 #                                                           # 256, bench.py step + rollout on the final code
+# Afterwards, on any machine (no GPU):
+#   python3 bench.py --merge results/h200/bench_all results/h200/{bench,bench_large,bench_final}/bench.json
 # Everything lands in /tmp/res, packed after each phase into $OUT/res.tgz (the device tool's folder).
 set -uo pipefail
 RES=/tmp/res
