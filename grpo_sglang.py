@@ -307,8 +307,11 @@ def check_server(cfg):
         raise UserError("the server runs with tensor parallelism > 1; this trainer pushes weights to one GPU (tp_size 1)")
     # SGLang >= 0.5.21 refuses weight updates outside a /begin_weight_update ... /end_weight_update
     # session; 0.5.16 has neither route. A GET on a POST-only route answers 405 where it exists.
-    r = requests.get(cfg.server_url + "/begin_weight_update", timeout=10,
-                     headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {})
+    try:
+        r = requests.get(cfg.server_url + "/begin_weight_update", timeout=cfg.request_timeout,
+                         headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {})
+    except requests.RequestException as e:
+        raise UserError(f"the SGLang server at {cfg.server_url} stopped answering ({e})") from None
     return {"begin_end": r.status_code == 405}
 
 
