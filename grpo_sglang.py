@@ -771,7 +771,7 @@ def main(cfg):
                  "clip_frac": stat[1].item() / max(stat[2].item(), 1), "loss": stat[3].item() / cfg.mu,
                  "grad_norm": grad_norm.item(), "completion_len_mean": agg[3].item() / agg[2].item(),
                  "truncated_frac": agg[4].item() / agg[2].item(), "zero_std_groups_frac": agg[5].item() / agg[6].item(),
-                 "reward_warnings": int(agg[7].item()), "nonfinite_skips": int(agg[8].item()),
+                 "reward_warnings": int(agg[7].item()), "nonfinite_skips": int(agg[8].item()) // world,
                  "time_rollout": t_rollout, "time_ref": t_ref, "time_train": t_train, **sync,
                  "time_step": time.time() - t_step, "sync_skipped": step + 1 in skip_sync,
                  "rollout_tokens_per_s": agg[3].item() / max(t_rollout, 1e-9)}

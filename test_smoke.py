@@ -461,13 +461,14 @@ def read_metrics(out_dir):
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path, nproc):
     # step 1, then resume to step 2: after EACH step the server holds exactly the trainer's weights
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", nproc=nproc))
+    mb = ["--micro_batch", "2"] if nproc == 2 else []  # 2 ranks x 2 micro-batches: grads reduced once
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", *mb, nproc=nproc))
     assert code == 0, out
     assert len(server.pushes) == 2  # the initial push, then one per step
     assert_server_has(server.pushes[-1], ckpt_weights(tmp_path))
     assert not torch.equal(server.pushes[0]["model.layers.0.mlp.up_proj.weight"],
                            server.pushes[1]["model.layers.0.mlp.up_proj.weight"])  # training moved the weights
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "2", "--resume", nproc=nproc))
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "2", "--resume", *mb, nproc=nproc))
     assert code == 0, out
     assert "resumed from" in out and "at step 1" in out
     assert len(server.pushes) == 4
