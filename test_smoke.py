@@ -509,8 +509,12 @@ def test_api_key_is_sent_and_a_missing_key_is_explained(tiny_model, tmp_path):
     try:
         code, out = run(train_cmd(tiny_model, s.url, tmp_path / "a"), timeout=120)
         assert code == 1 and "wrong or missing --api_key" in out
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "b", "--steps", "1", "--api_key", "sekret"))
+        # the other loss paths ride along: mu=2 (old logprobs, ratio != 1), KL to a reference, TIS, seq mean
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "b", "--steps", "1", "--api_key", "sekret",
+                                  "--mu", "2", "--beta", "0.1", "--tis_cap", "2", "--loss_agg", "seq"))
         assert code == 0, out
+        m = [r for r in read_metrics(tmp_path / "b") if "kl" in r][0]
+        assert m["kl"] > 0 and math.isfinite(m["loss"])  # the second update sees a policy that moved
     finally:
         s.close()
 
