@@ -31,6 +31,7 @@ import os
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import requests
@@ -549,9 +550,11 @@ def main(cfg):
     tok = AutoTokenizer.from_pretrained(cfg.model)
     task = "arithmetic" if cfg.dataset == "builtin" else "gsm8k"
     reward_name = task if cfg.reward == "auto" else cfg.reward
-    reward_fn = reward_fns.get_reward_fn(reward_name)
+    try:
+        reward_fn = reward_fns.get_reward_fn(reward_name)
+    except ValueError as e:
+        raise UserError(f"--reward: {e}") from None
     instruction = INSTRUCTIONS[task] if cfg.instruction == "auto" else cfg.instruction
-    from collections import Counter
     skipped = Counter()
     raw_train, raw_eval = load_splits(cfg)
     train, evals = tokenize_rows(raw_train, tok, cfg, instruction, skipped), tokenize_rows(raw_eval, tok, cfg, instruction, skipped)
@@ -620,9 +623,10 @@ def main(cfg):
         if errs:
             raise UserError(errs[0])
 
-    last_probe, over = [], [False]
+    last_probe, over = None, False  # the previous step's probe logprobs; was it over the limit?
 
     def sync_and_check(step, push=True):
+        nonlocal last_probe, over
         t0 = time.time()
         err, nbytes, stats = None, 0, {}
         try:
@@ -643,9 +647,9 @@ def main(cfg):
                 stats = {"sync_logprob_diff_mean": d.mean().item(), "sync_logprob_diff_max": d.max().item(),
                          # how far one training step moved the probe: a skipped push is only
                          # visible to the check when this exceeds the kernel noise (~0.05 nats)
-                         "probe_step_change_max": (mine - last_probe[0]).abs().max().item() if last_probe else 0.0}
-                last_probe[:] = [mine]
-                stop, over[0] = sync_check_fails(stats["sync_logprob_diff_max"], over[0], cfg.sync_check_max)
+                         "probe_step_change_max": (mine - last_probe).abs().max().item() if last_probe is not None else 0.0}
+                last_probe = mine
+                stop, over = sync_check_fails(stats["sync_logprob_diff_max"], over, cfg.sync_check_max)
                 if stop:
                     err = (f"sync check failed at step {step}: the server's logprobs on the probe differ from the "
                            f"trainer's by up to {d.max():.3f} nats (mean {d.mean():.3f}; --sync_check_max "

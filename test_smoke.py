@@ -559,6 +559,11 @@ def test_world_size_must_divide_the_batch(tiny_model, server, tmp_path):
     assert code != 0 and "--prompts_per_step 3 must divide by the world size 2" in out
 
 
+def test_unknown_reward_name_is_a_clear_error(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--reward", "gsm9k"), timeout=120)
+    assert code == 1 and "--reward: unknown reward function 'gsm9k'" in out and "Traceback" not in out
+
+
 def test_unusable_rows_are_counted_and_skipped(tiny_model, tmp_path):
     from transformers import AutoTokenizer
     path = tmp_path / "data.jsonl"
