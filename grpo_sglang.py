@@ -702,6 +702,8 @@ def main(cfg):
             text = tok.decode(ids, skip_special_tokens=True)
             samples.append({"prompt": row["ids"], "completion": ids, "server_lp": lps, "finish": fin, "text": text,
                             "reward": reward_fns.safe_reward(reward_fn, text, row["answer"], warn)})
+        if warn:  # rewards that raised or returned NaN/None count as 0; say which (this rank's)
+            print0(f"reward warnings at step {step + 1}: {dict(warn)}")
         rewards = torch.tensor([s["reward"] for s in samples])
         adv = group_advantages(rewards, cfg.group_size, cfg.scale_rewards)
         n_tok_local = sum(len(s["completion"]) for s in samples)
