@@ -89,7 +89,7 @@ class Config:
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient (each is skipped)")
     # weight sync
-    sync_bucket_mb: int = arg(1024, "size of one flattened weight bucket pushed to the server")
+    sync_bucket_mb: float = arg(1024.0, "size (MiB) of one flattened weight bucket pushed to the server")
     sync_check_max: float = arg(0.3, "stop when max |server - trainer| probe logprob (nats) exceeds this "
                                      "on two steps in a row, or twice this once")
     debug_skip_sync: str = arg("", "steps whose weight push is skipped, e.g. '40' or '40-60' (negative control)")
@@ -401,7 +401,7 @@ def push_weights(cfg, model, stage_device, begin_end, flush=True):
     """All ranks: gather each full parameter; rank 0: pack buckets on the server's GPU and POST them,
     one at a time, then flush the server's prefix cache once. -> bytes pushed (rank 0)."""
     from torch.distributed.tensor import DTensor
-    rank0, limit, pending, pushed = dist.get_rank() == 0, cfg.sync_bucket_mb * 2**20, [], 0
+    rank0, limit, pending, pending_bytes, pushed = dist.get_rank() == 0, cfg.sync_bucket_mb * 2**20, [], 0, 0
     if rank0 and begin_end:
         call(cfg, "/begin_weight_update", {"selector": "all"})
     params, one_rank = list(model.named_parameters()), dist.get_world_size() == 1
@@ -412,8 +412,9 @@ def push_weights(cfg, model, stage_device, begin_end, flush=True):
         if not rank0:
             continue
         pending.append((name, full))
+        pending_bytes += full.numel() * 2  # bf16
         last = i == len(params) - 1
-        if last or sum(t.numel() * 2 for _, t in pending) >= limit:
+        if last or pending_bytes >= limit:
             payload, flat = make_payload(pending, stage_device)
             r = call(cfg, "/update_weights_from_tensor", {"serialized_named_tensors": [payload],
                      "load_format": "flattened_bucket", "flush_cache": bool(last and flush)})
@@ -421,7 +422,7 @@ def push_weights(cfg, model, stage_device, begin_end, flush=True):
                 raise UserError(f"the server rejected the weight update: {r}. Training on would sample "
                                 f"from stale weights, so we stop.")
             pushed += flat.numel()
-            pending, flat = [], None  # only now may the buffer go: the server has copied out of it
+            pending, pending_bytes, flat = [], 0, None  # only now may the buffer go: the server copied it
     if rank0 and begin_end:
         call(cfg, "/end_weight_update", {})
     return pushed

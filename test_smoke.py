@@ -541,6 +541,18 @@ def test_server_dies_mid_run_bounded_retries_and_checkpoint_survives(tiny_model,
     assert st["step"] == 1 and ckpt_weights(tmp_path)  # the last checkpoint loads
 
 
+def test_weights_split_into_several_buckets_arrive_whole(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", "--sync_bucket_mb", "0.02"))
+    assert code == 0, out
+    per_sync = server.calls["/update_weights_from_tensor"] // 2  # the initial push and one per step
+    assert per_sync > 1 and len(server.pushes) == 2 * per_sync
+    last = {}
+    for bucket in server.pushes[per_sync:]:
+        assert not set(bucket) & set(last)  # every parameter in exactly one bucket
+        last.update(bucket)
+    assert_server_has(last, ckpt_weights(tmp_path))
+
+
 def test_stalled_server_times_out_instead_of_hanging(tiny_model, tmp_path):
     import time
     s = StandIn(tiny_model, stall_generate_after=5)
