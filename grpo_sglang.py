@@ -397,7 +397,7 @@ def make_payload(named, device):
     return payload, flat
 
 
-def push_weights(cfg, model, stage_device, begin_end, flush=True):
+def push_weights(cfg, model, stage_device, begin_end):
     """All ranks: gather each full parameter; rank 0: pack buckets on the server's GPU and POST them,
     one at a time, then flush the server's prefix cache once. -> bytes pushed (rank 0)."""
     from torch.distributed.tensor import DTensor
@@ -417,7 +417,7 @@ def push_weights(cfg, model, stage_device, begin_end, flush=True):
         if last or pending_bytes >= limit:
             payload, flat = make_payload(pending, stage_device)
             r = call(cfg, "/update_weights_from_tensor", {"serialized_named_tensors": [payload],
-                     "load_format": "flattened_bucket", "flush_cache": bool(last and flush)})
+                     "load_format": "flattened_bucket", "flush_cache": last})
             if not (isinstance(r, dict) and r.get("success")):
                 raise UserError(f"the server rejected the weight update: {r}. Training on would sample "
                                 f"from stale weights, so we stop.")
