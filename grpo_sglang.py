@@ -5,13 +5,19 @@ GRPO in one file, with rollouts from an SGLang server.
     GPU=0 bash serve.sh && torchrun --nproc_per_node 1 grpo_sglang.py --colocate   # 1 GPU, shared
     python grpo_sglang.py --help                                        # every flag
 
-Each step: the training ranks send their prompts to the SGLang server (`/generate`,
-token ids in, token ids + logprobs out), score the completions with a reward function,
-turn rewards into group-relative advantages, take `mu` optimizer steps on the clipped
-GRPO loss, and push the new weights to the server (`/update_weights_from_tensor`).
-After every push we ask the server for the logprobs of a fixed probe sequence and
-compare them with our own: if they disagree, the server is not generating with our
-weights and we stop.
+Each step: the training ranks send their prompts to the SGLang server (`/generate`, token ids in,
+token ids + logprobs out), score the completions with a reward function, turn rewards into
+group-relative advantages, take `mu` optimizer steps on the clipped GRPO loss, and push the new
+weights to the server: CUDA-IPC handles through `/update_weights_from_tensor` when rank 0 sees the
+server's GPU, else an NCCL broadcast through `/update_weights_from_distributed` (--sync).
+
+Every push is tagged with a version, and every rollout must come from exactly the version it should,
+or we stop. Every step also compares the trainer's logprobs of the sampled tokens with the server's
+(`mismatch_*`): stale or wrong weights on the server show up there even if the tag is right.
+
+--async (the default when the server has a GPU of its own): one-step off-policy. While the trainer
+trains step s on a batch sampled from θ_{s-1}, the server already samples step s+1's batch from θ_s.
+Weights are only ever pushed between generations. Staleness is exactly one step (step 0 is on-policy).
 
 The GRPO choices this file makes (each a flag):
   advantages   (r - mean(group)) / std(group), or without the std (Dr. GRPO, --no-scale_rewards)
@@ -21,7 +27,9 @@ The GRPO choices this file makes (each a flag):
   KL           k3 estimator to a frozen reference model, only when --beta > 0 (default 0:
                DAPO and Dr. GRPO drop it and it costs a second model)
   updates      mu optimizer steps per rollout batch (mu=1: the ratio is 1 and clipping is moot)
-  TIS          optional truncated importance sampling with the server's logprobs (--tis_cap)
+  TIS          truncated importance weight min(π_trainer / π_server, --tis_cap) on every token: it
+               corrects for the server's kernels and, with --async, for the one step of staleness
+               (decoupled PPO: the trust region is around the trainer's own policy)
 Note: the loss value is not a progress signal in GRPO (it is ~0 by construction when
 advantages are centred); watch the reward.
 """
@@ -29,10 +37,13 @@ import dataclasses
 import json
 import os
 import random
+import socket
 import sys
+import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 import requests
 import torch
@@ -53,7 +64,7 @@ class Config:
     api_key: str = arg("", "server API key (default: $SGLANG_API_KEY), sent as a Bearer token")
     server_gpu: int = arg(3, "GPU the server runs on (serve.sh's GPU); training ranks never use it")
     colocate: bool = arg(False, "the server shares rank 0's GPU on purpose (one-GPU machines)")
-    request_timeout: float = arg(300.0, "seconds before one HTTP request to the server is given up")
+    request_timeout: float = arg(300.0, "seconds before one request to the server (or one NCCL send) is given up")
     request_retries: int = arg(3, "retries (with backoff) for a failed request before stopping")
     # data
     dataset: str = arg("openai/gsm8k", "HF dataset name, a local .json/.jsonl file, or 'builtin' (no download)")
@@ -63,6 +74,8 @@ class Config:
     prompt_field: str = arg("question", "column with the question")
     answer_field: str = arg("answer", "column with the reference answer")
     instruction: str = arg("auto", "text appended to each question ('auto': fits the task)")
+    prompt_format: str = arg("auto", "'chat' (the tokenizer's chat template), 'plain' ('question\\ninstruction\\n', "
+                                     "for base models) or 'auto' (chat if the tokenizer has a template)")
     reward: str = arg("auto", f"reward function in reward_fns.py: {sorted(reward_fns.REWARD_FNS)} or 'auto'")
     builtin_max_operand: int = arg(20, "built-in task: operands of 'a + b' are drawn from 0..this")
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)")
@@ -84,15 +97,24 @@ class Config:
     loss_agg: str = arg("token", "'token' (DAPO), 'seq' (original GRPO) or 'constant' (Dr. GRPO)")
     scale_rewards: bool = arg(True, "divide advantages by the group's std (off: Dr. GRPO)")
     mu: int = arg(1, "optimizer steps per rollout batch")
-    tis_cap: float = arg(0.0, "truncated importance sampling cap with the server's logprobs (0 = off)")
+    tis_cap: float = arg(2.0, "truncated importance sampling cap on π_trainer / π_server (0 = off)")
+    async_: bool = arg(None, "one-step off-policy: sample step s+1 while training step s (default: on with a "
+                             "dedicated server GPU, off with --colocate)")
     micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster, if memory allows)")
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient (each is skipped)")
     # weight sync
-    sync_bucket_mb: float = arg(1024.0, "size (MiB) of one flattened weight bucket pushed to the server")
-    sync_check_max: float = arg(0.3, "stop when max |server - trainer| probe logprob (nats) exceeds this "
-                                     "on two steps in a row, or twice this once")
-    debug_skip_sync: str = arg("", "steps whose weight push is skipped, e.g. '40' or '40-60' (negative control)")
+    sync: str = arg("auto", "'tensor' (CUDA IPC: rank 0 sees the server's GPU), 'nccl' (a broadcast: any host) "
+                            "or 'auto' (tensor when possible)")
+    sync_bucket_mb: float = arg(1024.0, "size (MiB) of one flattened weight bucket sent to the server")
+    nccl_master_addr: str = arg("", "--sync nccl: address of rank 0's host the server connects to "
+                                    "(default: this host's address on the route to the server)")
+    nccl_port: int = arg(0, "--sync nccl: TCP port of that rendezvous on rank 0's host (0: a free one)")
+    mismatch_max: float = arg(0.1, "stop when the mean |trainer - server| logprob of the sampled tokens exceeds "
+                                   "this (nats): the server is not generating with the trainer's weights")
+    debug_skip_sync: str = arg("", "weight pushes to skip, by step, e.g. '6' or '4-300' (negative control)")
+    debug_tag_skipped: bool = arg(False, "with --debug_skip_sync: still tag the skipped versions, like a server "
+                                         "that drops weights silently (only the mismatch can see it)")
     # eval, checkpoints, logging
     eval_every: int = arg(50, "evaluate (greedy, via the server) every N steps; 0 = only at start and end")
     save_every: int = arg(100, "checkpoint every N steps (0 = only at the end)")
@@ -109,16 +131,59 @@ def parse_config(argv=None):
     import argparse
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Config):
-        kind = type(f.default)
-        if kind is bool:
-            p.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        flag, h = "--" + f.name.rstrip("_"), f.metadata["help"]  # `async` is a Python keyword: field async_
+        if f.default is None or type(f.default) is bool:
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=h)
         else:
-            p.add_argument(f"--{f.name}", type=kind, default=f.default, help=f.metadata["help"])
+            p.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=h)
     return Config(**vars(p.parse_args(argv)))
 
 
 class UserError(Exception):
-    """A problem the user can fix; printed as one clear message, never a traceback."""
+    """A problem the user can fix; printed once as one clear message, never a traceback."""
+
+
+def step_set(spec):
+    """'6' or '4-300' or '3,7-9' -> set of step numbers."""
+    steps = set()
+    for part in filter(None, spec.replace(" ", "").split(",")):
+        lo, _, hi = part.partition("-")
+        if not (lo.isdigit() and (hi or lo).isdigit()):
+            raise UserError(f"--debug_skip_sync {spec!r} is not a list of steps or ranges like '6' or '4-300'")
+        steps.update(range(int(lo), int(hi or lo) + 1))
+    return steps
+
+
+def check_config(cfg, world):
+    """Every flag's range, before anything heavy: one message naming the flag, its value and what is allowed."""
+    rules = [("temperature", cfg.temperature > 0, "> 0 (sampling needs it; evaluation is greedy already)"),
+             ("top_p", 0 < cfg.top_p <= 1, "in (0, 1]"), ("top_k", cfg.top_k == -1 or cfg.top_k >= 1, "-1 (off) or >= 1"),
+             ("lr", cfg.lr >= 0, ">= 0"), ("weight_decay", cfg.weight_decay >= 0, ">= 0"),
+             ("max_grad_norm", cfg.max_grad_norm > 0, "> 0"), ("beta", cfg.beta >= 0, ">= 0"),
+             ("clip_low", 0 <= cfg.clip_low < 1, "in [0, 1)"), ("clip_high", cfg.clip_high >= 0, ">= 0"),
+             ("tis_cap", cfg.tis_cap == 0 or cfg.tis_cap >= 1, "0 (off) or >= 1"),
+             ("mismatch_max", cfg.mismatch_max > 0, "> 0"), ("sync_bucket_mb", cfg.sync_bucket_mb > 0, "> 0"),
+             ("request_timeout", cfg.request_timeout > 0, "> 0"), ("request_retries", cfg.request_retries >= 0, ">= 0"),
+             ("group_size", cfg.group_size >= 2, ">= 2 (advantages compare completions of the same prompt)")]
+    rules += [(f, getattr(cfg, f) >= 1, ">= 1") for f in ("steps", "prompts_per_step", "max_new_tokens", "mu", "micro_batch",
+                                                          "max_nonfinite_steps", "eval_size", "max_prompt_tokens", "builtin_max_operand")]
+    rules += [(f, getattr(cfg, f) >= 0, ">= 0") for f in ("eval_every", "save_every", "sample_every", "nccl_port", "server_gpu")]
+    rules += [(f, getattr(cfg, f) in allowed, " or ".join(allowed)) for f, allowed in (
+        ("loss_agg", ("token", "seq", "constant")), ("prompt_format", ("auto", "chat", "plain")),
+        ("sync", ("auto", "tensor", "nccl")), ("device", ("auto", "cuda", "cpu")))]
+    for flag, ok, allowed in rules:
+        if not ok:
+            raise UserError(f"--{flag} {getattr(cfg, flag)!r} is out of range: it must be {allowed}")
+    if cfg.prompts_per_step % world:
+        raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
+    if cfg.colocate and cfg.sync == "nccl":
+        raise UserError("--sync nccl needs the server on another GPU than rank 0 (NCCL allows one rank per GPU); "
+                        "drop --colocate or use --sync tensor")
+    try:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out_dir {cfg.out_dir!r} cannot be created: {e.strerror}") from None
+    return step_set(cfg.debug_skip_sync)
 
 
 # ----------------------------------------------------------------------------------------
@@ -155,9 +220,23 @@ def clipped_surrogate(logp, old_logp, adv, clip_low, clip_high):
 
 
 def tis_weights(old_logp, server_logp, cap):
-    """(B, T) -> (B, T). Truncated importance weight min(pi_trainer / pi_server, cap) for the
-    gap between the server's sampler and the trainer's kernels (Yao et al. 2025, "TIS")."""
+    """(B, T) -> (B, T). Truncated importance weight min(pi_trainer / pi_server, cap) for the gap
+    between the policy that sampled (the server's kernels; one step older with --async) and the
+    trainer's policy before this step's updates (Yao et al. 2025, "TIS"; AReaL's decoupled PPO)."""
     return torch.clamp(torch.exp(old_logp - server_logp), max=cap)
+
+
+def grpo_token_loss(logp, old_logp, adv, clip_low, clip_high, tis=None, ref_logp=None, beta=0.0):
+    """(B, T) log-probs now and before this step's updates, (B,) advantages -> per-token loss (B, T),
+    where clipping was active (B, T), per-token KL to the reference (B, T) or None.
+    loss = -min(ρA, clip(ρ)A) · w + β · k3(π, π_ref),  ρ = π / π_old,  w = TIS weight (1 if None)."""
+    loss, clipped = clipped_surrogate(logp, old_logp, adv, clip_low, clip_high)
+    if tis is not None:
+        loss = loss * tis
+    kl = kl_k3(logp, ref_logp) if ref_logp is not None else None
+    if kl is not None:
+        loss = loss + beta * kl
+    return loss, clipped, kl
 
 
 def aggregate(x, mask, mode, n_seqs, n_tokens, max_new_tokens):
@@ -176,12 +255,15 @@ def aggregate(x, mask, mode, n_seqs, n_tokens, max_new_tokens):
     raise ValueError(f"unknown loss_agg {mode!r}")
 
 
-def sync_check_fails(diff_max, previous_over, limit):
-    """-> (stop?, over?). Server-vs-trainer probe gap after a push. A single token can spike (the
-    server's kernels are not HF's: on our H200 run correct pushes gave up to 0.31 nats once), while a
-    missed push or wrong weights stay wrong: stop on two steps over `limit` in a row, or one over 2x."""
-    over = diff_max > limit
-    return (over and previous_over) or diff_max > 2 * limit, over
+def mismatch_stats(trainer_lp, server_lp, mask, cap):
+    """(B, T) logprobs of the sampled tokens under the trainer and under the server that sampled them ->
+    (sums, maxima) over the masked tokens: |Δ|, k3 estimate of KL(server || trainer), and the importance
+    ratio π_trainer / π_server (how often TIS truncates it at `cap`). The numbers TRL, verl and slime log."""
+    d = (trainer_lp - server_lp) * mask
+    ratio = torch.exp(d) * mask
+    sums = {"mismatch_abs": d.abs().sum(), "mismatch_kl": (kl_k3(server_lp, trainer_lp) * mask).sum(),
+            "is_ratio": ratio.sum(), "is_truncated": ((ratio > cap) if cap > 0 else ratio < 0).sum(), "tokens": mask.sum()}
+    return sums, {"mismatch_max": d.abs().max(), "is_ratio_max": ratio.max()}
 
 
 # ----------------------------------------------------------------------------------------
@@ -231,8 +313,9 @@ def load_splits(cfg):
     return train[n_eval:], train[:n_eval]
 
 
-def tokenize_rows(rows, tok, cfg, instruction, skipped):
-    """Chat-template each question once. Unusable rows are counted in `skipped`, never fatal."""
+def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped):
+    """Format and tokenize each question once: `fmt` 'chat' uses the tokenizer's chat template, 'plain'
+    is 'question\ninstruction\n' (base models). Unusable rows are counted in `skipped`, never fatal."""
     out = []
     for r in rows:
         q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
@@ -242,9 +325,12 @@ def tokenize_rows(rows, tok, cfg, instruction, skipped):
         if a is None or reward_fns.extract_number(str(a)) is None:
             skipped["answer without a number"] += 1
             continue
-        msgs = [{"role": "user", "content": f"{q.strip()}\n{instruction}".strip()}]
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        ids = tok(text, add_special_tokens=False)["input_ids"]
+        text = f"{q.strip()}\n{instruction}".strip()
+        if fmt == "chat":
+            text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+            ids = tok(text, add_special_tokens=False)["input_ids"]  # the template has its special tokens
+        else:
+            ids = tok(text + "\n")["input_ids"]  # with BOS where the tokenizer adds one
         if len(ids) > cfg.max_prompt_tokens:
             skipped[f"prompt longer than max_prompt_tokens={cfg.max_prompt_tokens}"] += 1
             continue
@@ -316,9 +402,10 @@ def check_server(cfg):
     return {"begin_end": r.status_code == 405}
 
 
-def generate(cfg, prompt_ids, n, greedy=False):
+def generate(cfg, prompt_ids, n, version, greedy=False):
     """n completions for each prompt (token ids) -> list of (completion ids, server logprobs, finish).
-    One batched request: the server schedules all of it (and every rank's) together."""
+    One batched request: the server schedules all of it (and every rank's) together. Every answer
+    must come from weights `version` (the tag of the last push), or we stop: a push was lost."""
     sp = {"max_new_tokens": cfg.max_new_tokens, "temperature": 0.0 if greedy else cfg.temperature,
           "top_p": cfg.top_p, "top_k": cfg.top_k}
     batch = [p for p in prompt_ids for _ in range(n)]
@@ -328,6 +415,11 @@ def generate(cfg, prompt_ids, n, greedy=False):
     results = []
     for o in out:  # SGLang keeps the EOS token in output_ids (and its logprob): the policy must learn
         ids, meta = o["output_ids"], o["meta_info"]  # to stop, so EOS needs a gradient too
+        if str(meta.get("weight_version")) != version:
+            raise UserError(f"the server sampled with weights of version {meta.get('weight_version')!r}, but this "
+                            f"rollout must come from version {version!r} (the trainer's weights after step {version}). "
+                            f"A weight push was skipped, rejected or reordered, or another client changed the "
+                            f"server's weights. Stopping rather than training on another policy's samples.")
         lps = [lp for lp, *_ in meta["output_token_logprobs"]]
         if len(lps) != len(ids):
             raise UserError(f"/generate returned {len(ids)} tokens but {len(lps)} logprobs: unexpected server version?")
@@ -335,26 +427,57 @@ def generate(cfg, prompt_ids, n, greedy=False):
     return results
 
 
-def server_logprobs(cfg, ids, n_prompt):
-    """Server's logprobs of ids[n_prompt:] given the prefix, no sampling. -> list of floats."""
-    out = call(cfg, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 0},
-                                  "return_logprob": True, "logprob_start_len": n_prompt - 1})
-    rows = out["meta_info"]["input_token_logprobs"][1:]  # entry 0 is always None (no prefix scored)
-    got = [int(t) for _, t, *_ in rows]
-    if got != ids[n_prompt:]:
-        raise UserError("the server's probe logprobs are for other tokens than sent: unexpected /generate format")
-    return [float(lp) for lp, *_ in rows]
+def in_background(fn, *args, **kwargs):
+    """Start fn(*args, **kwargs) on a daemon thread (so Ctrl-C never waits for it).
+    -> wait(timeout=None): its result, or its exception raised in the caller."""
+    box = {}
+
+    def run():
+        try:
+            box["out"] = fn(*args, **kwargs)
+        except BaseException as e:  # handed to the caller
+            box["err"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def wait(timeout=None):
+        t.join(timeout)
+        if t.is_alive():
+            raise UserError(f"{fn.__name__} did not finish within {timeout:.0f}s (--request_timeout): is the server "
+                            f"still alive? Its log (serve.log) says more.")
+        if "err" in box:
+            raise box["err"]
+        return box.get("out")
+    return wait
+
+
+def on_all_ranks(fn, *args):
+    """fn(*args) on this rank; a UserError on ANY rank is raised on every rank, so none of them is
+    left waiting in a collective for a rank that stopped."""
+    err = out = None
+    try:
+        out = fn(*args)
+    except UserError as e:
+        err = str(e)
+    errs = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, err)
+    errs = [e for e in errs if e]
+    if errs:
+        raise UserError(errs[0])
+    return out
 
 
 # ----------------------------------------------------------------------------------------
-# Weight sync. The server process sees only its own GPU, so a CUDA-IPC handle of a tensor on a
-# training GPU is useless to it. Rank 0 (which sees every GPU under torchrun) gathers the full
-# weights, copies them into flat buckets that live ON THE SERVER'S GPU, and sends their IPC handles
-# serialized with SGLang's own helpers (which name the device by UUID, not by index, since the
-# server's cuda:0 is our cuda:3). The server opens the handles and copies from its own GPU.
+# Weight sync. Two ways to get rank 0's weights into the server after every optimizer step:
+#   tensor  The server process sees only its own GPU, so a CUDA-IPC handle of a tensor on a training
+#           GPU is useless to it. Rank 0 (which sees every GPU under torchrun) copies the weights into
+#           flat buckets that live ON THE SERVER'S GPU and sends their IPC handles, serialized with
+#           SGLang's own helpers (which name the device by UUID: the server's cuda:0 is our cuda:3).
+#   nccl    Rank 0 and the server form a 2-rank process group; rank 0 broadcasts each bucket while
+#           the server's /update_weights_from_distributed request receives it. Works across hosts.
 
 def gpu_layout(server_gpu, colocate, local_rank, local_world, visible, n_devices):
-    """-> (this rank's CUDA index, CUDA index to stage weights on, as seen by this process).
+    """-> (this rank's CUDA index, the server's GPU as this process indexes it, or None if hidden).
     `visible` is CUDA_VISIBLE_DEVICES (None if unset). Raises UserError on impossible layouts."""
     if local_world > n_devices:
         raise UserError(f"{local_world} training ranks but only {n_devices} visible GPUs")
@@ -362,10 +485,7 @@ def gpu_layout(server_gpu, colocate, local_rank, local_world, visible, n_devices
         return local_rank, 0  # the server shares rank 0's GPU
     ids = [s.strip() for s in visible.split(",")] if visible is not None else [str(i) for i in range(n_devices)]
     if str(server_gpu) not in ids:
-        why = f"CUDA_VISIBLE_DEVICES={visible}" if visible is not None else f"this machine shows {n_devices} GPU(s)"
-        raise UserError(f"GPU {server_gpu} (the server's, --server_gpu) is not visible to the trainer ({why}); rank 0 "
-                        f"must see it to stage weights there. Unset CUDA_VISIBLE_DEVICES or include {server_gpu}, "
-                        f"or pass --colocate if the server shares rank 0's GPU.")
+        return local_rank, None
     stage = ids.index(str(server_gpu))
     if stage < local_world:
         raise UserError(f"training rank {stage} would run on GPU {server_gpu}, which the SGLang server uses. "
@@ -375,71 +495,205 @@ def gpu_layout(server_gpu, colocate, local_rank, local_world, visible, n_devices
     return local_rank, stage
 
 
-def make_payload(named, device):
-    """[(name, tensor)] -> (serialized bucket, flat buffer). The tensors are cast to bf16 and copied
-    into ONE flat buffer on `device` (the server's GPU), described by SGLang's own bucket class.
-    The buffer must stay alive until the server has answered: only its IPC handle travels."""
-    from sglang.srt.utils import MultiprocessingSerializer
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket, FlattenedTensorMetadata
+def pick_sync(cfg, server_idx, visible):
+    """-> ('tensor' or 'nccl', why). The tensor path needs rank 0 to see the server's GPU on this host."""
+    host = urlparse(cfg.server_url).hostname or ""
+    here = host in ("localhost", "127.0.0.1", "::1", socket.gethostname()) or host == local_address(host)
+    if cfg.sync == "nccl":
+        return "nccl", "--sync nccl"
+    if here and server_idx is not None:
+        return "tensor", f"rank 0 sees the server's GPU {cfg.server_gpu} on this host"
+    why = (f"the server's GPU {cfg.server_gpu} (--server_gpu) is not visible to the trainer "
+           f"({f'CUDA_VISIBLE_DEVICES={visible}' if visible is not None else 'no such GPU here'})"
+           if here else f"the server ({host}) is on another host")
+    if cfg.sync == "tensor":
+        raise UserError(f"--sync tensor needs rank 0 to see the server's GPU on the same host, but {why}. Use "
+                        f"--sync nccl (or auto), or fix the layout: --server_gpu <id>, or unset CUDA_VISIBLE_DEVICES.")
+    return "nccl", why
+
+
+def local_address(host):
+    """This host's address on the route to `host` (what a server there connects back to)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(host), 9))  # UDP: picks the route, sends nothing
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def weight_buckets(model, limit, keep):
+    """All ranks: -> iterator of (bucket, last?); a bucket is [(name, full tensor)] of about `limit`
+    bytes in bf16. Gathering a sharded parameter is a collective, so every rank walks all of them;
+    only a rank with `keep` holds on to the full tensors."""
+    from torch.distributed.tensor import DTensor
+    params, one_rank = list(model.named_parameters()), dist.get_world_size() == 1
+    bucket, size = [], 0
+    for i, (name, p) in enumerate(params):
+        full = p.data
+        if isinstance(full, DTensor):
+            full = full.to_local() if one_rank else full.full_tensor()
+        size += full.numel() * 2
+        bucket += [(name, full)] if keep else []
+        last = i == len(params) - 1
+        if last or size >= limit:
+            yield bucket, last
+            bucket, size = [], 0
+
+
+def pack(named, device):
+    """[(name, tensor)] -> (ONE flat uint8 buffer on `device` holding every tensor as bf16, back to
+    back; SGLang's FlattenedTensorMetadata of each): the layout its FlattenedTensorBucket reads."""
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
     flat = torch.empty(sum(t.numel() * 2 for _, t in named), dtype=torch.uint8, device=device)
     meta, off = [], 0
     for name, t in named:
         n = t.numel() * 2
-        flat[off: off + n].view(torch.bfloat16).copy_(t.reshape(-1))  # cast + cross-GPU copy
+        flat[off: off + n].view(torch.bfloat16).copy_(t.reshape(-1))  # cast (+ cross-GPU copy)
         meta.append(FlattenedTensorMetadata(name=name, shape=t.shape, dtype=torch.bfloat16,
                                             start_idx=off, end_idx=off + n, numel=n))
         off += n
     if flat.is_cuda:
-        torch.cuda.synchronize(device)  # the server must not read the buffer before the copies land
-    bucket = FlattenedTensorBucket(flattened_tensor=flat, metadata=meta)
-    payload = MultiprocessingSerializer.serialize(
-        {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}, output_str=True)
-    return payload, flat
+        torch.cuda.synchronize(device)  # the copies (and any gathers) are done before anyone reads the buffer
+    return flat, meta
 
 
-def push_weights(cfg, model, stage_device, begin_end):
-    """All ranks: gather each full parameter; rank 0: pack buckets on the server's GPU and POST them,
-    one at a time, then flush the server's prefix cache once. -> bytes pushed (rank 0)."""
-    from torch.distributed.tensor import DTensor
-    rank0, limit, pending, pending_bytes, pushed = dist.get_rank() == 0, cfg.sync_bucket_mb * 2**20, [], 0, 0
-    if rank0 and begin_end:
+def serialize_bucket(flat, meta):
+    """-> the string /update_weights_from_tensor takes: IPC handles only, so `flat` must stay alive
+    until the server has answered."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    return MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": meta}, output_str=True)
+
+
+def post_update(cfg, path, req, retries=None):
+    r = call(cfg, path, req, retries=retries)
+    if not (isinstance(r, dict) and r.get("success")):
+        raise UserError(f"the server rejected the weight update: {r}. Training on would sample from stale weights, so we stop.")
+
+
+def send_tensor(cfg, link, flat, meta, last, version):
+    """Tensor path: POST the bucket's handle; the server copies from it. -> wait() for the answer."""
+    req = {"serialized_named_tensors": [serialize_bucket(flat, meta)], "load_format": "flattened_bucket",
+           "flush_cache": last, "weight_version": version if last else None}
+    answered = in_background(post_update, cfg, "/update_weights_from_tensor", req)
+
+    def wait():
+        answered()
+        return flat.numel()  # `flat` stays alive until here: the server has copied it
+    return wait
+
+
+def send_nccl(cfg, link, flat, meta, last, version):
+    """NCCL path: the server posts its receive when this request reaches it, so the request is in flight
+    before our send is waited on (never the other way: a blocking request would deadlock). The send
+    runs on a side thread and both are waited on with --request_timeout: a dead server is an error,
+    never a silent NCCL hang. -> wait()."""
+    req = {"names": [m.name for m in meta], "dtypes": ["bfloat16"] * len(meta), "shapes": [list(m.shape) for m in meta],
+           "group_name": link["group_name"], "load_format": "flattened_bucket", "flush_cache": last,
+           "weight_version": version if last else None}
+    answered = in_background(post_update, cfg, "/update_weights_from_distributed", req, retries=0)  # a retry would
+    sent = in_background(broadcast, flat, link["group"])                                            # expect a 2nd send
+
+    def wait():
+        answered()  # raises if the server refused or did not answer in time: then nothing waits on NCCL
+        sent(cfg.request_timeout)
+        return flat.numel()
+    return wait
+
+
+def broadcast(flat, group):
+    if flat.is_cuda:
+        torch.cuda.set_device(flat.device)  # the current device is per thread
+    dist.broadcast(flat, src=0, group=group)
+    if flat.is_cuda:
+        torch.cuda.synchronize(flat.device)
+
+
+def connect_nccl(cfg, device):
+    """Rank 0: form the 2-rank group (us rank 0, the server rank 1) with SGLang's own helper and the same
+    group name on both sides. Both block until the other joins, so the request runs on a side thread."""
+    from datetime import timedelta
+    from sglang.srt.utils import init_custom_process_group
+    addr = cfg.nccl_master_addr or local_address(urlparse(cfg.server_url).hostname or "127.0.0.1")
+    port = cfg.nccl_port
+    if not port:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+    name, backend = f"grpo_sglang_{socket.gethostname()}_{os.getpid()}", "nccl" if device.type == "cuda" else "gloo"
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # under torchrun, tcp:// rendezvous would only be a
+    #                                                       client of torchrun's store; we must host this one
+    joined = in_background(call, cfg, "/init_weights_update_group", {
+        "master_address": addr, "master_port": port, "rank_offset": 1, "world_size": 2, "group_name": name,
+        "backend": backend}, retries=0)
+    group = in_background(init_custom_process_group, backend=backend, init_method=f"tcp://{addr}:{port}", world_size=2,
+                          rank=0, group_name=name, timeout=timedelta(seconds=cfg.request_timeout))
+    try:
+        r = joined()
+    except UserError as e:
+        raise UserError(f"{e}\nThe server did not join the NCCL group at {addr}:{port}: it must reach this address "
+                        f"and port (--nccl_master_addr, --nccl_port, firewall; NCCL_SOCKET_IFNAME picks the interface).") from None
+    if not (isinstance(r, dict) and r.get("success")):
+        raise UserError(f"the server could not join the NCCL weight-update group: {r}")
+    return {"kind": "nccl", "group": group(cfg.request_timeout), "group_name": name, "device": device}
+
+
+def push_weights(cfg, model, link, version):
+    """All ranks gather each full parameter; rank 0 (the one with a `link`) packs them into flat bf16
+    buckets and sends them, bucket k in flight while it gathers and packs bucket k+1. With NCCL and
+    several ranks, each send completes before the next gather: interleaving FSDP's collectives with
+    the sends deadlocked TRL. The last bucket flushes the server's prefix cache (cached prompts hold
+    activations of the old weights) and tags the weights `version`. -> bytes sent (rank 0)."""
+    send = send_nccl if link and link["kind"] == "nccl" else send_tensor
+    serial = send is send_nccl and dist.get_world_size() > 1
+    if link and link["begin_end"]:
         call(cfg, "/begin_weight_update", {"selector": "all"})
-    params, one_rank = list(model.named_parameters()), dist.get_world_size() == 1
-    for i, (name, p) in enumerate(params):
-        full = p.data
-        if isinstance(full, DTensor):  # gather the shards: a collective, every rank takes part
-            full = full.to_local() if one_rank else full.full_tensor()
-        if not rank0:
+    sent, in_flight = 0, None
+    for bucket, last in weight_buckets(model, cfg.sync_bucket_mb * 2**20, keep=link is not None):
+        if not link:
             continue
-        pending.append((name, full))
-        pending_bytes += full.numel() * 2  # bf16
-        last = i == len(params) - 1
-        if last or pending_bytes >= limit:
-            payload, flat = make_payload(pending, stage_device)
-            r = call(cfg, "/update_weights_from_tensor", {"serialized_named_tensors": [payload],
-                     "load_format": "flattened_bucket", "flush_cache": last})
-            if not (isinstance(r, dict) and r.get("success")):
-                raise UserError(f"the server rejected the weight update: {r}. Training on would sample "
-                                f"from stale weights, so we stop.")
-            pushed += flat.numel()
-            pending, pending_bytes, flat = [], 0, None  # only now may the buffer go: the server copied it
-    if rank0 and begin_end:
+        flat, meta = pack(bucket, link["device"])
+        sent += in_flight() if in_flight else 0  # one update at a time
+        in_flight = send(cfg, link, flat, meta, last, version)
+        if serial:
+            sent, in_flight = sent + in_flight(), None
+    sent += in_flight() if in_flight else 0
+    if link and link["begin_end"]:
         call(cfg, "/end_weight_update", {})
-    return pushed
+    return sent
 
 
 # ----------------------------------------------------------------------------------------
 # The trainer side: model, log-probs of completions, checkpoints.
 
+def load_policy(path, device, grad_checkpointing):
+    """fp32 master weights in training mode, which transformers' gradient checkpointing needs. Every
+    dropout is set to 0 in the config first: the server samples without dropout, and the trainer must
+    score the same function (with dropout, ratio != 1 at mu = 1 and the mismatch check sees noise)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(path)
+    for k, v in config.to_dict().items():
+        if isinstance(v, float) and ("dropout" in k or "pdrop" in k):
+            setattr(config, k, 0.0)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32).to(device).train()
+    if grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model
+
+
 def shard(model, mesh, param_dtype):
     """FSDP2: each transformer block its own unit computing in bf16; fp32 master weights and grads.
     The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
     steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
-    0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same)."""
+    0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same).
+    Some final norms (Gemma's) return their input's dtype, bf16 from the last block, so the head casts
+    its input to fp32 itself: one cast where it matters, rather than fp32 activations between blocks."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     for m in model.modules():
         if type(m).__name__ in (model._no_split_modules or []):
             fully_shard(m, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32))
+    model.get_output_embeddings().register_forward_pre_hook(lambda m, args: (args[0].float(), *args[1:]))
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
     return model
 
@@ -505,6 +759,14 @@ def latest_checkpoint(out_dir):
 # ----------------------------------------------------------------------------------------
 # Distributed setup and the training loop.
 
+def all_reduce_named(values, op, device):
+    """{name: number or 0-d tensor} -> {name: float} reduced over ranks (sorted names: one order everywhere)."""
+    keys = sorted(values)
+    t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=device).reshape(()) for k in keys])
+    dist.all_reduce(t, op=op)
+    return dict(zip(keys, t.tolist()))
+
+
 def main(cfg):
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -512,76 +774,71 @@ def main(cfg):
     print0 = lambda *a: print(*a, flush=True) if master else None
     cfg.api_key = cfg.api_key or os.environ.get("SGLANG_API_KEY", "")
 
-    # fail fast: impossible combinations, then the server, all before loading anything heavy
-    if cfg.prompts_per_step % world:
-        raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
-    if cfg.loss_agg not in ("token", "seq", "constant"):
-        raise UserError(f"--loss_agg must be token, seq or constant, not {cfg.loss_agg!r}")
-    if cfg.group_size < 2:
-        raise UserError("--group_size must be >= 2: advantages compare completions of the same prompt")
-    if cfg.mu < 1 or cfg.steps < 1 or cfg.micro_batch < 1 or cfg.max_new_tokens < 1:
-        raise UserError("--mu, --steps, --micro_batch and --max_new_tokens must be >= 1")
+    # fail fast: flags, layout, then the server, all before loading anything heavy
+    skip_sync = check_config(cfg, world)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if use_cuda:
-        dev_idx, stage_idx = gpu_layout(cfg.server_gpu, cfg.colocate, local_rank, local_world,
-                                        os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())
-        device, stage_device = torch.device("cuda", dev_idx), torch.device("cuda", stage_idx)
+        dev_idx, server_idx = gpu_layout(cfg.server_gpu, cfg.colocate, local_rank, local_world, visible, torch.cuda.device_count())
+        device = torch.device("cuda", dev_idx)
         torch.cuda.set_device(device)
     else:
-        device = stage_device = torch.device("cpu")
+        device, server_idx = torch.device("cpu"), "cpu"
         torch.multiprocessing.set_sharing_strategy("file_system")  # CPU tensors by file name (tests)
+    sync_kind, sync_why = pick_sync(cfg, server_idx, visible)
+    async_ = (use_cuda and not cfg.colocate) if cfg.async_ is None else cfg.async_  # auto: a GPU of its own
     server = check_server(cfg) if master else None
 
     if "RANK" not in os.environ:  # plain `python grpo_sglang.py`: a world of one
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
-    holder = [server]
-    dist.broadcast_object_list(holder)
-    server = holder[0]
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(cfg.seed + rank)
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    if use_cuda:  # CUDA-IPC handles then name the GPU by UUID (see push_weights); CUDA tensors only
+    if use_cuda:  # CUDA-IPC handles then name the GPU by UUID (see the weight sync); CUDA tensors only
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         monkey_patch_torch_reductions()
+    link = None  # rank 0's way to the server's weights
+    if master and sync_kind == "tensor":
+        link = {"kind": "tensor", "device": torch.device("cuda", server_idx) if use_cuda else device}
+    link = on_all_ranks(lambda: connect_nccl(cfg, device) if master and sync_kind == "nccl" else link)
+    if link:
+        link["begin_end"] = server["begin_end"]
 
     # data: tokenized once, unusable rows counted
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(cfg.model)
+    fmt = ("chat" if tok.chat_template else "plain") if cfg.prompt_format == "auto" else cfg.prompt_format
+    if fmt == "chat" and not tok.chat_template:
+        raise UserError(f"--prompt_format chat, but the tokenizer of {cfg.model} has no chat template (a base model?): "
+                        f"use --prompt_format plain (or auto)")
     task = "arithmetic" if cfg.dataset == "builtin" else "gsm8k"
-    reward_name = task if cfg.reward == "auto" else cfg.reward
     try:
-        reward_fn = reward_fns.get_reward_fn(reward_name)
+        reward_fn = reward_fns.get_reward_fn(task if cfg.reward == "auto" else cfg.reward)
     except ValueError as e:
         raise UserError(f"--reward: {e}") from None
     instruction = INSTRUCTIONS[task] if cfg.instruction == "auto" else cfg.instruction
     skipped = Counter()
     raw_train, raw_eval = load_splits(cfg)
-    train, evals = tokenize_rows(raw_train, tok, cfg, instruction, skipped), tokenize_rows(raw_eval, tok, cfg, instruction, skipped)
+    train, evals = (tokenize_rows(rows, tok, cfg, instruction, fmt, skipped) for rows in (raw_train, raw_eval))
     print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset}; skipped "
            f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
+    print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat" else "('question\\ninstruction\\n')"))
     if not train or not evals:
         raise UserError("no usable rows left for training or evaluation (see the skipped counts above)")
 
     # models: fp32 master weights sharded with FSDP2; the reference model only when beta > 0
     ckpt_dir = latest_checkpoint(cfg.out_dir) if cfg.resume else None
-    resume = ckpt_dir is not None
-    if cfg.resume and not resume:
+    if cfg.resume and not ckpt_dir:
         print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
-    compute_dtype = torch.bfloat16
-    model = AutoModelForCausalLM.from_pretrained(ckpt_dir if resume else cfg.model, dtype=torch.float32).to(device)
-    if cfg.grad_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-    model = shard(model, mesh, compute_dtype)
+    model = shard(load_policy(ckpt_dir or cfg.model, device, cfg.grad_checkpointing), mesh, torch.bfloat16)
     ref = None
     if cfg.beta > 0:
-        ref = shard(AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(device).eval(), mesh, compute_dtype)
+        ref = shard(AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(device).eval(), mesh, torch.bfloat16)
         ref.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start = 0
-    if resume:
+    if ckpt_dir:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
         st = torch.load(os.path.join(ckpt_dir, "trainer_state.pt"), weights_only=True)
         set_optimizer_state_dict(model, opt, st["optimizer"], options=StateDictOptions(full_state_dict=True))
@@ -593,113 +850,73 @@ def main(cfg):
         print0(f"resumed from {ckpt_dir} at step {start}")
 
     n_local = cfg.prompts_per_step // world
-    B = cfg.prompts_per_step * cfg.group_size
-    print0(f"batch: {cfg.prompts_per_step} prompts x {cfg.group_size} completions = {B} sequences per step; "
-           f"{n_local} prompts ({n_local * cfg.group_size} sequences) per rank x {world} ranks; "
+    print0(f"batch: {cfg.prompts_per_step} prompts x {cfg.group_size} completions = {cfg.prompts_per_step * cfg.group_size} "
+           f"sequences per step; {n_local} prompts ({n_local * cfg.group_size} sequences) per rank x {world} ranks; "
            f"micro-batch {cfg.micro_batch}; {cfg.mu} optimizer step(s) per rollout; "
            f"{cfg.steps} steps = {cfg.steps * cfg.prompts_per_step / len(train):.2f} epochs")
-    print0(f"layout: training on {device} x {world}, server GPU staged as {stage_device}"
-           f"{' (colocated)' if cfg.colocate else ''}; server at {cfg.server_url}")
-    os.makedirs(cfg.out_dir, exist_ok=True)
+    print0(f"layout: training on {device} x {world}{' (server colocated)' if cfg.colocate else ''}; server at "
+           f"{cfg.server_url}; weight sync: {sync_kind} ({sync_why})")
+    print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from the weights after step "
+                           "s-1, while the server samples step s+1's" if async_ else "sync, on-policy"))
     if master:
         json.dump(dataclasses.asdict(cfg), open(os.path.join(cfg.out_dir, "config.json"), "w"), indent=1)
     metrics_file = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "a") if master else None
     if cfg.wandb and master:
         import wandb
         wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg))
-    skip_sync = set()
-    for part in filter(None, cfg.debug_skip_sync.replace(" ", "").split(",")):
-        lo, _, hi = part.partition("-")
-        skip_sync.update(range(int(lo), int(hi or lo) + 1))
 
-    # the probe: a fixed held-out prompt and its reference answer, re-scored after every push
-    probe_ans = tok(evals[0]["answer"] + tok.eos_token, add_special_tokens=False)["input_ids"]
-    probe = evals[0]["ids"] + probe_ans
-
-    def agree(err):
-        """Every rank learns of an error on any rank, so none of them hangs in a collective."""
-        errs = [None] * world
-        dist.all_gather_object(errs, err)
-        errs = [e for e in errs if e]
-        if errs:
-            raise UserError(errs[0])
-
-    last_probe, over = None, False  # the previous step's probe logprobs; was it over the limit?
-
-    def sync_and_check(step, push=True):
-        nonlocal last_probe, over
-        t0 = time.time()
-        err, nbytes, stats = None, 0, {}
-        try:
-            if push:
-                nbytes = push_weights(cfg, model, stage_device, server and server["begin_end"])
-        except UserError as e:
-            err = str(e)
-        agree(err)
-        t_sync = time.time() - t0
-        with torch.no_grad():
-            mine = completion_logprobs(model, torch.tensor([probe], device=device),
-                                       torch.ones(1, len(probe), dtype=torch.long, device=device),
-                                       len(evals[0]["ids"]), 1.0)[0].float().cpu()
+    def log(m):
         if master:
-            try:
-                theirs = torch.tensor(server_logprobs(cfg, probe, len(evals[0]["ids"])))
-                d = (theirs - mine).abs()
-                stats = {"sync_logprob_diff_mean": d.mean().item(), "sync_logprob_diff_max": d.max().item(),
-                         # how far one training step moved the probe: a skipped push is only
-                         # visible to the check when this exceeds the kernel noise (~0.05 nats)
-                         "probe_step_change_max": (mine - last_probe).abs().max().item() if last_probe is not None else 0.0}
-                last_probe = mine
-                stop, over = sync_check_fails(stats["sync_logprob_diff_max"], over, cfg.sync_check_max)
-                if stop:
-                    err = (f"sync check failed at step {step}: the server's logprobs on the probe differ from the "
-                           f"trainer's by up to {d.max():.3f} nats (mean {d.mean():.3f}; --sync_check_max "
-                           f"{cfg.sync_check_max}). The server is not generating with the trainer's weights: "
-                           f"was a push skipped or rejected, or does the server serve another model?")
-            except UserError as e:
-                err = str(e)
-        agree(err)
-        return {"time_sync": t_sync, "sync_bytes": nbytes, **stats}
+            metrics_file.write(json.dumps(m) + "\n")
+            metrics_file.flush()
+            if cfg.wandb:
+                wandb.log(m, step=m["step"])
+
+    def sync_weights(version):
+        """Push θ_version (the weights after `version` steps) and tag the server with it."""
+        if version not in skip_sync:
+            return on_all_ranks(push_weights, cfg, model, link, str(version))
+        if cfg.debug_tag_skipped:  # negative control: a server that drops the weights but not the tag
+            on_all_ranks(lambda: master and call(cfg, "/update_weight_version", {"new_version": str(version), "abort_all_requests": False}))
+        return 0
+
+    def rollout(step, version):
+        """This rank's share of the prompts of `step`, G completions each, sampled from θ_version."""
+        t0 = time.time()
+        rows = [train[i] for i in prompts_for_step(len(train), step, cfg.prompts_per_step, cfg.seed)]
+        rows = rows[rank * n_local: (rank + 1) * n_local]
+        outs = generate(cfg, [r["ids"] for r in rows], cfg.group_size, str(version))
+        return {"rows": rows, "outs": outs, "version": version, "span": (t0, time.time())}
 
     def evaluate(step):
-        acc = None
+        """Greedy accuracy on the held-out prompts, through the server (rank 0)."""
         if master:
             t0 = time.time()
-            outs = generate(cfg, [e["ids"] for e in evals], 1, greedy=True)
+            outs = generate(cfg, [e["ids"] for e in evals], 1, str(step), greedy=True)
             warn = Counter()
             rs = [reward_fns.safe_reward(reward_fn, tok.decode(o[0], skip_special_tokens=True), e["answer"], warn)
                   for o, e in zip(outs, evals)]
-            acc = sum(rs) / len(rs)
-            print0(f"eval step {step}: accuracy {acc:.3f} on {len(rs)} held-out prompts (greedy, {time.time() - t0:.1f}s)")
-            metrics_file.write(json.dumps({"step": step, "eval_accuracy": acc}) + "\n")
-            metrics_file.flush()
-        dist.barrier()
-        return acc
+            print0(f"eval step {step}: accuracy {sum(rs) / len(rs):.3f} on {len(rs)} held-out prompts (greedy, {time.time() - t0:.1f}s)")
+            log({"step": step, "eval_accuracy": sum(rs) / len(rs)})
 
-    s0 = sync_and_check(start)  # the server must start from our weights (also after a resume)
-    print0(f"initial sync: {s0['sync_bytes'] / 2**20:.0f} MiB in {s0['time_sync']:.2f}s, probe |diff| mean "
-           f"{s0.get('sync_logprob_diff_mean', 0):.4f} max {s0.get('sync_logprob_diff_max', 0):.4f}")
-    evaluate(start)
+    t0 = time.time()
+    nbytes = sync_weights(start)  # the server must start from our weights (also after a resume)
+    print0(f"initial sync: {nbytes / 2**20:.0f} MiB in {time.time() - t0:.2f}s, tagged version {start}")
+    on_all_ranks(evaluate, start)
 
-    nonfinite_run = 0
+    t_run, nonfinite_run, next_batch = time.time(), 0, None
     for step in range(start, cfg.steps):
-        # 1. rollout: this rank's share of the step's prompts, G completions each
+        # 1. rollout. Sync: sample now from θ_step. Async: this batch was sampled from θ_{step-1} during the
+        #    previous step, and the server now samples the next one from θ_step while we train on this one.
         t0 = t_step = time.time()
-        rows = [train[i] for i in prompts_for_step(len(train), step, cfg.prompts_per_step, cfg.seed)]
-        rows = rows[rank * n_local: (rank + 1) * n_local]
-        err, outs = None, []
-        try:
-            outs = generate(cfg, [r["ids"] for r in rows], cfg.group_size)
-        except UserError as e:
-            err = str(e)
-        agree(err)
-        t_rollout = time.time() - t0
+        batch = next_batch or on_all_ranks(rollout, step, step)
+        pending = in_background(rollout, step + 1, step) if async_ and step + 1 < cfg.steps else None
+        t_wait = time.time() - t0
 
         # 2. rewards and group-relative advantages (groups never straddle ranks)
-        warn = Counter()
-        samples = []
-        for k, (ids, lps, fin) in enumerate(outs):
-            row = rows[k // cfg.group_size]
+        warn, samples = Counter(), []
+        for k, (ids, lps, fin) in enumerate(batch["outs"]):
+            row = batch["rows"][k // cfg.group_size]
             text = tok.decode(ids, skip_special_tokens=True)
             samples.append({"prompt": row["ids"], "completion": ids, "server_lp": lps, "finish": fin, "text": text,
                             "reward": reward_fns.safe_reward(reward_fn, text, row["answer"], warn)})
@@ -707,94 +924,108 @@ def main(cfg):
             print0(f"reward warnings at step {step + 1}: {dict(warn)}")
         rewards = torch.tensor([s["reward"] for s in samples])
         adv = group_advantages(rewards, cfg.group_size, cfg.scale_rewards)
-        n_tok_local = sum(len(s["completion"]) for s in samples)
-        totals = torch.tensor([len(samples), n_tok_local], dtype=torch.float64, device=device)
-        dist.all_reduce(totals)  # loss normalisers count the whole batch, all ranks
-        n_seqs, n_tokens = totals.tolist()
+        lens = [len(s["completion"]) for s in samples]
+        sums = {"reward": rewards.sum(), "correct": (rewards >= 1).sum(), "seqs": len(samples), "completion_tokens": sum(lens),
+                "truncated": sum(s["finish"] == "length" for s in samples), "groups": len(samples) // cfg.group_size,
+                "zero_std_groups": (rewards.view(-1, cfg.group_size).std(1) == 0).sum(), "reward_warnings": sum(warn.values())}
+        totals = all_reduce_named({"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}, dist.ReduceOp.SUM, device)
+        n_seqs, n_tokens = totals["seqs"], totals["tokens"]  # loss normalisers count the whole batch, all ranks
 
-        # 3. old / reference / server log-probs, then mu optimizer steps on the clipped loss
-        t0 = time.time()
-        mbs = [list(range(i, min(i + cfg.micro_batch, len(samples)))) for i in range(0, len(samples), cfg.micro_batch)]
-        batches = []
+        # 3. micro-batches with the server's, the reference's and (mu > 1) the old log-probs; then mu
+        #    optimizer steps on the clipped loss. The first pass compares trainer and server.
+        t0 = t_train_start = time.time()
+        mbs = []
         with torch.no_grad():
-            for mb in mbs:
-                ids, attn, cmask, P = pad_batch([samples[i] for i in mb], tok.pad_token_id or 0, device)
-                b = {"ids": ids, "attn": attn, "mask": cmask, "P": P, "adv": adv[mb].to(device)}
-                if cfg.mu > 1 or cfg.tis_cap > 0:  # with mu = 1 the old policy is the current one
+            for i in range(0, len(samples), cfg.micro_batch):
+                part = samples[i: i + cfg.micro_batch]
+                ids, attn, mask, P = pad_batch(part, tok.pad_token_id or 0, device)
+                server_lp = torch.zeros_like(mask)
+                for j, s in enumerate(part):
+                    server_lp[j, : len(s["server_lp"])] = torch.tensor(s["server_lp"])
+                b = {"ids": ids, "attn": attn, "mask": mask, "P": P, "adv": adv[i: i + len(part)].to(device), "server": server_lp}
+                if cfg.mu > 1:  # the policy before this step's updates (with mu = 1 it is the one we train)
                     b["old"] = completion_logprobs(model, ids, attn, P, cfg.temperature)
                 if ref is not None:
                     b["ref"] = completion_logprobs(ref, ids, attn, P, cfg.temperature)
-                if cfg.tis_cap > 0:
-                    slp = torch.zeros_like(cmask)
-                    for j, i in enumerate(mb):
-                        slp[j, : len(samples[i]["server_lp"])] = torch.tensor(samples[i]["server_lp"])
-                    b["server"] = slp
-                batches.append(b)
-        t_ref = time.time() - t0
-        t0 = time.time()
-        stat = torch.zeros(4, dtype=torch.float64, device=device)  # kl sum, clipped tokens, tokens, loss
-        nan_skips = 0
-        for _ in range(cfg.mu):
-            for k, b in enumerate(batches):
-                model.set_requires_gradient_sync(k == len(batches) - 1)  # reduce grads once per step
+                mbs.append(b)
+        t_ref, t0 = time.time() - t0, time.time()
+        zero = lambda: torch.zeros((), dtype=torch.float64, device=device)
+        train_sums, maxes, nonfinite = defaultdict(zero), defaultdict(zero), 0
+        for update in range(cfg.mu):
+            for k, b in enumerate(mbs):
+                model.set_requires_gradient_sync(k == len(mbs) - 1)  # reduce gradients once per update
                 logp = completion_logprobs(model, b["ids"], b["attn"], b["P"], cfg.temperature)
-                old = b.get("old", logp.detach())
-                per_tok, clipped = clipped_surrogate(logp, old, b["adv"], cfg.clip_low, cfg.clip_high)
-                if cfg.tis_cap > 0:
-                    per_tok = per_tok * tis_weights(old, b["server"], cfg.tis_cap)
-                if ref is not None:
-                    kl = kl_k3(logp, b["ref"])
-                    per_tok = per_tok + cfg.beta * kl
-                    stat[0] += (kl.detach() * b["mask"]).sum()
+                old = b["old"] if cfg.mu > 1 else logp.detach()
+                if update == 0:
+                    mm_sums, mm_max = mismatch_stats(old, b["server"], b["mask"], cfg.tis_cap)
+                    for name, v in mm_sums.items():
+                        train_sums[name] += v
+                    for name, v in mm_max.items():
+                        maxes[name] = torch.maximum(maxes[name], v)
+                tis = tis_weights(old, b["server"], cfg.tis_cap) if cfg.tis_cap > 0 else None
+                per_tok, clipped, kl = grpo_token_loss(logp, old, b["adv"], cfg.clip_low, cfg.clip_high, tis, b.get("ref"), cfg.beta)
                 # FSDP averages gradients over ranks, so scale by world to get the batch sum
                 loss = aggregate(per_tok, b["mask"], cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens) * world
                 loss.backward()
-                stat[1] += (clipped.float() * b["mask"]).sum()
-                stat[2] += b["mask"].sum()
-                stat[3] += loss.detach() / world
+                train_sums["loss"] += loss.detach() / world
+                train_sums["clipped"] += (clipped * b["mask"]).sum()
+                train_sums["kl"] += (kl.detach() * b["mask"]).sum() if kl is not None else 0
+                train_sums["trained_tokens"] += b["mask"].sum()
+            if update == 0:  # stop before the first update if the server did not sample with our weights
+                mm = all_reduce_named({k: train_sums[k] for k in ("mismatch_abs", "tokens")}, dist.ReduceOp.SUM, device)
+                if mm["mismatch_abs"] / mm["tokens"] > cfg.mismatch_max:
+                    raise UserError(
+                        f"weight sync check failed at step {step + 1}: the server's logprobs of the tokens it sampled "
+                        f"differ from the trainer's by {mm['mismatch_abs'] / mm['tokens']:.3f} nats on average "
+                        f"(--mismatch_max {cfg.mismatch_max}). The server is not generating with the weights it was "
+                        f"sent (its version tag was right). With --async and a large --lr, one step of policy change "
+                        f"counts too: then raise --mismatch_max.")
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             if torch.isfinite(grad_norm):
                 opt.step()
             else:  # a non-finite gradient would poison the weights and the server with them
-                nan_skips += 1
+                nonfinite += 1
             opt.zero_grad(set_to_none=True)
         t_train = time.time() - t0
 
-        # 4. push the new weights to the server, and check that it now generates with them
-        sync = sync_and_check(step + 1, push=step + 1 not in skip_sync)
+        # 4. push θ_{step+1}. Async: first wait for the next batch: weights never change mid-generation
+        t0 = time.time()
+        next_batch = on_all_ranks(pending) if pending else None
+        t_sync_start = time.time()
+        nbytes = sync_weights(step + 1)
+        t_sync = time.time() - t_sync_start
 
-        # 5. log (reduce over ranks), checkpoint, evaluate
-        lens = [len(s["completion"]) for s in samples]
-        agg = torch.tensor([rewards.sum().item(), (rewards >= 1).sum().item(), len(samples), sum(lens),
-                            sum(s["finish"] == "length" for s in samples),
-                            float((rewards.view(-1, cfg.group_size).std(1) == 0).sum()), len(samples) / cfg.group_size,
-                            sum(warn.values()), nan_skips], dtype=torch.float64, device=device)
-        dist.all_reduce(agg)
-        dist.all_reduce(stat)
-        if master:
-            m = {"step": step + 1, "reward_mean": agg[0].item() / agg[2].item(), "accuracy": agg[1].item() / agg[2].item(),
-                 "kl": stat[0].item() / max(stat[2].item(), 1) * cfg.mu if ref is not None else 0.0,
-                 "clip_frac": stat[1].item() / max(stat[2].item(), 1), "loss": stat[3].item() / cfg.mu,
-                 "grad_norm": grad_norm.item(), "completion_len_mean": agg[3].item() / agg[2].item(),
-                 "truncated_frac": agg[4].item() / agg[2].item(), "zero_std_groups_frac": agg[5].item() / agg[6].item(),
-                 "reward_warnings": int(agg[7].item()), "nonfinite_skips": int(agg[8].item()) // world,
-                 "time_rollout": t_rollout, "time_ref": t_ref, "time_train": t_train, **sync,
-                 "time_step": time.time() - t_step, "sync_skipped": step + 1 in skip_sync,
-                 "rollout_tokens_per_s": agg[3].item() / max(t_rollout, 1e-9)}
-            print0(f"step {m['step']:4d} | reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} | kl {m['kl']:.4f} "
-                   f"clip {m['clip_frac']:.3f} | len {m['completion_len_mean']:.0f} | rollout {t_rollout:.2f}s "
-                   f"train {t_train:.2f}s sync {sync['time_sync']:.2f}s | {m['rollout_tokens_per_s']:.0f} tok/s | "
-                   f"probe |diff| {sync.get('sync_logprob_diff_max', float('nan')):.3f}")
-            if cfg.sample_every and m["step"] % cfg.sample_every == 0:
-                print0(f"  sample (reward {samples[0]['reward']}): {samples[0]['text'][:300]!r}")
-            metrics_file.write(json.dumps(m) + "\n")
-            metrics_file.flush()
-            if cfg.wandb:
-                wandb.log(m, step=m["step"])
-        nonfinite_run = nonfinite_run + 1 if nan_skips else 0  # grad_norm is global: all ranks agree
-        if nan_skips:
-            print0(f"warning: NaN/Inf gradient at step {step + 1}: {nan_skips} of {cfg.mu} update(s) skipped")
+        # 5. log (named sums over micro-batches and ranks), checkpoint, evaluate
+        s = all_reduce_named({**sums, **train_sums, "nonfinite": nonfinite}, dist.ReduceOp.SUM, device)
+        mx = all_reduce_named(maxes, dist.ReduceOp.MAX, device)
+        rel = lambda span: [round(span[0] - t_run, 3), round(span[1] - t_run, 3)]
+        m = {"step": step + 1, "sampled_from_version": batch["version"], "reward_mean": s["reward"] / s["seqs"],
+             "accuracy": s["correct"] / s["seqs"], "kl": s["kl"] / s["trained_tokens"], "clip_frac": s["clipped"] / s["trained_tokens"],
+             "loss": s["loss"] / cfg.mu, "grad_norm": grad_norm.item(), "completion_len_mean": s["completion_tokens"] / s["seqs"],
+             "truncated_frac": s["truncated"] / s["seqs"], "zero_std_groups_frac": s["zero_std_groups"] / s["groups"],
+             "reward_warnings": int(s["reward_warnings"]), "nonfinite_skips": int(s["nonfinite"]) // world,
+             # trainer vs server on the sampled tokens (async: includes one step of policy change)
+             "mismatch_mean": s["mismatch_abs"] / s["tokens"], "mismatch_max": mx["mismatch_max"],
+             "mismatch_kl": s["mismatch_kl"] / s["tokens"], "is_ratio_mean": s["is_ratio"] / s["tokens"],
+             "is_ratio_max": mx["is_ratio_max"], "is_truncated_frac": s["is_truncated"] / s["tokens"],
+             "time_rollout": batch["span"][1] - batch["span"][0], "time_rollout_wait": t_wait, "time_ref": t_ref,
+             "time_train": t_train, "time_next_rollout_wait": t_sync_start - t0, "time_sync": t_sync,
+             "time_step": time.time() - t_step, "sync_bytes": nbytes, "sync_skipped": step + 1 in skip_sync,
+             "rollout_tokens_per_s": s["completion_tokens"] / max(batch["span"][1] - batch["span"][0], 1e-9),
+             "span_rollout": rel(batch["span"]), "span_train": rel((t_train_start, t_train_start + t_ref + t_train)),
+             "span_sync": rel((t_sync_start, t_sync_start + t_sync)),
+             "peak_mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if use_cuda else 0.0}
+        print0(f"step {m['step']:4d} | reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} | kl {m['kl']:.4f} "
+               f"clip {m['clip_frac']:.3f} | len {m['completion_len_mean']:.0f} | rollout {m['time_rollout']:.2f}s "
+               f"train {t_train:.2f}s sync {t_sync:.2f}s step {m['time_step']:.2f}s | {m['rollout_tokens_per_s']:.0f} tok/s "
+               f"| mismatch {m['mismatch_mean']:.4f} (max {m['mismatch_max']:.2f}) from v{batch['version']}")
+        if cfg.sample_every and m["step"] % cfg.sample_every == 0:
+            print0(f"  sample (reward {samples[0]['reward']}): {samples[0]['text'][:300]!r}")
+        log(m)
+        nonfinite_run = nonfinite_run + 1 if nonfinite else 0  # grad_norm is global: all ranks agree
+        if nonfinite:
+            print0(f"warning: NaN/Inf gradient at step {step + 1}: {nonfinite} of {cfg.mu} update(s) skipped")
         if nonfinite_run >= cfg.max_nonfinite_steps:
             raise UserError(f"NaN/Inf gradients in {nonfinite_run} steps in a row (--max_nonfinite_steps); the weights "
                             f"were left as they were. Lower --lr, check the rewards and --tis_cap, then --resume "
@@ -803,13 +1034,34 @@ def main(cfg):
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or last:
             save_checkpoint(cfg, model, opt, tok, step + 1)
         if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
-            evaluate(step + 1)
+            on_all_ranks(evaluate, step + 1)
+    if link and link["kind"] == "nccl":
+        call(cfg, "/destroy_weights_update_group", {"group_name": link["group_name"]}, timeout=30, retries=0)
     dist.destroy_process_group()
+
+
+def fail(message, code=1):
+    """Say `message` once, then exit every rank with `code`. Under torchrun, rank 0 writes it to torchrun's
+    error file, so it is the root cause at the very end of torchrun's failure summary rather than
+    printed once per rank above it. os._exit: no destructor of a process group or of a thread still
+    waiting for a dead server can hang or abort the exit."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if error_file:
+            with open(error_file, "w") as f:
+                json.dump({"message": {"message": message, "extraInfo": {"py_callstack": message,
+                                                                         "timestamp": str(int(time.time()))}}}, f)
+        else:
+            print(f"\n{message}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
     try:
         main(parse_config())
     except UserError as e:
-        print(f"\nerror: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        fail(f"error: {e}")
+    except KeyboardInterrupt:
+        fail("interrupted: the last checkpoint in --out_dir is intact; continue with --resume", 130)
