@@ -677,7 +677,8 @@ def load_policy(path, device, grad_checkpointing):
             setattr(config, k, 0.0)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32).to(device).train()
     if grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)(  # newer name first
+            {"use_reentrant": False})
         model.config.use_cache = False
     return model
 

@@ -9,6 +9,7 @@ import collections
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -89,6 +90,41 @@ def test_aggregate_modes_and_mask():
 def test_tis_weights_truncate():
     old, server = torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]]))
     assert torch.allclose(g.tis_weights(old, server, 1.5), torch.tensor([[1.5, 0.5]]))
+
+
+def test_grpo_token_loss_with_kl_and_tis_hand_values():
+    logp = torch.log(torch.tensor([[0.5, 0.25]]))
+    old = torch.log(torch.tensor([[0.4, 0.25]]))  # ratios 1.25 (clipped at 1.2 for A > 0) and 1
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    tis = torch.tensor([[2.0, 0.5]])
+    loss, clipped, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), 0.2, 0.2, tis, ref, beta=0.1)
+    # KL(pi || ref) per token, k3 with d = ref - logp: d = log(0.5), log(2) -> e^d - d - 1
+    k3 = [0.5 - math.log(0.5) - 1, 2 - math.log(2) - 1]
+    assert torch.allclose(kl, torch.tensor([k3]), atol=1e-6)
+    assert torch.allclose(loss, torch.tensor([[-1.2 * 2.0 + 0.1 * k3[0], -1.0 * 0.5 + 0.1 * k3[1]]]), atol=1e-6)
+    assert clipped.tolist() == [[True, False]]
+    loss, _, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), 0.2, 0.2)  # no TIS, no reference
+    assert kl is None and torch.allclose(loss, torch.tensor([[-1.2, -1.0]]))
+
+
+def test_mismatch_stats_hand_values():
+    trainer = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    server = torch.log(torch.tensor([[0.25, 0.2, 0.1]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third token is padding: it must not count
+    sums, maxes = g.mismatch_stats(trainer, server, mask, cap=1.5)
+    assert sums["tokens"] == 2 and maxes["mismatch_max"] == pytest.approx(math.log(2))
+    assert sums["mismatch_abs"] == pytest.approx(math.log(2))
+    assert sums["is_ratio"] == pytest.approx(2 + 1) and maxes["is_ratio_max"] == pytest.approx(2)
+    assert sums["is_truncated"] == 1  # ratio 2 > cap 1.5
+    # k3 estimate of KL(server || trainer) on tokens the server sampled: d = trainer - server
+    assert sums["mismatch_kl"] == pytest.approx(2 - math.log(2) - 1)
+
+
+def test_epochs_are_shuffled_differently():
+    n = 50
+    epoch0 = g.prompts_for_step(n, 0, n, seed=0)
+    epoch1 = g.prompts_for_step(n, 1, n, seed=0)
+    assert sorted(epoch0) == sorted(epoch1) == list(range(n)) and epoch0 != epoch1
 
 
 def test_prompts_for_step_is_a_pure_function_of_step():
@@ -260,12 +296,11 @@ def test_gpu_layout_refuses_overlap_and_picks_the_sync_path():
 WORDS = ["user", "assistant", "What", "is", "+", "?", "Answer", "with", "the", "number", "only", "."]
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    """A 2-layer Llama and a word-level tokenizer with a chat template, built offline."""
+def build_tiny(d, arch="llama", chat_template=True, **overrides):
+    """A 2-layer model of `arch` and a word-level tokenizer (with a chat template, unless a base model
+    is wanted), built offline. Tiny configs of the architectures people train."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    d = str(tmp_path_factory.mktemp("tiny"))
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
     specials = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
     vocab = {w: i for i, w in enumerate(specials + WORDS + ["0", "1", "2"])}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -273,14 +308,27 @@ def tiny_model(tmp_path_factory):
     template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>",
-                                  additional_special_tokens=["<|im_start|>"], chat_template=template)
+                                  additional_special_tokens=["<|im_start|>"], chat_template=template if chat_template else None)
     tok.save_pretrained(d)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=True, eos_token_id=vocab["<|im_end|>"], pad_token_id=0, bos_token_id=None)
-    LlamaForCausalLM(cfg).save_pretrained(d)
+    common = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, eos_token_id=vocab["<|im_end|>"], pad_token_id=0,
+                  bos_token_id=None)
+    config = {"llama": lambda: LlamaConfig(**common, tie_word_embeddings=True),
+              "llama_untied": lambda: LlamaConfig(**common, tie_word_embeddings=False),
+              "qwen2": lambda: Qwen2Config(**common, tie_word_embeddings=True),
+              "qwen3": lambda: Qwen3Config(**common, head_dim=8, tie_word_embeddings=False),
+              "gemma3": lambda: Gemma3TextConfig(**common, head_dim=8, sliding_window=16, tie_word_embeddings=True)}[arch]()
+    for k, v in overrides.items():
+        setattr(config, k, v)
+    AutoModelForCausalLM.from_config(config).save_pretrained(d)
     return d
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A 2-layer Llama (tied embeddings) and a word-level tokenizer with a chat template."""
+    return build_tiny(str(tmp_path_factory.mktemp("tiny")))
 
 
 class StandIn:
@@ -293,15 +341,16 @@ class StandIn:
 
     def __init__(self, model_dir, served_path=None, reject_updates=False, api_key="", fail_generate_after=None,
                  nan_logprobs=False, stall_generate_after=None, die_at_init=False, die_in_broadcast=False,
-                 fail_generate_in_async=False):
+                 slow_generate=0.0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
         self.served_path, self.reject, self.api_key = served_path or model_dir, reject_updates, api_key
         self.fail_after, self.nan, self.stall_after = fail_generate_after, nan_logprobs, stall_generate_after
-        self.die_at_init, self.die_in_broadcast = die_at_init, die_in_broadcast
+        self.die_at_init, self.die_in_broadcast, self.slow = die_at_init, die_in_broadcast, slow_generate
         self.pushes, self.calls, self.lock, self.rollouts = [], collections.Counter(), threading.Lock(), []
         self.push_log, self.version, self.groups, self.generations = [], "default", {}, []
+        self.in_flight, self.pushed_during_generation = collections.Counter(), []
         self.digest = self.weights_digest()
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
@@ -407,6 +456,15 @@ class StandIn:
 
             def do_POST(self):
                 srv.calls[self.path] += 1
+                if "update_weights" in self.path:  # was a generation still running when this push arrived?
+                    srv.pushed_during_generation.append(srv.in_flight["/generate"])
+                srv.in_flight[self.path] += 1
+                try:
+                    self.post()
+                finally:
+                    srv.in_flight[self.path] -= 1
+
+            def post(self):
                 if not self.authorized():
                     return
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
@@ -448,12 +506,18 @@ class StandIn:
                 ids, sp = req["input_ids"], req.get("sampling_params", {})
                 if sp.get("temperature", 1.0) > 0:
                     srv.rollouts.append([tuple(p) for p in ids])  # what each training rollout asked for
+                    import time
+                    time.sleep(srv.slow)  # a server busy long enough that a premature push would overlap
                 # the k-th copy of a prompt gets the k-th seed, wherever it sits in the request: the same
                 # prompts give the same samples whether one rank or two ask for them
-                seen = collections.Counter()
-                seeds = [hash((tuple(p), seen.update([tuple(p)]) or seen[tuple(p)], srv.digest)) % 2**31 for p in ids]
+                seen, seeds = collections.Counter(), []
+                for p in ids:
+                    seen[tuple(p)] += 1
+                    seeds.append(hash((tuple(p), seen[tuple(p)], srv.digest)) % 2**31)
                 out = [srv.sample(p, sp, seed=s) for p, s in zip(ids, seeds)]
-                srv.generations.append([(o["output_ids"], [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]) for o in out])
+                if sp.get("temperature", 1.0) > 0:  # training rollouts: (prompt, completion, logprobs)
+                    srv.generations += [(p, o["output_ids"], [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]])
+                                        for p, o in zip(ids, out)]
                 return out
 
         return H
@@ -537,6 +601,236 @@ def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path,
     assert server.calls["/flush_cache"] == 0  # the cache is flushed by the last bucket's flush_cache flag
 
 
+@pytest.mark.parametrize("arch", ["llama_untied", "qwen2", "qwen3", "gemma3"])
+def test_architectures_train_and_push(arch, tmp_path):
+    """Beyond Llama (the fixture): forward/backward through shard(), every weight pushed and loaded by
+    name, two steps against the stand-in. Gemma's final norm returns bf16 into the fp32 LM head."""
+    model_dir = build_tiny(str(tmp_path / "model"), arch)
+    s = StandIn(model_dir)
+    try:
+        code, out = run(train_cmd(model_dir, s.url, tmp_path / "run", "--steps", "2"))
+        assert code == 0, out
+        assert_server_has(s.pushes[-1], ckpt_weights(tmp_path / "run"))
+        m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
+        assert len(m) == 2 and all(math.isfinite(r["mismatch_mean"]) and math.isfinite(r["loss"]) for r in m)
+    finally:
+        s.close()
+
+
+def test_left_padding_batched_logprobs_equal_each_sequence_alone(tmp_path):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(build_tiny(str(tmp_path), "qwen2"), dtype=torch.float32).eval()
+    samples = [{"prompt": [4, 5, 6, 7, 8, 9, 10], "completion": [11, 12, 3]},  # prompt lengths differ, as in GSM8K
+               {"prompt": [6, 7], "completion": [13, 14, 15, 16, 3]}, {"prompt": [8, 9, 10, 4], "completion": [17]}]
+    ids, attn, mask, P = g.pad_batch(samples, 0, "cpu")
+    with torch.no_grad():
+        batched = g.completion_logprobs(model, ids, attn, P, 1.0)
+        for i, smp in enumerate(samples):
+            alone = g.completion_logprobs(model, *g.pad_batch([smp], 0, "cpu")[:2], len(smp["prompt"]), 1.0)[0]
+            n = len(smp["completion"])
+            assert torch.allclose(batched[i, :n], alone, atol=1e-5), i
+            assert mask[i].sum() == n
+
+
+def test_training_mode_checkpoints_layers_and_turns_dropout_off(tmp_path):
+    d = build_tiny(str(tmp_path), "llama", attention_dropout=0.5)  # a config that asks for dropout
+    for ckpt, runs_per_layer in ((False, 1), (True, 2)):
+        model = g.load_policy(d, torch.device("cpu"), ckpt)
+        assert model.training and model.config.attention_dropout == 0.0
+        calls = []
+        # a pre-hook: the recompute stops as soon as it has what backward needs, before mlp returns
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *a: calls.append(1))
+        ids = torch.tensor([[4, 5, 6, 7, 8]])
+        out1 = model(ids).logits
+        assert torch.equal(out1, model(ids).logits)  # training mode, yet deterministic: no dropout
+        calls.clear()
+        model(ids).logits.sum().backward()
+        assert len(calls) == runs_per_layer  # checkpointing recomputes the layer in backward
+
+
+def test_base_model_without_chat_template_gets_plain_prompts(tmp_path):
+    from transformers import AutoTokenizer
+    base = build_tiny(str(tmp_path / "base"), chat_template=False)
+    tok = AutoTokenizer.from_pretrained(base)
+    rows = [{"question": "What is 1 + 2?", "answer": "3"}]
+    plain = g.tokenize_rows(rows, tok, g.Config(), "Answer with the number only.", "plain", collections.Counter())
+    assert tok.decode(plain[0]["ids"]) == "What is 1 + 2 ? Answer with the number only ."
+    chat_tok = AutoTokenizer.from_pretrained(build_tiny(str(tmp_path / "chat")))
+    chat = g.tokenize_rows(rows, chat_tok, g.Config(), "", "chat", collections.Counter())
+    assert chat_tok.decode(chat[0]["ids"]).startswith("<|im_start|> user What is 1 + 2 ?")
+    s = StandIn(base)
+    try:
+        code, out = run(train_cmd(base, s.url, tmp_path / "a", "--steps", "1"))
+        assert code == 0 and "prompt format: plain" in out, out
+        code, out = run(train_cmd(base, s.url, tmp_path / "b", "--prompt_format", "chat"), timeout=120)
+        assert code == 1 and "has no chat template" in out and "--prompt_format plain" in out and "Traceback" not in out
+    finally:
+        s.close()
+    code, out = run(train_cmd(chat_tok.name_or_path, "http://127.0.0.1:1", tmp_path / "c", "--prompt_format", "chatml"), timeout=120)
+    assert code == 1 and "--prompt_format 'chatml' is out of range: it must be auto or chat or plain" in out
+
+
+def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
+    """The same rollouts on one rank or split over two give the same loss and gradient: the loss
+    normalisers count the whole batch and FSDP's gradient average is undone by the world size."""
+    got = {}
+    for nproc in (1, 2):
+        s = StandIn(tiny_model)  # fresh weights: both runs sample the same completions
+        try:
+            code, out = run(train_cmd(tiny_model, s.url, tmp_path / str(nproc), "--steps", "1", "--micro_batch", "2",
+                                      "--loss_agg", "seq", nproc=nproc))
+            assert code == 0, out
+            got[nproc] = ([r for r in read_metrics(tmp_path / str(nproc)) if "loss" in r][0], s.generations)
+        finally:
+            s.close()
+    (m1, gen1), (m2, gen2) = got[1], got[2]
+    assert sorted(map(str, gen1)) == sorted(map(str, gen2))  # identical rollouts, split differently
+    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-4, abs=1e-7)
+    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)
+    assert m2["reward_mean"] == m1["reward_mean"]
+
+
+def test_kl_is_logged_once_with_mu_2(tiny_model, tmp_path):
+    """With lr 0 the mu=2 passes see the same policy, so the logged KL must equal mu=1's on the same rollouts."""
+    kl = {}
+    for mu in (1, 2):
+        s = StandIn(tiny_model)
+        try:
+            code, out = run(train_cmd(tiny_model, s.url, tmp_path / str(mu), "--steps", "1", "--mu", str(mu),
+                                      "--beta", "0.1", "--lr", "0"))
+            assert code == 0, out
+            kl[mu] = [r for r in read_metrics(tmp_path / str(mu)) if "kl" in r][0]["kl"]
+        finally:
+            s.close()
+    assert kl[1] > 0 and kl[2] == pytest.approx(kl[1], rel=1e-6)
+
+
+def test_async_trains_one_step_off_and_never_updates_mid_generation(tiny_model, tmp_path):
+    s = StandIn(tiny_model, slow_generate=1.0)
+    try:  # at this toy lr one step moves the policy by ~0.3 nats: the mismatch check must allow that here
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--async", "--mismatch_max", "2"))
+        assert code == 0, out
+        assert "rollouts: async, one step off-policy" in out
+        m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+        assert [r["sampled_from_version"] for r in m] == [0, 0, 1]  # step 1 on-policy, then one step behind
+        assert [p["weight_version"] for p in s.push_log] == ["0", "1", "2", "3"]
+        assert_server_has(s.pushes[-1], ckpt_weights(tmp_path))
+        assert all(math.isfinite(r["is_ratio_mean"]) and r["mismatch_mean"] > 0 for r in m)
+        assert m[1]["span_rollout"][1] <= m[0]["span_sync"][0] + 0.05  # step 2's batch was sampled during step 1
+        assert len(s.pushed_during_generation) == 4 and not any(s.pushed_during_generation)
+    finally:
+        s.close()
+
+
+def test_async_resume_regenerates_the_pending_batch_from_the_checkpoint(tiny_model, tmp_path):
+    flags = ("--async", "--mismatch_max", "2", "--save_every", "1")
+    ref = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, ref.url, tmp_path / "ref", "--steps", "4", *flags))
+        assert code == 0, out
+    finally:
+        ref.close()
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "2", *flags))
+        assert code == 0, out
+        n_before = len(s.rollouts)
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--resume", *flags))
+        assert code == 0 and "at step 2" in out, out
+    finally:
+        s.close()
+    m = [r for r in read_metrics(tmp_path / "k") if "reward_mean" in r]
+    # the batch pending at the checkpoint is regenerated from the checkpoint's weights (version 2), then one behind
+    assert [r["sampled_from_version"] for r in m] == [0, 0, 2, 2]
+    assert s.rollouts[n_before:] == ref.rollouts[2:]  # and it asks for the prompts the uninterrupted run did
+
+
+@pytest.mark.parametrize("fault", ["dies", "stalls"])
+def test_async_server_failing_during_a_background_generation_stops_cleanly(tiny_model, tmp_path, fault):
+    import time
+    # the initial eval and step 1's rollout work; step 2's rollout, running in the background, fails
+    s = StandIn(tiny_model, **({"fail_generate_after": 2} if fault == "dies" else {"stall_generate_after": 2}))
+    try:
+        t0 = time.time()
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "4", "--async", "--mismatch_max", "2",
+                                  "--request_timeout", "3"), timeout=120)
+        took = time.time() - t0
+    finally:
+        s.close()
+    assert code == 1 and ("stand-in: scheduler died" if fault == "dies" else "ReadTimeout") in out, out
+    assert "Traceback" not in out and out.count("error:") == 1 and took < 60
+    assert len(s.push_log) == 1  # no weights pushed while that generation was pending
+
+
+def test_ctrl_c_exits_at_once_even_with_a_generation_in_flight(tiny_model, tmp_path):
+    import signal
+    import time
+    s = StandIn(tiny_model, stall_generate_after=2)  # step 2's background rollout hangs for 20 s
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
+    try:
+        with open(tmp_path / "log", "w") as f:
+            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "run", "--steps", "3", "--async", "--mismatch_max", "2"),
+                                 stdout=f, stderr=subprocess.STDOUT, env=env, cwd=HERE)
+            deadline = time.time() + 120
+            while s.calls["/generate"] < 3 and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            t0 = time.time()
+            p.send_signal(signal.SIGINT)
+            code = p.wait(timeout=30)
+            took = time.time() - t0
+    finally:
+        s.close()
+    out = (tmp_path / "log").read_text()
+    assert code == 130 and "interrupted" in out and "--resume" in out and took < 10, out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_nccl_path_protocol_against_the_stand_in(tiny_model, tmp_path, nproc):
+    """--sync nccl on CPU: the same protocol over a gloo group (the stand-in joins it with SGLang's helper
+    and reads each bucket with SGLang's bucket class): init once, buckets of bf16 with names, dtypes and
+    shapes, the flush and the version tag on the last bucket only, the group destroyed at the end."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--sync", "nccl", "--sync_bucket_mb", "0.02",
+                                  nproc=nproc))
+        assert code == 0, out
+        assert "weight sync: nccl (--sync nccl)" in out
+        assert s.calls["/init_weights_update_group"] == 1 and s.calls["/destroy_weights_update_group"] == 1
+        assert s.calls["/update_weights_from_tensor"] == 0
+        per_sync = s.calls["/update_weights_from_distributed"] // 3  # the initial push, then one per step
+        assert per_sync > 1 and len(s.push_log) == 3 * per_sync
+        for k in range(3):
+            flags = s.push_log[k * per_sync: (k + 1) * per_sync]
+            assert [f["flush_cache"] for f in flags] == [False] * (per_sync - 1) + [True]
+            assert [f["weight_version"] for f in flags] == [None] * (per_sync - 1) + [str(k)]
+        last = {}
+        for bucket in s.pushes[-per_sync:]:
+            assert not set(bucket) & set(last)
+            last.update(bucket)
+        assert_server_has(last, ckpt_weights(tmp_path))
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("fault, says", [
+    ("die_at_init", "The server did not join the NCCL group"),
+    ("die_in_broadcast", "no answer from the SGLang server"),
+    ("reject_updates", "Failed to update weights: test")])
+def test_nccl_path_failures_end_with_a_clear_error_in_time(tiny_model, tmp_path, fault, says):
+    import time
+    s = StandIn(tiny_model, **{fault: True})
+    try:
+        t0 = time.time()
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--sync", "nccl", "--request_timeout", "5"), timeout=120)
+        took = time.time() - t0
+    finally:
+        s.close()
+    assert code == 1 and says in out and "Traceback" not in out and out.count("error:") == 1, out
+    assert took < 60 and not s.pushes  # within the timeout, nothing trained on
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. faults and bad input: each stops with a clear message (or recovers), nothing is lost
 
@@ -599,6 +893,11 @@ def test_weights_split_into_several_buckets_arrive_whole(tiny_model, server, tmp
     assert code == 0, out
     per_sync = server.calls["/update_weights_from_tensor"] // 2  # the initial push and one per step
     assert per_sync > 1 and len(server.pushes) == 2 * per_sync
+    for k in range(2):  # exactly the last bucket of each sync flushes the prefix cache and sets the version
+        flags = server.push_log[k * per_sync: (k + 1) * per_sync]
+        assert [f["flush_cache"] for f in flags] == [False] * (per_sync - 1) + [True]
+        assert [f["weight_version"] for f in flags] == [None] * (per_sync - 1) + [str(k)]
+        assert {f["load_format"] for f in flags} == {"flattened_bucket"}
     last = {}
     for bucket in server.pushes[per_sync:]:
         assert not set(bucket) & set(last)  # every parameter in exactly one bucket
@@ -706,6 +1005,56 @@ def test_kill_9_then_resume_continues_exactly(tiny_model, tmp_path):
     for k, v in sa["optimizer"]["state"].items():
         for name in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(v[name], sb["optimizer"]["state"][k][name]), (k, name)
+
+
+def test_a_skipped_push_stops_the_run_at_the_very_next_step(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "5", "--debug_skip_sync", "2"), timeout=120)
+    assert code == 1, out
+    assert "the server sampled with weights of version '1', but this rollout must come from version '2'" in out
+    assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]  # stopped before step 3 trained
+
+
+def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_model, server, tmp_path):
+    """A server that keeps the version tag but not the weights (the vLLM sleep-mode bug in TRL #5312):
+    only the trainer-vs-server mismatch on the sampled tokens can see it."""
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "6", "--debug_skip_sync", "2-6",
+                              "--debug_tag_skipped"), timeout=120)
+    assert code == 1 and "weight sync check failed at step 3" in out and "its version tag was right" in out, out
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert [r["step"] for r in m] == [1, 2] and all(r["mismatch_mean"] < 0.1 for r in m)
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--temperature", "0", "--temperature 0.0 is out of range: it must be > 0"),
+    ("--temperature", "-1", "--temperature -1.0 is out of range"),
+    ("--prompts_per_step", "0", "--prompts_per_step 0 is out of range: it must be >= 1"),
+    ("--lr", "-1", "--lr -1.0 is out of range: it must be >= 0"),
+    ("--top_p", "0", "--top_p 0.0 is out of range: it must be in (0, 1]"),
+    ("--top_k", "0", "--top_k 0 is out of range: it must be -1 (off) or >= 1"),
+    ("--clip_low", "1.5", "--clip_low 1.5 is out of range: it must be in [0, 1)"),
+    ("--tis_cap", "-1", "--tis_cap -1.0 is out of range: it must be 0 (off) or >= 1"),
+    ("--debug_skip_sync", "x", "--debug_skip_sync 'x' is not a list of steps"),
+    ("--out_dir", "/proc/no/such/dir", "--out_dir '/proc/no/such/dir' cannot be created"),
+    ("--group_size", "1", "--group_size 1 is out of range: it must be >= 2"),
+    ("--sync", "ib", "--sync 'ib' is out of range: it must be auto or tensor or nccl")])
+def test_flags_out_of_range_are_refused_before_anything_heavy(flag, value, says):
+    cfg = g.parse_config([flag, value] if flag != "--out_dir" else [flag, value])
+    with pytest.raises(g.UserError, match=re.escape(says)):
+        g.check_config(cfg, 1)
+
+
+def test_a_bad_flag_is_one_clear_line_not_a_traceback(tiny_model, tmp_path):
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, "--temperature", "0"), timeout=120)
+    assert code == 1 and "--temperature 0.0 is out of range" in out
+    assert "Traceback" not in out and "no answer from the SGLang server" not in out  # before even the server
+
+
+def test_one_error_said_once_under_torchrun_and_last(tiny_model, tmp_path):
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, nproc=2), timeout=180)
+    assert code == 1
+    assert out.count("no answer from the SGLang server") == 1, out
+    tail = "\n".join(l for l in out.strip().splitlines()[-6:])
+    assert "no answer from the SGLang server" in tail and "bash serve.sh" in tail, out
 
 
 def test_serve_sh_binds_loopback_passes_api_key_waits_and_stops(tmp_path):
