@@ -790,6 +790,8 @@ def main(cfg):
     async_ = (use_cuda and not cfg.colocate) if cfg.async_ is None else cfg.async_  # auto: a GPU of its own
     server = check_server(cfg) if master else None
 
+    if sync_kind == "nccl":  # SGLang's server runs NCCL with cuMem off unless told otherwise: both ends must agree
+        os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
     if "RANK" not in os.environ:  # plain `python grpo_sglang.py`: a world of one
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)

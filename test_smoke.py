@@ -1104,3 +1104,63 @@ def test_no_pickle_is_ever_read_from_the_network():
     for forbidden in ("pickle.load", "deserialize(", "weights_only=False", "unpickle"):
         assert forbidden not in src, forbidden
     assert not re.search(r"(?<![\w.])(eval|exec)\(", src)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. against the real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only).
+#    GRPO_TEST_MODEL (or the GPU kit's KIT_MODEL_DIR) names a small model; serve.sh is started on the
+#    last GPU (or reused if GRPO_TEST_PIDFILE's server is already up), the trainer runs on GPU 0.
+
+def _have_gpu_and_sglang():
+    import importlib.util
+    return torch.cuda.is_available() and importlib.util.find_spec("sglang.launch_server") is not None
+
+
+gpu = pytest.mark.skipif(not _have_gpu_and_sglang(), reason="needs a GPU and SGLang")
+
+
+@pytest.fixture(scope="module")
+def real_server():
+    model = os.environ.get("GRPO_TEST_MODEL") or os.environ.get("KIT_MODEL_DIR")
+    if not model:
+        pytest.skip("set GRPO_TEST_MODEL to a small model the server can load")
+    n = torch.cuda.device_count()
+    srv = {"model": model, "gpu": n - 1, "colocate": n == 1, "port": os.environ.get("GRPO_TEST_PORT", "30010")}
+    env = dict(os.environ, MODEL=model, GPU=str(srv["gpu"]), PORT=srv["port"], MEM_FRACTION="0.3",
+               PIDFILE=os.environ.get("GRPO_TEST_PIDFILE", "/tmp/grpo_gpu_test.pid"), LOG="/tmp/grpo_gpu_test_serve.log")
+    already = subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True, timeout=900)
+    assert already.returncode == 0, already.stdout + already.stderr
+    srv["url"] = f"http://127.0.0.1:{srv['port']}"
+    yield srv
+    if "already running" not in already.stdout:
+        subprocess.run(["bash", os.path.join(HERE, "serve.sh"), "stop"], env=env, timeout=120)
+
+
+@gpu
+@pytest.mark.parametrize("sync", ["tensor", "nccl"])
+def test_gpu_real_server_holds_exactly_the_trainers_weights(real_server, tmp_path, sync):
+    import requests
+    if sync == "nccl" and real_server["colocate"]:
+        pytest.skip("NCCL needs the server on a second GPU")
+    flags = ["--colocate"] if real_server["colocate"] else ["--server_gpu", str(real_server["gpu"])]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", f"--master_port={free_port()}",
+           os.path.join(HERE, "grpo_sglang.py"), "--model", real_server["model"], "--server_url", real_server["url"],
+           "--sync", sync, "--dataset", "builtin", "--steps", "3", "--prompts_per_step", "8", "--group_size", "4",
+           "--max_new_tokens", "32", "--lr", "1e-5", "--eval_every", "0", "--eval_size", "32", "--out_dir", str(tmp_path),
+           "--no-async", *flags]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="0") if sync == "nccl" else None  # the server's GPU hidden, as on another host
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=HERE)
+    out = p.stdout + p.stderr
+    print(out[-3000:])
+    assert p.returncode == 0, out
+    assert f"weight sync: {sync}" in out
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert [r["sampled_from_version"] for r in m] == [0, 1, 2]  # every rollout came from the version it had to
+    assert all(r["mismatch_mean"] < g.Config.mismatch_max for r in m)
+    trainer = ckpt_weights(tmp_path)
+    last = max(int(n.split(".")[2]) for n in trainer if n.startswith("model.layers."))
+    for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                 f"model.layers.{last}.mlp.down_proj.weight"):
+        r = requests.post(real_server["url"] + "/get_weights_by_name", json={"name": name, "truncate_size": 16}, timeout=60)
+        served = torch.tensor(r.json(), dtype=torch.float32)
+        assert torch.equal(served, trainer[name][:16].to(torch.bfloat16).float()), name

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The exact commands behind results/h200/check_v2, results/x2/ and the GPU rows of the README, on one
+# nvidia-h200-x2 machine (2 H200s) with the GPU kit (../shared/gpu: SGLang 0.5.16, SmolLM2-135M-Instruct):
+#   . .gpukit/a/env.sh && setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &
+# It copies the repo to /tmp/work and runs from there; everything lands in $RES (default /tmp/res).
+# Phases run in priority order; a failing command is logged and the next one runs.
+#   A  GPU 0, server and trainer colocated: the 300-step run with the version + mismatch check, the
+#      negative controls, colocated sync vs async (30 steps each)
+#   B  GPU 1 meanwhile: NCCL between processes that see one GPU each, random-weight models, peak memory
+#      of a 7B-shaped training step with/without checkpointing, tiny Qwen3 and Gemma 3 through the trainer
+#   C  trainer GPU 0, server GPU 1: SmolLM2 100 steps sync vs async, a 50-step --sync nccl run with the
+#      server's GPU hidden (as on another host) and the --sync tensor refusal, the GPU tests, the sync bench
+#   D  the same layout with random 1.5B- and 7B-shaped Qwen2.5 models: step times sync vs async, sync bench
+set -uo pipefail
+RES=${RES:-/tmp/res}
+M=/tmp/models
+mkdir -p "$RES" "$M"
+if [ "$(pwd)" != /tmp/work ]; then rm -rf /tmp/work && cp -r . /tmp/work && cd /tmp/work; fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 ATTENTION_BACKEND=triton
+export EXTRA_ARGS="--sampling-backend pytorch --cuda-graph-max-bs-decode 192"
+K=${KIT_MODEL_DIR:?run . .gpukit/a/env.sh first}
+log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
+serve() { # name gpu port model mem_fraction
+  GPU=$2 PORT=$3 MODEL=$4 MEM_FRACTION=$5 LOG="$RES/serve_$1.log" PIDFILE="/tmp/serve_$1.pid" timeout 900 bash serve.sh \
+    >> "$RES/pipeline.log" 2>&1 || log "server $1 FAILED"; }
+stop() { PIDFILE="/tmp/serve_$1.pid" bash serve.sh stop >> "$RES/pipeline.log" 2>&1; }
+train() { # log-name out-dir timeout, then flags (CUDA_VISIBLE_DEVICES from the caller's environment)
+  local name=$1 out=$2 t=$3; shift 3
+  log "train $name: $*"
+  timeout "$t" python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) \
+    grpo_sglang.py --out_dir "$out" "$@" > "$RES/$name.log" 2>&1
+  log "train $name: exit $? ($(tail -n 1 "$RES/$name.log" | cut -c1-160))"
+  [ -f "$out/metrics.jsonl" ] && cp "$out/metrics.jsonl" "$RES/$name.metrics.jsonl"; }
+SMOL=(--model "$K" --dataset builtin --builtin_max_operand 20 --prompts_per_step 16 --group_size 8 --max_new_tokens 128
+      --micro_batch 128 --lr 1e-5 --beta 0.04 --save_every 0)
+
+{ python3 -c "import sglang, torch, transformers, sys; print('python', sys.version.split()[0], '| sglang', sglang.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m; } > "$RES/versions.txt" 2>&1
+log "start"
+
+phase_a() {
+  serve coloc 0 30000 "$K" 0.3
+  local U=(--server_url http://127.0.0.1:30000 --colocate --no-async)
+  CUDA_VISIBLE_DEVICES=0 train check_v2_main /tmp/r/main 900 "${SMOL[@]}" "${U[@]}" --steps 300 --eval_every 100
+  CUDA_VISIBLE_DEVICES=0 train check_v2_skip_one /tmp/r/skip1 300 "${SMOL[@]}" "${U[@]}" --steps 12 --eval_every 0 --debug_skip_sync 6
+  CUDA_VISIBLE_DEVICES=0 train check_v2_stop_syncing /tmp/r/stop3 300 "${SMOL[@]}" "${U[@]}" --steps 40 --eval_every 0 --debug_skip_sync 4-40
+  CUDA_VISIBLE_DEVICES=0 train check_v2_dropped_tagged /tmp/r/drop3 300 "${SMOL[@]}" "${U[@]}" --steps 40 --eval_every 0 \
+    --debug_skip_sync 4-40 --debug_tag_skipped
+  CUDA_VISIBLE_DEVICES=0 train coloc_sync /tmp/r/coloc_sync 300 "${SMOL[@]}" "${U[@]}" --steps 30 --eval_every 0
+  CUDA_VISIBLE_DEVICES=0 train coloc_async /tmp/r/coloc_async 300 "${SMOL[@]}" "${U[@]}" --steps 30 --eval_every 0 --async
+  stop coloc
+  log "phase A done"
+}
+
+phase_b() {
+  for seen in 0 0,1; do timeout 200 python3 results/tools/nccl_check.py $seen >> "$RES/nccl_check.log" 2>&1; done
+  : > /tmp/nccl_env
+  if ! grep -q "trainer sees 0): ok" "$RES/nccl_check.log"; then
+    NCCL_P2P_DISABLE=1 timeout 200 python3 results/tools/nccl_check.py 0 >> "$RES/nccl_check.log" 2>&1 && echo NCCL_P2P_DISABLE=1 > /tmp/nccl_env
+  fi
+  log "$(grep 'nccl_check' "$RES/nccl_check.log" | tr '\n' ' ') -> NCCL env for the NCCL runs: '$(cat /tmp/nccl_env)'"
+  CUDA_VISIBLE_DEVICES=1 timeout 400 python3 results/tools/make_models.py "$M" --tokenizer "$K" > "$RES/make_models.log" 2>&1
+  log "make_models: exit $?"
+  for ck in "" --grad_checkpointing; do
+    CUDA_VISIBLE_DEVICES=1 timeout 400 python3 results/tools/memory_step.py --model "$M/qwen2.5-7b-random" $ck --micro_batch 4 \
+      --sequences 16 --out "$RES/memory_7b${ck:+_ckpt}.json" > "$RES/memory_7b${ck:+_ckpt}.log" 2>&1
+    log "memory 7b ${ck:-no-ckpt}: exit $? $(tail -c 300 "$RES/memory_7b${ck:+_ckpt}.json" 2>/dev/null | tr '\n' ' ')"
+  done
+  for arch in qwen3 gemma3; do
+    serve $arch 1 30001 "$M/$arch-tiny-random" 0.2
+    CUDA_VISIBLE_DEVICES=1 train arch_$arch /tmp/r/$arch 400 --model "$M/$arch-tiny-random" --server_url http://127.0.0.1:30001 \
+      --colocate --dataset builtin --prompts_per_step 16 --group_size 8 --max_new_tokens 64 --steps 15 --lr 1e-5 \
+      --eval_every 0 --save_every 0
+    stop $arch
+  done
+  # the dedicated layout's server for phase C (the GPU tests reuse it through its pid file)
+  env $(cat /tmp/nccl_env) GPU=1 PORT=30010 MODEL="$K" MEM_FRACTION=0.3 LOG="$RES/serve_dedicated.log" PIDFILE=/tmp/grpo_gpu_test.pid \
+    timeout 900 bash serve.sh >> "$RES/pipeline.log" 2>&1
+  log "phase B done"
+}
+
+phase_c() {
+  local U=(--server_url http://127.0.0.1:30010 --server_gpu 1)
+  train x2_smol_sync /tmp/r/x2_sync 900 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --no-async
+  train x2_smol_async /tmp/r/x2_async 900 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --async
+  CUDA_VISIBLE_DEVICES=0 train x2_nccl_refuse_tensor /tmp/r/refuse 120 "${SMOL[@]}" "${U[@]}" --steps 2 --sync tensor
+  [ -s /tmp/nccl_env ] && export "$(cat /tmp/nccl_env)"  # what phase B found NCCL needs between one-GPU processes
+  CUDA_VISIBLE_DEVICES=0 train x2_nccl_hidden_gpu /tmp/r/x2_nccl 900 "${SMOL[@]}" "${U[@]}" --steps 50 --eval_every 50 --async
+  log "gpu tests"
+  GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout 600 \
+    python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
+  log "gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests.log")"
+  log "bench smol"; timeout 600 python3 bench.py --layout x2 --model "$K" --server_url http://127.0.0.1:30010 \
+    --parts sync --reps 3 --out "$RES/bench_smol" > "$RES/bench_smol.log" 2>&1; log "bench smol: exit $?"
+  log "phase C done"
+}
+
+phase_d() {
+  GPU=1 PORT=30011 MODEL="$M/qwen2.5-1.5b-random" MEM_FRACTION=0.3 LOG="$RES/serve_q15.log" PIDFILE=/tmp/serve_q15.pid \
+    timeout 900 bash serve.sh >> "$RES/pipeline.log" 2>&1 || log "server q15 FAILED"
+  PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  local BIG=(--dataset builtin --prompts_per_step 24 --group_size 8 --max_new_tokens 128 --lr 1e-6 --eval_every 0
+             --save_every 0 --eval_size 8 --server_gpu 1)
+  train x2_q15_sync /tmp/r/q15s 600 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --no-async
+  train x2_q15_async /tmp/r/q15a 600 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --async
+  log "bench q15"; timeout 600 python3 bench.py --layout x2 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 \
+    --parts sync --reps 3 --out "$RES/bench_q15" > "$RES/bench_q15.log" 2>&1; log "bench q15: exit $?"
+  stop q15
+  serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4
+  train x2_q7_sync /tmp/r/q7s 900 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --no-async
+  train x2_q7_async /tmp/r/q7a 900 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --async
+  log "bench q7"; timeout 600 python3 bench.py --layout x2 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 \
+    --parts sync --reps 2 --out "$RES/bench_q7" > "$RES/bench_q7.log" 2>&1; log "bench q7: exit $?"
+  stop q7
+  log "phase D done"
+}
+
+phase_a & A=$!
+phase_b & B=$!
+wait $A $B
+phase_c
+phase_d
+log "all done"
