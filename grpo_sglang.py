@@ -553,8 +553,9 @@ def pack(named, device):
         meta.append(FlattenedTensorMetadata(name=name, shape=t.shape, dtype=torch.bfloat16,
                                             start_idx=off, end_idx=off + n, numel=n))
         off += n
-    if flat.is_cuda:
-        torch.cuda.synchronize(device)  # the copies (and any gathers) are done before anyone reads the buffer
+    if flat.is_cuda:  # the gathers and copies are done (on our GPU and the buffer's) before anyone reads it
+        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     return flat, meta
 
 
@@ -1040,15 +1041,17 @@ def main(cfg):
             on_all_ranks(evaluate, step + 1)
     if link and link["kind"] == "nccl":
         call(cfg, "/destroy_weights_update_group", {"group_name": link["group_name"]}, timeout=30, retries=0)
+    if cfg.wandb and master:
+        wandb.finish()
     dist.destroy_process_group()
 
 
-def fail(message, code=1):
-    """Say `message` once, then exit every rank with `code`. Under torchrun, rank 0 writes it to torchrun's
+def exit_now(code, message=None):
+    """Exit every rank with `code`, saying `message` once. Under torchrun, rank 0 writes it to torchrun's
     error file, so it is the root cause at the very end of torchrun's failure summary rather than
-    printed once per rank above it. os._exit: no destructor of a process group or of a thread still
-    waiting for a dead server can hang or abort the exit."""
-    if int(os.environ.get("RANK", 0)) == 0:
+    printed once per rank above it. os._exit: no destructor of a process group, or of a thread still
+    waiting for a dead server, can hang or abort ("terminate called...") the exit."""
+    if message and int(os.environ.get("RANK", 0)) == 0:
         error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
         if error_file:
             with open(error_file, "w") as f:
@@ -1065,6 +1068,7 @@ if __name__ == "__main__":
     try:
         main(parse_config())
     except UserError as e:
-        fail(f"error: {e}")
+        exit_now(1, f"error: {e}")
     except KeyboardInterrupt:
-        fail("interrupted: the last checkpoint in --out_dir is intact; continue with --resume", 130)
+        exit_now(130, "interrupted: the last checkpoint in --out_dir is intact; continue with --resume")
+    exit_now(0)

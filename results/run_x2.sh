@@ -86,6 +86,7 @@ phase_c() {
   CUDA_VISIBLE_DEVICES=0 train x2_nccl_refuse_tensor /tmp/r/refuse 120 "${SMOL[@]}" "${U[@]}" --steps 2 --sync tensor
   [ -s /tmp/nccl_env ] && export "$(cat /tmp/nccl_env)"  # what phase B found NCCL needs between one-GPU processes
   CUDA_VISIBLE_DEVICES=0 train x2_nccl_hidden_gpu /tmp/r/x2_nccl 900 "${SMOL[@]}" "${U[@]}" --steps 50 --eval_every 50 --async
+  serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3 & Q15=$!  # phase D's server starts during the tests and the bench
   log "gpu tests"
   GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout 600 \
     python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
@@ -96,17 +97,17 @@ phase_c() {
 }
 
 phase_d() {
-  GPU=1 PORT=30011 MODEL="$M/qwen2.5-1.5b-random" MEM_FRACTION=0.3 LOG="$RES/serve_q15.log" PIDFILE=/tmp/serve_q15.pid \
-    timeout 900 bash serve.sh >> "$RES/pipeline.log" 2>&1 || log "server q15 FAILED"
   PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  wait "$Q15"
   local BIG=(--dataset builtin --prompts_per_step 24 --group_size 8 --max_new_tokens 128 --lr 1e-6 --eval_every 0
              --save_every 0 --eval_size 8 --server_gpu 1)
   train x2_q15_sync /tmp/r/q15s 600 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --no-async
   train x2_q15_async /tmp/r/q15a 600 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --async
+  serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4 & Q7=$!  # starts while the 1.5B bench runs
   log "bench q15"; timeout 600 python3 bench.py --layout x2 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 \
     --parts sync --reps 3 --out "$RES/bench_q15" > "$RES/bench_q15.log" 2>&1; log "bench q15: exit $?"
   stop q15
-  serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4
+  wait "$Q7"
   train x2_q7_sync /tmp/r/q7s 900 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --no-async
   train x2_q7_async /tmp/r/q7a 900 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --async
   log "bench q7"; timeout 600 python3 bench.py --layout x2 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 \
