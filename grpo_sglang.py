@@ -33,13 +33,13 @@ The GRPO choices this file makes (each a flag):
 Note: the loss value is not a progress signal in GRPO (it is ~0 by construction when
 advantages are centred); watch the reward.
 """
+import concurrent.futures
 import dataclasses
 import json
 import os
 import random
 import socket
 import sys
-import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -98,8 +98,7 @@ class Config:
     scale_rewards: bool = arg(True, "divide advantages by the group's std (off: Dr. GRPO)")
     mu: int = arg(1, "optimizer steps per rollout batch")
     tis_cap: float = arg(2.0, "truncated importance sampling cap on π_trainer / π_server (0 = off)")
-    async_: bool = arg(None, "one-step off-policy: sample step s+1 while training step s (default: on with a "
-                             "dedicated server GPU, off with --colocate)")
+    async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
     micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster, if memory allows)")
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient (each is skipped)")
@@ -132,7 +131,7 @@ def parse_config(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Config):
         flag, h = "--" + f.name.rstrip("_"), f.metadata["help"]  # `async` is a Python keyword: field async_
-        if f.default is None or type(f.default) is bool:
+        if type(f.default) is bool:
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=h)
         else:
             p.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=h)
@@ -427,28 +426,16 @@ def generate(cfg, prompt_ids, n, version, greedy=False):
     return results
 
 
-def in_background(fn, *args, **kwargs):
-    """Start fn(*args, **kwargs) on a daemon thread (so Ctrl-C never waits for it).
-    -> wait(timeout=None): its result, or its exception raised in the caller."""
-    box = {}
+POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8)  # requests, NCCL sends and rollouts in flight
 
-    def run():
-        try:
-            box["out"] = fn(*args, **kwargs)
-        except BaseException as e:  # handed to the caller
-            box["err"] = e
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
 
-    def wait(timeout=None):
-        t.join(timeout)
-        if t.is_alive():
-            raise UserError(f"{fn.__name__} did not finish within {timeout:.0f}s (--request_timeout): is the server "
-                            f"still alive? Its log (serve.log) says more.")
-        if "err" in box:
-            raise box["err"]
-        return box.get("out")
-    return wait
+def waited(future, timeout, what):
+    """future.result(), its error raised here, and a timeout that ends in a clear message, never a hang."""
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        raise UserError(f"{what} did not finish within {timeout:.0f}s (--request_timeout): is the server still alive? "
+                        f"Its log (serve.log) says more.") from None
 
 
 def on_all_ranks(fn, *args):
@@ -502,7 +489,7 @@ def pick_sync(cfg, server_idx, visible):
     if cfg.sync == "nccl":
         return "nccl", "--sync nccl"
     if here and server_idx is not None:
-        return "tensor", f"rank 0 sees the server's GPU {cfg.server_gpu} on this host"
+        return "tensor", "the server shares rank 0's GPU" if cfg.colocate else f"rank 0 sees the server's GPU {cfg.server_gpu}"
     why = (f"the server's GPU {cfg.server_gpu} (--server_gpu) is not visible to the trainer "
            f"({f'CUDA_VISIBLE_DEVICES={visible}' if visible is not None else 'no such GPU here'})"
            if here else f"the server ({host}) is on another host")
@@ -576,10 +563,10 @@ def send_tensor(cfg, link, flat, meta, last, version):
     """Tensor path: POST the bucket's handle; the server copies from it. -> wait() for the answer."""
     req = {"serialized_named_tensors": [serialize_bucket(flat, meta)], "load_format": "flattened_bucket",
            "flush_cache": last, "weight_version": version if last else None}
-    answered = in_background(post_update, cfg, "/update_weights_from_tensor", req)
+    answered = POOL.submit(post_update, cfg, "/update_weights_from_tensor", req)
 
     def wait():
-        answered()
+        answered.result()
         return flat.numel()  # `flat` stays alive until here: the server has copied it
     return wait
 
@@ -592,12 +579,16 @@ def send_nccl(cfg, link, flat, meta, last, version):
     req = {"names": [m.name for m in meta], "dtypes": ["bfloat16"] * len(meta), "shapes": [list(m.shape) for m in meta],
            "group_name": link["group_name"], "load_format": "flattened_bucket", "flush_cache": last,
            "weight_version": version if last else None}
-    answered = in_background(post_update, cfg, "/update_weights_from_distributed", req, retries=0)  # a retry would
-    sent = in_background(broadcast, flat, link["group"])                                            # expect a 2nd send
+    answered = POOL.submit(post_update, cfg, "/update_weights_from_distributed", req, retries=0)  # a retry would
+    sent = POOL.submit(broadcast, flat, link["group"])                                            # expect a 2nd send
 
     def wait():
-        answered()  # raises if the server refused or did not answer in time: then nothing waits on NCCL
-        sent(cfg.request_timeout)
+        try:
+            answered.result()  # raises if the server refused or did not answer in time: nothing waits on NCCL
+        except UserError as e:
+            raise UserError(f"{e}\nThe NCCL broadcast of a weight bucket did not complete. If the server is alive, NCCL "
+                            f"could not connect the two ends: run both with NCCL_DEBUG=INFO (see the README).") from None
+        waited(sent, cfg.request_timeout, "the NCCL send of a weight bucket")
         return flat.numel()
     return wait
 
@@ -624,19 +615,20 @@ def connect_nccl(cfg, device):
     name, backend = f"grpo_sglang_{socket.gethostname()}_{os.getpid()}", "nccl" if device.type == "cuda" else "gloo"
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # under torchrun, tcp:// rendezvous would only be a
     #                                                       client of torchrun's store; we must host this one
-    joined = in_background(call, cfg, "/init_weights_update_group", {
+    joined = POOL.submit(call, cfg, "/init_weights_update_group", {
         "master_address": addr, "master_port": port, "rank_offset": 1, "world_size": 2, "group_name": name,
         "backend": backend}, retries=0)
-    group = in_background(init_custom_process_group, backend=backend, init_method=f"tcp://{addr}:{port}", world_size=2,
+    group = POOL.submit(init_custom_process_group, backend=backend, init_method=f"tcp://{addr}:{port}", world_size=2,
                           rank=0, group_name=name, timeout=timedelta(seconds=cfg.request_timeout))
     try:
-        r = joined()
+        r = joined.result()
     except UserError as e:
         raise UserError(f"{e}\nThe server did not join the NCCL group at {addr}:{port}: it must reach this address "
                         f"and port (--nccl_master_addr, --nccl_port, firewall; NCCL_SOCKET_IFNAME picks the interface).") from None
     if not (isinstance(r, dict) and r.get("success")):
         raise UserError(f"the server could not join the NCCL weight-update group: {r}")
-    return {"kind": "nccl", "group": group(cfg.request_timeout), "group_name": name, "device": device}
+    return {"kind": "nccl", "group": waited(group, cfg.request_timeout, "joining the NCCL group"), "group_name": name,
+            "device": device, "where": f"{addr}:{port}"}
 
 
 def push_weights(cfg, model, link, version):
@@ -692,9 +684,14 @@ def shard(model, mesh, param_dtype):
     Some final norms (Gemma's) return their input's dtype, bf16 from the last block, so the head casts
     its input to fp32 itself: one cast where it matters, rather than fp32 activations between blocks."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.utils._pytree import tree_map
+    to_compute = lambda t: t.to(param_dtype) if torch.is_tensor(t) and t.is_floating_point() else t
     for m in model.modules():
         if type(m).__name__ in (model._no_split_modules or []):
             fully_shard(m, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32))
+            # FSDP casts a block's inputs to bf16, but not when checkpointing re-runs the block in backward:
+            # the root's fp32 rotary cos/sin then met bf16 values in attention (an H200 run, transformers 5.12)
+            m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)
     model.get_output_embeddings().register_forward_pre_hook(lambda m, args: (args[0].float(), *args[1:]))
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
     return model
@@ -788,14 +785,15 @@ def main(cfg):
         device, server_idx = torch.device("cpu"), "cpu"
         torch.multiprocessing.set_sharing_strategy("file_system")  # CPU tensors by file name (tests)
     sync_kind, sync_why = pick_sync(cfg, server_idx, visible)
-    async_ = (use_cuda and not cfg.colocate) if cfg.async_ is None else cfg.async_  # auto: a GPU of its own
     server = check_server(cfg) if master else None
 
     if sync_kind == "nccl":  # SGLang's server runs NCCL with cuMem off unless told otherwise: both ends must agree
         os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
     if "RANK" not in os.environ:  # plain `python grpo_sglang.py`: a world of one
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
+    # No device_id: a default group bound to a device makes torch build every later NCCL group by splitting
+    # it, and the weight-update group must instead meet the server (found on the GPU: the server waited).
+    dist.init_process_group("nccl" if use_cuda else "gloo")
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(cfg.seed + rank)
@@ -859,9 +857,10 @@ def main(cfg):
            f"micro-batch {cfg.micro_batch}; {cfg.mu} optimizer step(s) per rollout; "
            f"{cfg.steps} steps = {cfg.steps * cfg.prompts_per_step / len(train):.2f} epochs")
     print0(f"layout: training on {device} x {world}{' (server colocated)' if cfg.colocate else ''}; server at "
-           f"{cfg.server_url}; weight sync: {sync_kind} ({sync_why})")
+           f"{cfg.server_url}; weight sync: {sync_kind} ({sync_why})" + (f"; NCCL group at {link['where']}" if link
+                                                                          and "where" in link else ""))
     print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from the weights after step "
-                           "s-1, while the server samples step s+1's" if async_ else "sync, on-policy"))
+                           "s-1, while the server samples step s+1's" if cfg.async_ else "sync, on-policy"))
     if master:
         json.dump(dataclasses.asdict(cfg), open(os.path.join(cfg.out_dir, "config.json"), "w"), indent=1)
     metrics_file = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "a") if master else None
@@ -914,7 +913,7 @@ def main(cfg):
         #    previous step, and the server now samples the next one from θ_step while we train on this one.
         t0 = t_step = time.time()
         batch = next_batch or on_all_ranks(rollout, step, step)
-        pending = in_background(rollout, step + 1, step) if async_ and step + 1 < cfg.steps else None
+        pending = POOL.submit(rollout, step + 1, step) if cfg.async_ and step + 1 < cfg.steps else None
         t_wait = time.time() - t0
 
         # 2. rewards and group-relative advantages (groups never straddle ranks)
@@ -978,12 +977,11 @@ def main(cfg):
             if update == 0:  # stop before the first update if the server did not sample with our weights
                 mm = all_reduce_named({k: train_sums[k] for k in ("mismatch_abs", "tokens")}, dist.ReduceOp.SUM, device)
                 if mm["mismatch_abs"] / mm["tokens"] > cfg.mismatch_max:
-                    raise UserError(
-                        f"weight sync check failed at step {step + 1}: the server's logprobs of the tokens it sampled "
-                        f"differ from the trainer's by {mm['mismatch_abs'] / mm['tokens']:.3f} nats on average "
-                        f"(--mismatch_max {cfg.mismatch_max}). The server is not generating with the weights it was "
-                        f"sent (its version tag was right). With --async and a large --lr, one step of policy change "
-                        f"counts too: then raise --mismatch_max.")
+                    raise UserError(f"weight sync check failed at step {step + 1}: the server's logprobs of the tokens it "
+                                    f"sampled differ from the trainer's by {mm['mismatch_abs'] / mm['tokens']:.3f} nats on "
+                                    f"average (--mismatch_max {cfg.mismatch_max}): it does not generate with the weights it was "
+                                    f"sent (its version tag was right). With --async and a large --lr, one step of policy "
+                                    f"change counts too: then raise --mismatch_max.")
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             if torch.isfinite(grad_norm):
@@ -995,7 +993,7 @@ def main(cfg):
 
         # 4. push θ_{step+1}. Async: first wait for the next batch: weights never change mid-generation
         t0 = time.time()
-        next_batch = on_all_ranks(pending) if pending else None
+        next_batch = on_all_ranks(pending.result) if pending else None
         t_sync_start = time.time()
         nbytes = sync_weights(step + 1)
         t_sync = time.time() - t_sync_start

@@ -540,7 +540,7 @@ def train_cmd(model_dir, url, out_dir, *extra, nproc=1):
     flags = ["--model", model_dir, "--server_url", url, "--out_dir", str(out_dir), "--dataset", "builtin",
              "--builtin_max_operand", "2", "--eval_size", "2", "--steps", "2", "--prompts_per_step", "2",
              "--group_size", "4", "--max_new_tokens", "5", "--lr", "3e-2", "--micro_batch", "4", "--device", "cpu",
-             "--save_every", "1", "--eval_every", "2", "--request_retries", "1", *extra]
+             "--save_every", "1", "--eval_every", "2", "--request_retries", "1", "--no-async", *extra]  # --async: later wins
     if nproc == 1:
         return [sys.executable, os.path.join(HERE, "grpo_sglang.py"), *flags]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
@@ -646,6 +646,47 @@ def test_training_mode_checkpoints_layers_and_turns_dropout_off(tmp_path):
         calls.clear()
         model(ids).logits.sum().backward()
         assert len(calls) == runs_per_layer  # checkpointing recomputes the layer in backward
+
+
+def test_checkpointed_blocks_recompute_in_bf16_under_fsdp(tmp_path, monkeypatch):
+    """torch 2.11's FSDP (what SGLang 0.5.16 pins) does not cast a block's inputs to bf16 when transformers
+    5.12's checkpointing re-runs the block in backward (torch 2.12+ does); the root's fp32 rotary cos/sin
+    then met bf16 values and an H200 run crashed in SDPA. With torch 2.11's behaviour put back, every call
+    of the first block's attention, forward and recompute, must still see bf16 only."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState, TrainingState
+    newer = FSDPState._pre_forward
+
+    def torch_2_11(self, module, args, kwargs):  # unshard as now, but hand the inputs on uncast, as 2.11 did
+        cast = newer(self, module, args, kwargs)
+        return (args, kwargs) if self._training_state == TrainingState.PRE_BACKWARD else cast
+    monkeypatch.setattr(FSDPState, "_pre_forward", torch_2_11)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = g.shard(g.load_policy(build_tiny(str(tmp_path), "qwen2"), torch.device("cpu"), True),
+                        init_device_mesh("cpu", (1,)), torch.bfloat16)
+        seen = []
+        model.model.layers[0].self_attn.register_forward_pre_hook(
+            lambda m, args, kwargs: seen.append({kwargs["hidden_states"].dtype, *(t.dtype for t in kwargs["position_embeddings"])}),
+            with_kwargs=True)
+        ids, attn, _, P = g.pad_batch([{"prompt": [4, 5, 6], "completion": [7, 8]}], 0, "cpu")
+        g.completion_logprobs(model, ids, attn, P, 1.0).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert len(seen) == 2 and all(dtypes == {torch.bfloat16} for dtypes in seen), seen  # forward + recompute
+
+
+def test_the_default_process_group_is_not_bound_to_a_device():
+    """A default group bound to a device (init_process_group(device_id=...)) makes torch build every later
+    NCCL group by splitting it, so the trainer never met the server in the weight-update group: the server
+    waited for the trainer's NCCL id until the request timed out (seen on two H200s). Gloo on CPU cannot
+    show it, hence this guard on the call itself."""
+    import ast
+    calls = [n for n in ast.walk(ast.parse(open(os.path.join(HERE, "grpo_sglang.py")).read()))
+             if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "init_process_group"]
+    assert len(calls) == 1 and not any(k.arg == "device_id" for k in calls[0].keywords)
 
 
 def test_base_model_without_chat_template_gets_plain_prompts(tmp_path):
@@ -1055,6 +1096,40 @@ def test_one_error_said_once_under_torchrun_and_last(tiny_model, tmp_path):
     assert out.count("no answer from the SGLang server") == 1, out
     tail = "\n".join(l for l in out.strip().splitlines()[-6:])
     assert "no answer from the SGLang server" in tail and "bash serve.sh" in tail, out
+
+
+def test_sync_check_replayed_on_the_recorded_gpu_runs():
+    """The stop rule (each rollout from exactly its version; mean |trainer - server| logprob of the sampled
+    tokens <= --mismatch_max) replayed over every recorded GPU run that carries the batch statistic: no
+    correct push stops a run, and the negative controls stop exactly where they did on the GPU."""
+    import glob
+    limit = g.Config.mismatch_max
+
+    def replay(path):
+        """-> the first step that the rule stops, or None."""
+        rows = [r for r in map(json.loads, open(path)) if "reward_mean" in r]
+        async_run = "async" in os.path.basename(path) or "nccl_hidden" in path
+        for r in rows:
+            want = max(r["step"] - 2, 0) if async_run else r["step"] - 1
+            if r["sampled_from_version"] != want or r["mismatch_mean"] > limit:
+                return r["step"]
+        log = open(path.replace(".metrics.jsonl", ".log")).read()  # the step that stopped, never logged as a row
+        m = re.search(r"by ([\d.]+) nats on average", log)
+        if m and float(m.group(1)) > limit:
+            return rows[-1]["step"] + 1
+        m = re.search(r"sampled with weights of version '(\d+)', but this rollout must come from version '(\d+)'", log)
+        return int(m.group(2)) + 1 if m else None
+    good = [p for p in glob.glob(os.path.join(HERE, "results", "*", "*", "*.metrics.jsonl")) if "check_v2_" not in p
+            or "check_v2_main" in p]
+    assert len(good) >= 7, good
+    for path in good:
+        assert replay(path) is None, path
+    check = os.path.join(HERE, "results", "h200", "check_v2")
+    assert replay(os.path.join(check, "check_v2_skip_one.metrics.jsonl")) == 7  # push after step 6 skipped
+    assert replay(os.path.join(check, "check_v2_stop_syncing.metrics.jsonl")) == 5  # no push after step 4
+    assert replay(os.path.join(check, "check_v2_dropped_tagged.metrics.jsonl")) == 18  # tag kept, weights dropped
+    main = [r["mismatch_mean"] for r in map(json.loads, open(os.path.join(check, "check_v2_main.metrics.jsonl"))) if "mismatch_mean" in r]
+    assert len(main) == 300 and max(main) < limit / 3  # the limit is over 3x the worst correct step of 300
 
 
 def test_serve_sh_binds_loopback_passes_api_key_waits_and_stops(tmp_path):
