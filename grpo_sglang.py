@@ -3,6 +3,7 @@ GRPO in one file, with rollouts from an SGLang server.
 
     bash serve.sh && torchrun --nproc_per_node 3 grpo_sglang.py        # 4 GPUs: server on 3, training on 0-2
     GPU=0 bash serve.sh && torchrun --nproc_per_node 1 grpo_sglang.py --colocate   # 1 GPU, shared
+    torchrun --nproc_per_node 4 grpo_sglang.py --server_url http://B:30000 --sync nccl  # server on host B (README)
     python grpo_sglang.py --help                                        # every flag
 
 Each step: the training ranks send their prompts to the SGLang server (`/generate`, token ids in,
@@ -15,9 +16,9 @@ Every push is tagged with a version, and every rollout must come from exactly th
 or we stop. Every step also compares the trainer's logprobs of the sampled tokens with the server's
 (`mismatch_*`): stale or wrong weights on the server show up there even if the tag is right.
 
---async (the default when the server has a GPU of its own): one-step off-policy. While the trainer
-trains step s on a batch sampled from θ_{s-1}, the server already samples step s+1's batch from θ_s.
-Weights are only ever pushed between generations. Staleness is exactly one step (step 0 is on-policy).
+--async (default; --no-async is on-policy): one-step off-policy. While the trainer trains step s on a
+batch sampled from θ_{s-1}, the server already samples step s+1's batch from θ_s. Weights are only
+ever pushed between generations. Staleness is exactly one step (step 0 is on-policy).
 
 The GRPO choices this file makes (each a flag):
   advantages   (r - mean(group)) / std(group), or without the std (Dr. GRPO, --no-scale_rewards)
@@ -713,6 +714,20 @@ def pad_batch(samples, pad_id, device):
     return ids.to(device), attn.to(device), cmask.to(device), P
 
 
+def micro_batches(samples, adv, size, pad_id, device):
+    """Samples -> padded micro-batches of `size` sequences, with their advantages (B,) and the server's
+    logprobs of the sampled tokens (B, C)."""
+    out = []
+    for i in range(0, len(samples), size):
+        part = samples[i: i + size]
+        ids, attn, mask, P = pad_batch(part, pad_id, device)
+        server = torch.zeros_like(mask)
+        for j, s in enumerate(part):
+            server[j, : len(s["server_lp"])] = torch.tensor(s["server_lp"])
+        out.append({"ids": ids, "attn": attn, "mask": mask, "P": P, "adv": adv[i: i + len(part)].to(device), "server": server})
+    return out
+
+
 def completion_logprobs(model, ids, attn, P, temperature):
     """(B, P+C) -> (B, C) log-probs of the completion tokens under `model`."""
     pos = (attn.cumsum(-1) - 1).clamp(min=0)  # positions ignore the left padding
@@ -745,6 +760,20 @@ def save_checkpoint(cfg, model, opt, tok, step):
         if old and os.path.basename(old) != f"step_{step}":
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
+
+
+def load_checkpoint(ckpt_dir, model, opt):
+    """Optimizer state and this rank's RNG states from save_checkpoint's folder (the weights were loaded
+    with the model). -> the step to continue from."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    st = torch.load(os.path.join(ckpt_dir, "trainer_state.pt"), weights_only=True)
+    set_optimizer_state_dict(model, opt, st["optimizer"], options=StateDictOptions(full_state_dict=True))
+    rng = st["rng"][dist.get_rank()]
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    return st["step"]
 
 
 def latest_checkpoint(out_dir):
@@ -839,16 +868,8 @@ def main(cfg):
         ref = shard(AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(device).eval(), mesh, torch.bfloat16)
         ref.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    start = 0
+    start = load_checkpoint(ckpt_dir, model, opt) if ckpt_dir else 0
     if ckpt_dir:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-        st = torch.load(os.path.join(ckpt_dir, "trainer_state.pt"), weights_only=True)
-        set_optimizer_state_dict(model, opt, st["optimizer"], options=StateDictOptions(full_state_dict=True))
-        start, rng = st["step"], st["rng"][rank]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        if rng["cuda"] is not None and use_cuda:
-            torch.cuda.set_rng_state(rng["cuda"])
         print0(f"resumed from {ckpt_dir} at step {start}")
 
     n_local = cfg.prompts_per_step // world
@@ -937,20 +958,13 @@ def main(cfg):
         # 3. micro-batches with the server's, the reference's and (mu > 1) the old log-probs; then mu
         #    optimizer steps on the clipped loss. The first pass compares trainer and server.
         t0 = t_train_start = time.time()
-        mbs = []
+        mbs = micro_batches(samples, adv, cfg.micro_batch, tok.pad_token_id or 0, device)
         with torch.no_grad():
-            for i in range(0, len(samples), cfg.micro_batch):
-                part = samples[i: i + cfg.micro_batch]
-                ids, attn, mask, P = pad_batch(part, tok.pad_token_id or 0, device)
-                server_lp = torch.zeros_like(mask)
-                for j, s in enumerate(part):
-                    server_lp[j, : len(s["server_lp"])] = torch.tensor(s["server_lp"])
-                b = {"ids": ids, "attn": attn, "mask": mask, "P": P, "adv": adv[i: i + len(part)].to(device), "server": server_lp}
+            for b in mbs:
                 if cfg.mu > 1:  # the policy before this step's updates (with mu = 1 it is the one we train)
-                    b["old"] = completion_logprobs(model, ids, attn, P, cfg.temperature)
+                    b["old"] = completion_logprobs(model, b["ids"], b["attn"], b["P"], cfg.temperature)
                 if ref is not None:
-                    b["ref"] = completion_logprobs(ref, ids, attn, P, cfg.temperature)
-                mbs.append(b)
+                    b["ref"] = completion_logprobs(ref, b["ids"], b["attn"], b["P"], cfg.temperature)
         t_ref, t0 = time.time() - t0, time.time()
         zero = lambda: torch.zeros((), dtype=torch.float64, device=device)
         train_sums, maxes, nonfinite = defaultdict(zero), defaultdict(zero), 0

@@ -575,6 +575,18 @@ def read_metrics(out_dir):
     return [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
 
 
+def run_against(model_dir, tmp_path, fault, *flags):
+    """The script against a stand-in with `fault` (StandIn options) -> (exit code, output, seconds, stand-in)."""
+    import time
+    s = StandIn(model_dir, **fault)
+    try:
+        t0 = time.time()
+        code, out = run(train_cmd(model_dir, s.url, tmp_path, *flags), timeout=120)
+        return code, out, time.time() - t0, s
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path, nproc):
     # step 1, then resume to step 2: after EACH step the server holds exactly the trainer's weights
@@ -788,16 +800,9 @@ def test_async_resume_regenerates_the_pending_batch_from_the_checkpoint(tiny_mod
 
 @pytest.mark.parametrize("fault", ["dies", "stalls"])
 def test_async_server_failing_during_a_background_generation_stops_cleanly(tiny_model, tmp_path, fault):
-    import time
     # the initial eval and step 1's rollout work; step 2's rollout, running in the background, fails
-    s = StandIn(tiny_model, **({"fail_generate_after": 2} if fault == "dies" else {"stall_generate_after": 2}))
-    try:
-        t0 = time.time()
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "4", "--async", "--mismatch_max", "2",
-                                  "--request_timeout", "3"), timeout=120)
-        took = time.time() - t0
-    finally:
-        s.close()
+    code, out, took, s = run_against(tiny_model, tmp_path, {"fail_generate_after" if fault == "dies" else "stall_generate_after": 2},
+                                     "--steps", "4", "--async", "--mismatch_max", "2", "--request_timeout", "3")
     assert code == 1 and ("stand-in: scheduler died" if fault == "dies" else "ReadTimeout") in out, out
     assert "Traceback" not in out and out.count("error:") == 1 and took < 60
     assert len(s.push_log) == 1  # no weights pushed while that generation was pending
@@ -860,14 +865,7 @@ def test_nccl_path_protocol_against_the_stand_in(tiny_model, tmp_path, nproc):
     ("die_in_broadcast", "no answer from the SGLang server"),
     ("reject_updates", "Failed to update weights: test")])
 def test_nccl_path_failures_end_with_a_clear_error_in_time(tiny_model, tmp_path, fault, says):
-    import time
-    s = StandIn(tiny_model, **{fault: True})
-    try:
-        t0 = time.time()
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--sync", "nccl", "--request_timeout", "5"), timeout=120)
-        took = time.time() - t0
-    finally:
-        s.close()
+    code, out, took, s = run_against(tiny_model, tmp_path, {fault: True}, "--sync", "nccl", "--request_timeout", "5")
     assert code == 1 and says in out and "Traceback" not in out and out.count("error:") == 1, out
     assert took < 60 and not s.pushes  # within the timeout, nothing trained on
 
@@ -947,14 +945,7 @@ def test_weights_split_into_several_buckets_arrive_whole(tiny_model, server, tmp
 
 
 def test_stalled_server_times_out_instead_of_hanging(tiny_model, tmp_path):
-    import time
-    s = StandIn(tiny_model, stall_generate_after=2)
-    try:
-        t0 = time.time()
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--request_timeout", "2"), timeout=120)
-        took = time.time() - t0
-    finally:
-        s.close()
+    code, out, took, _ = run_against(tiny_model, tmp_path, {"stall_generate_after": 2}, "--steps", "3", "--request_timeout", "2")
     assert code == 1 and "no answer from the SGLang server" in out and "ReadTimeout" in out, out
     assert took < 60  # 2 tries x 2 s + backoff, plus start-up; not the stand-in's 20 s per request
 
@@ -1090,12 +1081,15 @@ def test_a_bad_flag_is_one_clear_line_not_a_traceback(tiny_model, tmp_path):
     assert "Traceback" not in out and "no answer from the SGLang server" not in out  # before even the server
 
 
-def test_one_error_said_once_under_torchrun_and_last(tiny_model, tmp_path):
-    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, nproc=2), timeout=180)
+@pytest.mark.parametrize("flags, says", [
+    ((), "no answer from the SGLang server"),                          # rank 0 alone finds it
+    (("--temperature", "0"), "--temperature 0.0 is out of range")])     # every rank finds it
+def test_one_error_said_once_under_torchrun_and_last(tiny_model, tmp_path, flags, says):
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, *flags, nproc=2), timeout=180)
     assert code == 1
-    assert out.count("no answer from the SGLang server") == 1, out
+    assert out.count(says) == 1, out
     tail = "\n".join(l for l in out.strip().splitlines()[-6:])
-    assert "no answer from the SGLang server" in tail and "bash serve.sh" in tail, out
+    assert says in tail, out
 
 
 def test_sync_check_replayed_on_the_recorded_gpu_runs():
