@@ -1059,18 +1059,19 @@ def main(cfg):
 
 
 def exit_now(code, message=None):
-    """Exit every rank with `code`, saying `message` once. Under torchrun, rank 0 writes it to torchrun's
-    error file, so it is the root cause at the very end of torchrun's failure summary rather than
-    printed once per rank above it. os._exit: no destructor of a process group, or of a thread still
-    waiting for a dead server, can hang or abort ("terminate called...") the exit."""
-    if message and int(os.environ.get("RANK", 0)) == 0:
-        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if error_file:
-            with open(error_file, "w") as f:
-                json.dump({"message": {"message": message, "extraInfo": {"py_callstack": message,
-                                                                         "timestamp": str(int(time.time()))}}}, f)
-        else:
-            print(f"\n{message}", file=sys.stderr)
+    """Exit this rank with `code`, the message said once. Under torchrun every rank writes it to its
+    error file, where torchrun shows the first rank to fail as the root cause, at the very end of its
+    summary; rank 0 fails first (the others wait 3 s and are usually stopped by torchrun meanwhile),
+    so the message is not repeated per rank. os._exit: no destructor of a process group, or of a thread
+    still waiting for a dead server, can hang or abort ("terminate called...") the exit."""
+    rank, error_file = int(os.environ.get("RANK", 0)), os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if message and error_file:
+        time.sleep(3 if rank else 0)  # a rank alone with its error still says it, after the wait
+        with open(error_file, "w") as f:
+            json.dump({"message": {"message": message, "extraInfo": {"py_callstack": message,
+                                                                     "timestamp": str(int(time.time()))}}}, f)
+    elif message and rank == 0:
+        print(f"\n{message}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

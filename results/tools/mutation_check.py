@@ -19,7 +19,7 @@ M = [  # (name, file, old, new, -k expression)
  ("no version check", "grpo_sglang.py", 'if str(meta.get("weight_version")) != version:', 'if False:', "skipped_push"),
  ("no mismatch check", "grpo_sglang.py", 'if mm["mismatch_abs"] / mm["tokens"] > cfg.mismatch_max:', 'if False:', "dropped_under"),
  ("temperature unchecked", "grpo_sglang.py", '("temperature", cfg.temperature > 0,', '("temperature", True,', "out_of_range or bad_flag"),
- ("error printed per rank", "grpo_sglang.py", 'if message and int(os.environ.get("RANK", 0)) == 0:', 'if message:', "said_once"),
+ ("ranks race rank 0 to the error file", "grpo_sglang.py", "time.sleep(3 if rank else 0)", "time.sleep(0)", "said_once"),
  ("async pushes mid-generation", "grpo_sglang.py", "        next_batch = on_all_ranks(pending.result) if pending else None\n        t_sync_start = time.time()\n        nbytes = sync_weights(step + 1)\n", "        t_sync_start = time.time()\n        nbytes = sync_weights(step + 1)\n        next_batch = on_all_ranks(pending.result) if pending else None\n", "async_trains"),
  ("nccl flushes every bucket", "grpo_sglang.py", '"group_name": link["group_name"], "load_format": "flattened_bucket", "flush_cache": last,', '"group_name": link["group_name"], "load_format": "flattened_bucket", "flush_cache": True,', "nccl_path_protocol"),
  ("plain format ignored", "grpo_sglang.py", 'fmt = ("chat" if tok.chat_template else "plain") if', 'fmt = "chat" if', "base_model"),
