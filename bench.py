@@ -213,11 +213,11 @@ def disconnect(ctx):
     import torch.distributed as dist
     import grpo_sglang as g
     link = ctx.links.pop("nccl")
-    left = g.in_background(g.call, ctx.cfg, "/destroy_weights_update_group", {"group_name": link["group_name"]},
-                           timeout=60, retries=0)
-    gone = g.in_background(dist.destroy_process_group, link["group"])
-    gone(SYNC_TIMEOUT)
-    left(SYNC_TIMEOUT)
+    left = g.POOL.submit(g.call, ctx.cfg, "/destroy_weights_update_group", {"group_name": link["group_name"]},
+                         timeout=60, retries=0)
+    gone = g.POOL.submit(dist.destroy_process_group, link["group"])
+    g.waited(gone, SYNC_TIMEOUT, "leaving the NCCL group")
+    g.waited(left, SYNC_TIMEOUT, "the server leaving the NCCL group")
 
 
 @torch.no_grad()
