@@ -2,6 +2,7 @@
 # The exact commands behind results/h200/check_v2, results/x2/ and the GPU rows of the README, on one
 # nvidia-h200-x2 machine (2 H200s) with the GPU kit (../shared/gpu: SGLang 0.5.16, SmolLM2-135M-Instruct):
 #   . .gpukit/a/env.sh && setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &
+#   . .gpukit/a/env.sh && PHASES=followup setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &   (2nd session)
 # It copies the repo to /tmp/work and runs from there; everything lands in $RES (default /tmp/res).
 # Phases run in priority order; a failing command is logged and the next one runs.
 #   A  GPU 0, server and trainer colocated: the 300-step run with the version + mismatch check, the
@@ -116,9 +117,61 @@ phase_d() {
   log "phase D done"
 }
 
-phase_a & A=$!
-phase_b & B=$!
-wait $A $B
-phase_c
-phase_d
+# The follow-up session (2026-11-30, PHASES=followup): what the first one could not finish or had to re-run
+# after fixes — the checkpointed 7B memory step, the --sync nccl run with the server's GPU hidden and the
+# GPU tests (the unbound default process group), the 1.5B/7B step times sync vs async and their sync bench.
+followup() {
+  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 > "$RES/gpu_util.csv" & SMI=$!
+  # GPU 1: the dedicated layout's SmolLM2 server starts (cold, ~2 min) while GPU 0 builds the models and
+  # measures the 7B step's peak memory without and with checkpointing, side by side
+  GPU=1 PORT=30010 MODEL="$K" MEM_FRACTION=0.15 LOG="$RES/serve_dedicated.log" PIDFILE=/tmp/grpo_gpu_test.pid \
+    timeout 900 bash serve.sh >> "$RES/pipeline.log" 2>&1 & SMOLSRV=$!
+  CUDA_VISIBLE_DEVICES=0 timeout 400 python3 results/tools/make_models.py "$M" --tokenizer "$K" \
+    --only qwen2.5-1.5b-random,qwen2.5-7b-random > "$RES/make_models.log" 2>&1
+  log "make_models: exit $?"
+  for ck in "" --grad_checkpointing; do
+    CUDA_VISIBLE_DEVICES=0 timeout 400 python3 results/tools/memory_step.py --model "$M/qwen2.5-7b-random" $ck --micro_batch 4 \
+      --sequences 16 --out "$RES/memory_7b${ck:+_ckpt}.json" > "$RES/memory_7b${ck:+_ckpt}.log" 2>&1
+    log "memory 7b ${ck:-no-ckpt}: exit $? $(tail -c 300 "$RES/memory_7b${ck:+_ckpt}.json" 2>/dev/null | tr '\n' ' ')"
+  done
+  wait $SMOLSRV
+  local U=(--server_url http://127.0.0.1:30010 --server_gpu 1)
+  serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3 & Q15=$!  # the next server loads while the SmolLM2 runs go on
+  CUDA_VISIBLE_DEVICES=0 train x2_nccl_hidden_gpu /tmp/r/x2_nccl 600 "${SMOL[@]}" "${U[@]}" --steps 50 --eval_every 50 \
+    --async --request_timeout 120
+  if grep -q "^step +50 " "$RES/x2_nccl_hidden_gpu.log"; then
+    log "gpu tests"
+    GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout 500 \
+      python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
+    log "gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests.log")"
+  fi
+  PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  wait $Q15
+  local BIG=(--dataset builtin --prompts_per_step 24 --group_size 8 --max_new_tokens 128 --lr 1e-6 --eval_every 0
+             --save_every 0 --eval_size 8 --server_gpu 1)
+  train x2_q15_sync /tmp/r/q15s 400 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --no-async
+  train x2_q15_async /tmp/r/q15a 400 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --async
+  serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4 & Q7=$!  # starts while the 1.5B bench runs
+  log "bench q15"; timeout 400 python3 bench.py --layout x2 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 \
+    --parts sync --reps 3 --out "$RES/bench_q15" > "$RES/bench_q15.log" 2>&1; log "bench q15: exit $?"
+  stop q15
+  wait $Q7
+  train x2_q7_sync /tmp/r/q7s 500 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --no-async
+  train x2_q7_async /tmp/r/q7a 500 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --async
+  log "bench q7"; timeout 500 python3 bench.py --layout x2 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 \
+    --parts sync --reps 2 --out "$RES/bench_q7" > "$RES/bench_q7.log" 2>&1; log "bench q7: exit $?"
+  stop q7
+  kill $SMI 2>/dev/null
+  log "followup done"
+}
+
+if [ "${PHASES:-all}" = followup ]; then
+  followup
+else
+  phase_a & A=$!
+  phase_b & B=$!
+  wait $A $B
+  phase_c
+  phase_d
+fi
 log "all done"
