@@ -139,7 +139,7 @@ followup() {
   serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3 & Q15=$!  # the next server loads while the SmolLM2 runs go on
   CUDA_VISIBLE_DEVICES=0 train x2_nccl_hidden_gpu /tmp/r/x2_nccl 600 "${SMOL[@]}" "${U[@]}" --steps 50 --eval_every 50 \
     --async --request_timeout 120
-  if grep -q "^step +50 " "$RES/x2_nccl_hidden_gpu.log"; then
+  if grep -Eq "^step +50 " "$RES/x2_nccl_hidden_gpu.log"; then
     log "gpu tests"
     GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout 500 \
       python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
@@ -165,8 +165,33 @@ followup() {
   log "followup done"
 }
 
+# PHASES=followup_7b: the 7B memory step and 7B step times again after the fused-AdamW fix (followup's 7B
+# runs had OOMed in foreach Adam's temporaries at the first optimizer step)
+followup_7b() {
+  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 > "$RES/gpu_util_7b.csv" & SMI=$!
+  CUDA_VISIBLE_DEVICES=0 timeout 400 python3 results/tools/make_models.py "$M" --tokenizer "$K" \
+    --only qwen2.5-7b-random > "$RES/make_models.log" 2>&1
+  log "make_models: exit $?"
+  serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4 & Q7=$!  # loads while GPU 0 measures the memory
+  for ck in "" --grad_checkpointing; do
+    CUDA_VISIBLE_DEVICES=0 timeout 400 python3 results/tools/memory_step.py --model "$M/qwen2.5-7b-random" $ck --micro_batch 4 \
+      --sequences 16 --out "$RES/memory_7b${ck:+_ckpt}.json" > "$RES/memory_7b${ck:+_ckpt}.log" 2>&1
+    log "memory 7b ${ck:-no-ckpt}: exit $? $(tail -c 300 "$RES/memory_7b${ck:+_ckpt}.json" 2>/dev/null | tr '\n' ' ')"
+  done
+  wait $Q7
+  local BIG=(--dataset builtin --prompts_per_step 24 --group_size 8 --max_new_tokens 128 --lr 1e-6 --eval_every 0
+             --save_every 0 --eval_size 8 --server_gpu 1)
+  train x2_q7_sync /tmp/r/q7s 500 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --no-async
+  train x2_q7_async /tmp/r/q7a 500 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --async
+  stop q7
+  kill $SMI 2>/dev/null
+  log "followup_7b done"
+}
+
 if [ "${PHASES:-all}" = followup ]; then
   followup
+elif [ "${PHASES:-all}" = followup_7b ]; then
+  followup_7b
 else
   phase_a & A=$!
   phase_b & B=$!
