@@ -1113,7 +1113,7 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
             return rows[-1]["step"] + 1
         m = re.search(r"sampled with weights of version '(\d+)', but this rollout must come from version '(\d+)'", log)
         return int(m.group(2)) + 1 if m else None
-    good = [p for p in glob.glob(os.path.join(HERE, "results", "*", "*", "*.metrics.jsonl")) if "check_v2_" not in p
+    good = [p for p in glob.glob(os.path.join(HERE, "results", "**", "*.metrics.jsonl"), recursive=True) if "check_v2_" not in p
             or "check_v2_main" in p]
     assert len(good) >= 7, good
     for path in good:

@@ -10,7 +10,10 @@ import statistics
 import subprocess
 import sys
 
-COMMIT = "9c31301"  # the commit results/run_x2.sh ran (see results/x2/pipeline.log)
+# the commits results/run_x2.sh ran at (see results/x2/pipeline_*.log)
+COMMIT = "9c31301"  # session 1, all phases
+COMMIT_FOLLOWUP = "91659bc"  # session 2, PHASES=followup (and the GPU tests, run by hand right after it)
+COMMIT_7B = "17e375e"  # session 2, PHASES=followup_7b (fused AdamW)
 
 
 def steps_of(path):
@@ -94,13 +97,13 @@ def asynchronous():
     d = "results/x2/async/"
     out = [model("SmolLM2-135M-Instruct (trainer GPU 0, server GPU 1)", d + "x2_smol_sync", d + "x2_smol_async"),
            model("Qwen2.5-1.5B-shaped, random weights (trainer GPU 0, server GPU 1)", d + "x2_q15_sync", d + "x2_q15_async",
-                 "medians of steps 4-12; the async run finished but its metrics.jsonl was not copied before the device "
-                 "time ran out, so its numbers come from its log"),
-           {"model": "Qwen2.5-7B-shaped, random weights", "sync_step_s": None, "async_step_s": None, "rollout_s": None,
-            "train_s": None, "sync_s": None, "sync_eval_final": None, "async_eval_final": None,
-            "note": "not run: the session's 30 minutes of device time ran out before phase D reached it"},
+                 "medians of steps 4-12"),
+           model("Qwen2.5-7B-shaped, random weights (trainer GPU 0, server GPU 1, --grad_checkpointing)",
+                 d + "x2_q7_sync", d + "x2_q7_async", "medians of steps 4-6 (6 steps each: device time)"),
            model("SmolLM2-135M-Instruct, ONE shared GPU (--colocate), 30 steps", "results/h200/check_v2/coloc_sync",
                  "results/h200/check_v2/coloc_async")]
+    for row, commit in zip(out, (COMMIT, COMMIT_FOLLOWUP, COMMIT_7B, COMMIT)):
+        row["commit"] = commit
     json.dump(out, open(d + "summary.json", "w"), indent=1)
     subprocess.run([sys.executable, "results/tools/plot_timeline.py", d + "timeline.png",
                     f"sync={d}x2_smol_sync.metrics.jsonl", f"async={d}x2_smol_async.metrics.jsonl", "--steps", "20:25"], check=True)
@@ -108,16 +111,54 @@ def asynchronous():
 
 
 def sync():
-    bench = json.load(open("results/x2/sync/bench_smol/summary.json"))
-    out = [{k: b[k] for k in ("model", "bytes", "disk_s", "tensor_s", "nccl_s", "raw_copy_s")} for b in bench]
-    out[0]["model"] = "SmolLM2-135M-Instruct (trainer GPU 0, server GPU 1)"
-    for m in ("Qwen2.5-1.5B-shaped, random weights", "Qwen2.5-7B-shaped, random weights"):
-        out.append({"model": m, "bytes": None, "disk_s": None, "tensor_s": None, "nccl_s": None, "raw_copy_s": None,
-                    "note": "not run: the session's device time ran out before phase D's bench"})
-    json.dump(out, open("results/x2/sync/summary.json", "w"), indent=1)
+    d = "results/x2/sync/"
+    out = []
+    for name, bench, commit in (("SmolLM2-135M-Instruct", "bench_smol", COMMIT),
+                                ("Qwen2.5-1.5B-shaped, random weights", "bench_q15", COMMIT_FOLLOWUP),
+                                ("Qwen2.5-7B-shaped, random weights", "bench_q7", COMMIT_FOLLOWUP)):
+        b = json.load(open(d + bench + "/summary.json"))[0]
+        row = {k: b[k] for k in ("bytes", "disk_s", "tensor_s", "nccl_s", "raw_copy_s")}
+        row = {"model": name + " (trainer GPU 0, server GPU 1)", **row, "verified": b["verified"],
+               "disk_over_tensor": round(b["disk_s"] / b["tensor_s"], 1), "disk_over_nccl": round(b["disk_s"] / b["nccl_s"], 1),
+               "tensor_gb_s": round(b["bytes"] / b["tensor_s"] / 1e9, 1), "nccl_gb_s": round(b["bytes"] / b["nccl_s"] / 1e9, 1),
+               "source": d + bench, "commit": commit}
+        out.append(row)
+    json.dump(out, open(d + "summary.json", "w"), indent=1)
+    return out
+
+
+def nccl_run():
+    """The 50-step --sync nccl run with the server's GPU hidden from the trainer (as on another host)."""
+    d = "results/x2/sync/"
+    rows, _ = steps_of(d + "x2_nccl_hidden_gpu")
+    log = open(d + "x2_nccl_hidden_gpu.log").read()
+    out = {"steps": len(rows), "sync": re.search(r"weight sync: (\S+)", log).group(1),
+           # async: the batch of step s comes from the weights after step s-2 (version s-2), one step stale
+           "every_rollout_from_its_version": all(r["sampled_from_version"] == max(r["step"] - 2, 0) for r in rows),
+           "mismatch_mean_max": round(max(r["mismatch_mean"] for r in rows), 4), "eval": evals_of(d + "x2_nccl_hidden_gpu"),
+           "median_sync_s": med(rows, "time_sync"), "median_step_s": med(rows, "time_step"), "commit": COMMIT_FOLLOWUP}
+    json.dump(out, open(d + "nccl_run_summary.json", "w"), indent=1)
+    return out
+
+
+def memory():
+    """Peak memory of one 7B-shaped training step on one H200, without and with checkpointing (fused AdamW),
+    and the same two with torch's default foreach AdamW (both OOM)."""
+    d = "results/x2/memory/"
+    out = []
+    for sub, opt, commit in (("", "fused AdamW", COMMIT_7B), ("foreach_adam/", "foreach AdamW (torch default)", COMMIT_FOLLOWUP)):
+        for ck in ("", "_ckpt"):
+            m = json.load(open(d + sub + f"memory_7b{ck}.json"))
+            out.append({"model": "Qwen2.5-7B-shaped", "optimizer": opt, "grad_checkpointing": bool(ck),
+                        "micro_batch": m["args"]["micro_batch"], "tokens_per_sequence": m["args"]["prompt_len"] + m["args"]["completion_len"],
+                        "oom": m["oom"], "peak_allocated_gb": round(m["max_allocated_gb"], 1),
+                        "peak_allocated_gb_by_step": [round(x["max_allocated_gb"], 1) for x in m["steps"] if "max_allocated_gb" in x],
+                        "step_s": [round(x["seconds"], 2) for x in m["steps"]], "source": d + sub + f"memory_7b{ck}.json",
+                        "commit": commit})
+    json.dump(out, open(d + "summary.json", "w"), indent=1)
     return out
 
 
 if __name__ == "__main__":
-    for f in (check_v2, asynchronous, sync):
+    for f in (check_v2, asynchronous, sync, nccl_run, memory):
         print(f.__name__, json.dumps(f(), indent=1)[:2500])
