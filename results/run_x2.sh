@@ -34,6 +34,21 @@ train() { # log-name out-dir timeout, then flags (CUDA_VISIBLE_DEVICES from the 
   [ -f "$out/metrics.jsonl" ] && cp "$out/metrics.jsonl" "$RES/$name.metrics.jsonl"; }
 SMOL=(--model "$K" --dataset builtin --builtin_max_operand 20 --prompts_per_step 16 --group_size 8 --max_new_tokens 128
       --micro_batch 128 --lr 1e-5 --beta 0.04 --save_every 0)
+BIG=(--dataset builtin --prompts_per_step 24 --group_size 8 --max_new_tokens 128 --lr 1e-6 --eval_every 0
+     --save_every 0 --eval_size 8 --server_gpu 1)
+memory_7b() { # gpu: one 7B-shaped training step without and with checkpointing, side by side
+  for ck in "" --grad_checkpointing; do
+    CUDA_VISIBLE_DEVICES=$1 timeout 400 python3 results/tools/memory_step.py --model "$M/qwen2.5-7b-random" $ck --micro_batch 4 \
+      --sequences 16 --out "$RES/memory_7b${ck:+_ckpt}.json" > "$RES/memory_7b${ck:+_ckpt}.log" 2>&1
+    log "memory 7b ${ck:-no-ckpt}: exit $? $(tail -c 300 "$RES/memory_7b${ck:+_ckpt}.json" 2>/dev/null | tr '\n' ' ')"
+  done; }
+sync_vs_async() { # name model port timeout, then flags: x2_<name>_sync and x2_<name>_async, back to back
+  local name=$1 model=$2 port=$3 t=$4; shift 4
+  train x2_${name}_sync /tmp/r/${name}s "$t" --model "$model" --server_url http://127.0.0.1:$port "${BIG[@]}" "$@" --no-async
+  train x2_${name}_async /tmp/r/${name}a "$t" --model "$model" --server_url http://127.0.0.1:$port "${BIG[@]}" "$@" --async; }
+bench_x2() { # name model port timeout reps
+  log "bench $1"; timeout "$4" python3 bench.py --layout x2 --model "$2" --server_url http://127.0.0.1:$3 \
+    --parts sync --reps "$5" --out "$RES/bench_$1" > "$RES/bench_$1.log" 2>&1; log "bench $1: exit $?"; }
 
 { python3 -c "import sglang, torch, transformers, sys; print('python', sys.version.split()[0], '| sglang', sglang.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m; } > "$RES/versions.txt" 2>&1
@@ -62,11 +77,7 @@ phase_b() {
   log "$(grep 'nccl_check' "$RES/nccl_check.log" | tr '\n' ' ') -> NCCL env for the NCCL runs: '$(cat /tmp/nccl_env)'"
   CUDA_VISIBLE_DEVICES=1 timeout 400 python3 results/tools/make_models.py "$M" --tokenizer "$K" > "$RES/make_models.log" 2>&1
   log "make_models: exit $?"
-  for ck in "" --grad_checkpointing; do
-    CUDA_VISIBLE_DEVICES=1 timeout 400 python3 results/tools/memory_step.py --model "$M/qwen2.5-7b-random" $ck --micro_batch 4 \
-      --sequences 16 --out "$RES/memory_7b${ck:+_ckpt}.json" > "$RES/memory_7b${ck:+_ckpt}.log" 2>&1
-    log "memory 7b ${ck:-no-ckpt}: exit $? $(tail -c 300 "$RES/memory_7b${ck:+_ckpt}.json" 2>/dev/null | tr '\n' ' ')"
-  done
+  memory_7b 1
   for arch in qwen3 gemma3; do
     serve $arch 1 30001 "$M/$arch-tiny-random" 0.2
     CUDA_VISIBLE_DEVICES=1 train arch_$arch /tmp/r/$arch 400 --model "$M/$arch-tiny-random" --server_url http://127.0.0.1:30001 \
@@ -92,27 +103,20 @@ phase_c() {
   GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout 600 \
     python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
   log "gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests.log")"
-  log "bench smol"; timeout 600 python3 bench.py --layout x2 --model "$K" --server_url http://127.0.0.1:30010 \
-    --parts sync --reps 3 --out "$RES/bench_smol" > "$RES/bench_smol.log" 2>&1; log "bench smol: exit $?"
+  bench_x2 smol "$K" 30010 600 3
   log "phase C done"
 }
 
 phase_d() {
   PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
   wait "$Q15"
-  local BIG=(--dataset builtin --prompts_per_step 24 --group_size 8 --max_new_tokens 128 --lr 1e-6 --eval_every 0
-             --save_every 0 --eval_size 8 --server_gpu 1)
-  train x2_q15_sync /tmp/r/q15s 600 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --no-async
-  train x2_q15_async /tmp/r/q15a 600 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --async
+  sync_vs_async q15 "$M/qwen2.5-1.5b-random" 30011 600 --steps 12 --micro_batch 32
   serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4 & Q7=$!  # starts while the 1.5B bench runs
-  log "bench q15"; timeout 600 python3 bench.py --layout x2 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 \
-    --parts sync --reps 3 --out "$RES/bench_q15" > "$RES/bench_q15.log" 2>&1; log "bench q15: exit $?"
+  bench_x2 q15 "$M/qwen2.5-1.5b-random" 30011 600 3
   stop q15
   wait "$Q7"
-  train x2_q7_sync /tmp/r/q7s 900 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --no-async
-  train x2_q7_async /tmp/r/q7a 900 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --async
-  log "bench q7"; timeout 600 python3 bench.py --layout x2 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 \
-    --parts sync --reps 2 --out "$RES/bench_q7" > "$RES/bench_q7.log" 2>&1; log "bench q7: exit $?"
+  sync_vs_async q7 "$M/qwen2.5-7b-random" 30012 900 --steps 6 --micro_batch 8 --grad_checkpointing
+  bench_x2 q7 "$M/qwen2.5-7b-random" 30012 600 2
   stop q7
   log "phase D done"
 }
@@ -121,7 +125,6 @@ phase_d() {
 # after fixes — the checkpointed 7B memory step, the --sync nccl run with the server's GPU hidden and the
 # GPU tests (the unbound default process group), the 1.5B/7B step times sync vs async and their sync bench.
 followup() {
-  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 > "$RES/gpu_util.csv" & SMI=$!
   # GPU 1: the dedicated layout's SmolLM2 server starts (cold, ~2 min) while GPU 0 builds the models and
   # measures the 7B step's peak memory without and with checkpointing, side by side
   GPU=1 PORT=30010 MODEL="$K" MEM_FRACTION=0.15 LOG="$RES/serve_dedicated.log" PIDFILE=/tmp/grpo_gpu_test.pid \
@@ -129,11 +132,7 @@ followup() {
   CUDA_VISIBLE_DEVICES=0 timeout 400 python3 results/tools/make_models.py "$M" --tokenizer "$K" \
     --only qwen2.5-1.5b-random,qwen2.5-7b-random > "$RES/make_models.log" 2>&1
   log "make_models: exit $?"
-  for ck in "" --grad_checkpointing; do
-    CUDA_VISIBLE_DEVICES=0 timeout 400 python3 results/tools/memory_step.py --model "$M/qwen2.5-7b-random" $ck --micro_batch 4 \
-      --sequences 16 --out "$RES/memory_7b${ck:+_ckpt}.json" > "$RES/memory_7b${ck:+_ckpt}.log" 2>&1
-    log "memory 7b ${ck:-no-ckpt}: exit $? $(tail -c 300 "$RES/memory_7b${ck:+_ckpt}.json" 2>/dev/null | tr '\n' ' ')"
-  done
+  memory_7b 0
   wait $SMOLSRV
   local U=(--server_url http://127.0.0.1:30010 --server_gpu 1)
   serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3 & Q15=$!  # the next server loads while the SmolLM2 runs go on
@@ -147,44 +146,28 @@ followup() {
   fi
   PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
   wait $Q15
-  local BIG=(--dataset builtin --prompts_per_step 24 --group_size 8 --max_new_tokens 128 --lr 1e-6 --eval_every 0
-             --save_every 0 --eval_size 8 --server_gpu 1)
-  train x2_q15_sync /tmp/r/q15s 400 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --no-async
-  train x2_q15_async /tmp/r/q15a 400 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --async
+  sync_vs_async q15 "$M/qwen2.5-1.5b-random" 30011 400 --steps 12 --micro_batch 32
   serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4 & Q7=$!  # starts while the 1.5B bench runs
-  log "bench q15"; timeout 400 python3 bench.py --layout x2 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 \
-    --parts sync --reps 3 --out "$RES/bench_q15" > "$RES/bench_q15.log" 2>&1; log "bench q15: exit $?"
+  bench_x2 q15 "$M/qwen2.5-1.5b-random" 30011 400 3
   stop q15
   wait $Q7
-  train x2_q7_sync /tmp/r/q7s 500 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --no-async
-  train x2_q7_async /tmp/r/q7a 500 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --async
-  log "bench q7"; timeout 500 python3 bench.py --layout x2 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 \
-    --parts sync --reps 2 --out "$RES/bench_q7" > "$RES/bench_q7.log" 2>&1; log "bench q7: exit $?"
+  sync_vs_async q7 "$M/qwen2.5-7b-random" 30012 500 --steps 6 --micro_batch 8 --grad_checkpointing
+  bench_x2 q7 "$M/qwen2.5-7b-random" 30012 500 2
   stop q7
-  kill $SMI 2>/dev/null
   log "followup done"
 }
 
 # PHASES=followup_7b: the 7B memory step and 7B step times again after the fused-AdamW fix (followup's 7B
 # runs had OOMed in foreach Adam's temporaries at the first optimizer step)
 followup_7b() {
-  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 > "$RES/gpu_util_7b.csv" & SMI=$!
   CUDA_VISIBLE_DEVICES=0 timeout 400 python3 results/tools/make_models.py "$M" --tokenizer "$K" \
     --only qwen2.5-7b-random > "$RES/make_models.log" 2>&1
   log "make_models: exit $?"
   serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4 & Q7=$!  # loads while GPU 0 measures the memory
-  for ck in "" --grad_checkpointing; do
-    CUDA_VISIBLE_DEVICES=0 timeout 400 python3 results/tools/memory_step.py --model "$M/qwen2.5-7b-random" $ck --micro_batch 4 \
-      --sequences 16 --out "$RES/memory_7b${ck:+_ckpt}.json" > "$RES/memory_7b${ck:+_ckpt}.log" 2>&1
-    log "memory 7b ${ck:-no-ckpt}: exit $? $(tail -c 300 "$RES/memory_7b${ck:+_ckpt}.json" 2>/dev/null | tr '\n' ' ')"
-  done
+  memory_7b 0
   wait $Q7
-  local BIG=(--dataset builtin --prompts_per_step 24 --group_size 8 --max_new_tokens 128 --lr 1e-6 --eval_every 0
-             --save_every 0 --eval_size 8 --server_gpu 1)
-  train x2_q7_sync /tmp/r/q7s 500 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --no-async
-  train x2_q7_async /tmp/r/q7a 500 --model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --steps 6 --micro_batch 8 --grad_checkpointing --async
+  sync_vs_async q7 "$M/qwen2.5-7b-random" 30012 500 --steps 6 --micro_batch 8 --grad_checkpointing
   stop q7
-  kill $SMI 2>/dev/null
   log "followup_7b done"
 }
 
