@@ -35,6 +35,7 @@ Note: the loss value is not a progress signal in GRPO (it is ~0 by construction 
 advantages are centred); watch the reward.
 """
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -75,8 +76,7 @@ class Config:
     prompt_field: str = arg("question", "column with the question")
     answer_field: str = arg("answer", "column with the reference answer")
     instruction: str = arg("auto", "text appended to each question ('auto': fits the task)")
-    prompt_format: str = arg("auto", "'chat' (the tokenizer's chat template), 'plain' ('question\\ninstruction\\n', "
-                                     "for base models) or 'auto' (chat if the tokenizer has a template)")
+    prompt_format: str = arg("auto", "'chat' (chat template), 'plain' (base models) or 'auto' (chat if there is a template)")
     reward: str = arg("auto", f"reward function in reward_fns.py: {sorted(reward_fns.REWARD_FNS)} or 'auto'")
     builtin_max_operand: int = arg(20, "built-in task: operands of 'a + b' are drawn from 0..this")
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)")
@@ -101,20 +101,17 @@ class Config:
     tis_cap: float = arg(2.0, "truncated importance sampling cap on π_trainer / π_server (0 = off)")
     async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
     micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster, if memory allows)")
+    tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster); off: exact fp32")
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient (each is skipped)")
     # weight sync
-    sync: str = arg("auto", "'tensor' (CUDA IPC: rank 0 sees the server's GPU), 'nccl' (a broadcast: any host) "
-                            "or 'auto' (tensor when possible)")
+    sync: str = arg("auto", "'tensor' (CUDA IPC: rank 0 sees the server's GPU), 'nccl' (any host) or 'auto'")
     sync_bucket_mb: float = arg(1024.0, "size (MiB) of one flattened weight bucket sent to the server")
-    nccl_master_addr: str = arg("", "--sync nccl: address of rank 0's host the server connects to "
-                                    "(default: this host's address on the route to the server)")
+    nccl_master_addr: str = arg("", "--sync nccl: rank 0's address the server connects to (default: on its route)")
     nccl_port: int = arg(0, "--sync nccl: TCP port of that rendezvous on rank 0's host (0: a free one)")
-    mismatch_max: float = arg(0.1, "stop when the mean |trainer - server| logprob of the sampled tokens exceeds "
-                                   "this (nats): the server is not generating with the trainer's weights")
+    mismatch_max: float = arg(0.1, "stop when mean |trainer - server| logprob of the sampled tokens exceeds this (nats)")
     debug_skip_sync: str = arg("", "weight pushes to skip, by step, e.g. '6' or '4-300' (negative control)")
-    debug_tag_skipped: bool = arg(False, "with --debug_skip_sync: still tag the skipped versions, like a server "
-                                         "that drops weights silently (only the mismatch can see it)")
+    debug_tag_skipped: bool = arg(False, "with --debug_skip_sync: still tag skipped versions (a server dropping weights)")
     # eval, checkpoints, logging
     eval_every: int = arg(50, "evaluate (greedy, via the server) every N steps; 0 = only at start and end")
     save_every: int = arg(100, "checkpoint every N steps (0 = only at the end)")
@@ -354,14 +351,11 @@ def prompts_for_step(n_rows, step, per_step, seed):
 
 def call(cfg, path, payload=None, timeout=None, retries=None):
     """POST (or GET without payload) with timeout, retries and backoff. -> parsed JSON or text."""
-    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     retries = cfg.request_retries if retries is None else retries
     for attempt in range(retries + 1):
         try:
-            if payload is None:
-                r = requests.get(cfg.server_url + path, headers=headers, timeout=timeout or cfg.request_timeout)
-            else:
-                r = requests.post(cfg.server_url + path, json=payload, headers=headers, timeout=timeout or cfg.request_timeout)
+            r = requests.request("GET" if payload is None else "POST", cfg.server_url + path, json=payload,
+                                 headers=auth(cfg), timeout=timeout or cfg.request_timeout)
             if r.status_code in (401, 403):
                 raise UserError(f"the server refused {path} (HTTP {r.status_code}): wrong or missing --api_key")
             if r.status_code >= 500 and attempt < retries:  # overloaded or restarting: try again
@@ -380,6 +374,10 @@ def call(cfg, path, payload=None, timeout=None, retries=None):
             time.sleep(min(2 ** attempt, 30))
 
 
+def auth(cfg):
+    return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+
+
 def check_server(cfg):
     """Before anything heavy: is the server up, and does it serve our model?"""
     call(cfg, "/health", timeout=10, retries=1)
@@ -395,8 +393,7 @@ def check_server(cfg):
     # SGLang >= 0.5.21 refuses weight updates outside a /begin_weight_update ... /end_weight_update
     # session; 0.5.16 has neither route. A GET on a POST-only route answers 405 where it exists.
     try:
-        r = requests.get(cfg.server_url + "/begin_weight_update", timeout=cfg.request_timeout,
-                         headers={"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {})
+        r = requests.get(cfg.server_url + "/begin_weight_update", headers=auth(cfg), timeout=cfg.request_timeout)
     except requests.RequestException as e:
         raise UserError(f"the SGLang server at {cfg.server_url} stopped answering ({e})") from None
     return {"begin_end": r.status_code == 405}
@@ -677,13 +674,44 @@ def load_policy(path, device, grad_checkpointing):
     return model
 
 
-def shard(model, mesh, param_dtype):
+class TF32Matmul(torch.autograd.Function):
+    """(..., H) @ (V, H)^T -> (..., V) in fp32, its forward and both backward GEMMs on TF32 tensor cores
+    (inputs rounded to 10 mantissa bits, fp32 sums and output). Scoped to this matmul: the global switch
+    would also round the fp32 RoPE angle matmul of transformers' models (transformers issue 48428)."""
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        with tf32_matmuls():
+            return x @ w.T
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        with tf32_matmuls():
+            dx = dy @ w if ctx.needs_input_grad[0] else None
+            dw = dy.flatten(0, -2).T @ x.flatten(0, -2) if ctx.needs_input_grad[1] else None
+        return dx, dw
+
+
+@contextlib.contextmanager
+def tf32_matmuls():
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # TF32 (what SGLang's --enable-tf32-matmul sets)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def shard(model, mesh, param_dtype, tf32_head=False):
     """FSDP2: each transformer block its own unit computing in bf16; fp32 master weights and grads.
     The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
     steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
     0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same).
     Some final norms (Gemma's) return their input's dtype, bf16 from the last block, so the head casts
-    its input to fp32 itself: one cast where it matters, rather than fp32 activations between blocks."""
+    its input to fp32 itself: one cast where it matters, rather than fp32 activations between blocks.
+    `tf32_head`: the head's matmul on TF32, whose input rounding is finer than that of the bf16 weights the
+    server's head reads; in exact fp32 it was the largest single cost of a 1.5B training step (FLOP count)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.utils._pytree import tree_map
     to_compute = lambda t: t.to(param_dtype) if torch.is_tensor(t) and t.is_floating_point() else t
@@ -693,7 +721,14 @@ def shard(model, mesh, param_dtype):
             # FSDP casts a block's inputs to bf16, but not when checkpointing re-runs the block in backward:
             # the root's fp32 rotary cos/sin then met bf16 values in attention (an H200 run, transformers 5.12)
             m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)
-    model.get_output_embeddings().register_forward_pre_hook(lambda m, args: (args[0].float(), *args[1:]))
+    head = model.get_output_embeddings()
+    if tf32_head and type(head) is torch.nn.Linear:
+        def head_forward(x):  # head.weight: by now FSDP has swapped the gathered weight in
+            y = TF32Matmul.apply(x.float(), head.weight)
+            return y if head.bias is None else y + head.bias
+        head.forward = head_forward
+    else:
+        head.register_forward_pre_hook(lambda m, args: (args[0].float(), *args[1:]))
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
     return model
 
@@ -862,10 +897,11 @@ def main(cfg):
     ckpt_dir = latest_checkpoint(cfg.out_dir) if cfg.resume else None
     if cfg.resume and not ckpt_dir:
         print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
-    model = shard(load_policy(ckpt_dir or cfg.model, device, cfg.grad_checkpointing), mesh, torch.bfloat16)
+    model = shard(load_policy(ckpt_dir or cfg.model, device, cfg.grad_checkpointing), mesh, torch.bfloat16, cfg.tf32_head)
     ref = None
     if cfg.beta > 0:
-        ref = shard(AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(device).eval(), mesh, torch.bfloat16)
+        ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(device).eval()
+        ref = shard(ref, mesh, torch.bfloat16, cfg.tf32_head)
         ref.requires_grad_(False)
     # fused: one kernel and no temporaries; the default (foreach) Adam allocates a copy of a moment per step,
     # which for a 7B model on one H200 is the difference between fitting and an OOM at the first step
@@ -876,14 +912,13 @@ def main(cfg):
 
     n_local = cfg.prompts_per_step // world
     print0(f"batch: {cfg.prompts_per_step} prompts x {cfg.group_size} completions = {cfg.prompts_per_step * cfg.group_size} "
-           f"sequences per step; {n_local} prompts ({n_local * cfg.group_size} sequences) per rank x {world} ranks; "
-           f"micro-batch {cfg.micro_batch}; {cfg.mu} optimizer step(s) per rollout; "
+           f"sequences per step, {n_local * cfg.group_size} per rank x {world} ranks; micro-batch {cfg.micro_batch}; {cfg.mu} "
+           f"optimizer step(s) per rollout; "
            f"{cfg.steps} steps = {cfg.steps * cfg.prompts_per_step / len(train):.2f} epochs")
-    print0(f"layout: training on {device} x {world}{' (server colocated)' if cfg.colocate else ''}; server at "
-           f"{cfg.server_url}; weight sync: {sync_kind} ({sync_why})" + (f"; NCCL group at {link['where']}" if link
-                                                                          and "where" in link else ""))
-    print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from the weights after step "
-                           "s-1, while the server samples step s+1's" if cfg.async_ else "sync, on-policy"))
+    print0(f"layout: training on {device} x {world}{' (server colocated)' if cfg.colocate else ''}; server at {cfg.server_url}; "
+           f"weight sync: {sync_kind} ({sync_why}{', NCCL group at ' + link['where'] if link and 'where' in link else ''})")
+    print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from θ_{s-1} while the server "
+                           "samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
     if master:
         json.dump(dataclasses.asdict(cfg), open(os.path.join(cfg.out_dir, "config.json"), "w"), indent=1)
     metrics_file = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "a") if master else None
@@ -1061,11 +1096,9 @@ def main(cfg):
 
 
 def exit_now(code, message=None):
-    """Exit this rank with `code`, the message said once. Under torchrun every rank writes it to its
-    error file, where torchrun shows the first rank to fail as the root cause, at the very end of its
-    summary; rank 0 fails first (the others wait 3 s and are usually stopped by torchrun meanwhile),
-    so the message is not repeated per rank. os._exit: no destructor of a process group, or of a thread
-    still waiting for a dead server, can hang or abort ("terminate called...") the exit."""
+    """Exit with `code`, the message said once: under torchrun in each rank's error file, where torchrun shows
+    the first rank to fail (rank 0: the others wait 3 s) as the root cause. os._exit: no destructor of a process
+    group, or of a thread still waiting for a dead server, can hang or abort the exit."""
     rank, error_file = int(os.environ.get("RANK", 0)), os.environ.get("TORCHELASTIC_ERROR_FILE")
     if message and error_file:
         time.sleep(3 if rank else 0)  # a rank alone with its error still says it, after the wait

@@ -690,6 +690,38 @@ def test_checkpointed_blocks_recompute_in_bf16_under_fsdp(tmp_path, monkeypatch)
     assert len(seen) == 2 and all(dtypes == {torch.bfloat16} for dtypes in seen), seen  # forward + recompute
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_tf32_head_computes_the_same_logprobs_and_grads_and_stays_scoped(arch, tmp_path):
+    """The TF32 LM head (tied Qwen2; Gemma's bf16 final norm) gives the plain fp32 head's logprobs and gradients
+    (on CPU TF32 is a no-op, so any difference is the custom backward's math), and TF32 is on only inside it:
+    the RoPE angle matmul must stay exact fp32 (TF32 rounds positions > 2048 and inv_freq)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    d, seen, results = build_tiny(str(tmp_path), arch), [], []
+    try:
+        for tf32 in (False, True):
+            torch.manual_seed(0)
+            model = g.shard(g.load_policy(d, torch.device("cpu"), False), init_device_mesh("cpu", (1,)), torch.bfloat16, tf32)
+            model.model.rotary_emb.register_forward_hook(lambda *a: seen.append(torch.get_float32_matmul_precision()))
+            ids, attn, _, P = g.pad_batch([{"prompt": [4, 5, 6], "completion": [7, 8, 9]},
+                                           {"prompt": [5], "completion": [10, 11]}], 0, "cpu")
+            lp = g.completion_logprobs(model, ids, attn, P, 1.0)
+            (lp * torch.tensor([[1.0, -2.0, 0.5], [3.0, 1.0, 0.0]])).sum().backward()
+            grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+            results.append((lp.detach(), grads))
+    finally:
+        dist.destroy_process_group()
+    (lp0, g0), (lp1, g1) = results
+    assert torch.allclose(lp0, lp1, atol=1e-6)
+    assert g0.keys() == g1.keys() and all(torch.allclose(g0[n], g1[n], atol=1e-6, rtol=1e-5) for n in g0), \
+        [n for n in g0 if not torch.allclose(g0[n], g1[n], atol=1e-6, rtol=1e-5)]
+    with g.tf32_matmuls():
+        inside = torch.get_float32_matmul_precision()
+    assert inside == "high" and seen == ["highest", "highest"] and torch.get_float32_matmul_precision() == "highest"
+
+
 def test_the_default_process_group_is_not_bound_to_a_device():
     """A default group bound to a device (init_process_group(device_id=...)) makes torch build every later
     NCCL group by splitting it, so the trainer never met the server in the weight-update group: the server
@@ -842,7 +874,7 @@ def test_nccl_path_protocol_against_the_stand_in(tiny_model, tmp_path, nproc):
         code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--sync", "nccl", "--sync_bucket_mb", "0.02",
                                   nproc=nproc))
         assert code == 0, out
-        assert "weight sync: nccl (--sync nccl)" in out
+        assert "weight sync: nccl (--sync nccl, NCCL group at " in out
         assert s.calls["/init_weights_update_group"] == 1 and s.calls["/destroy_weights_update_group"] == 1
         assert s.calls["/update_weights_from_tensor"] == 0
         per_sync = s.calls["/update_weights_from_distributed"] // 3  # the initial push, then one per step

@@ -171,7 +171,50 @@ followup_7b() {
   log "followup_7b done"
 }
 
-if [ "${PHASES:-all}" = followup ]; then
+# PHASES=tf32 (third session, 2026-11-30): the LM head on TF32 tensor cores (--tf32_head, the new default) against
+# exact fp32 (--no-tf32_head), side by side: 1.5B step times sync vs async (issue 10's 0.65 target) and the 1.5B sync
+# step without it; SmolLM2 100 steps sync vs async, and async without it (does the batch mismatch move?); the GPU tests.
+tf32() {
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 results/tools/make_models.py "$M" --tokenizer "$K" \
+    --only qwen2.5-1.5b-random > "$RES/make_models.log" 2>&1
+  log "make_models: exit $?"
+  serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3 & Q15=$!
+  GPU=1 PORT=30010 MODEL="$K" MEM_FRACTION=0.15 LOG="$RES/serve_dedicated.log" PIDFILE=/tmp/grpo_gpu_test.pid \
+    timeout 900 bash serve.sh >> "$RES/pipeline.log" 2>&1 & SMOLSRV=$!  # loads while the 1.5B runs
+  wait $Q15
+  sync_vs_async q15 "$M/qwen2.5-1.5b-random" 30011 400 --steps 12 --micro_batch 32
+  train x2_q15_sync_fp32_head /tmp/r/q15s_fp32 400 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 \
+    "${BIG[@]}" --steps 12 --micro_batch 32 --no-async --no-tf32_head
+  stop q15
+  wait $SMOLSRV
+  local U=(--server_url http://127.0.0.1:30010 --server_gpu 1)
+  train x2_smol_sync /tmp/r/x2_sync 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --no-async
+  train x2_smol_async /tmp/r/x2_async 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --async
+  train x2_smol_async_fp32_head /tmp/r/x2_async_fp32 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --async --no-tf32_head
+  log "gpu tests"
+  GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout 500 \
+    python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
+  log "gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests.log")"
+  PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  log "tf32 done"
+}
+
+# PHASES=tf32_7b: the 7B step times sync vs async with the TF32 head (if the device time allows)
+tf32_7b() {
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 results/tools/make_models.py "$M" --tokenizer "$K" \
+    --only qwen2.5-7b-random > "$RES/make_models_7b.log" 2>&1
+  log "make_models: exit $?"
+  serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4
+  sync_vs_async q7 "$M/qwen2.5-7b-random" 30012 500 --steps 6 --micro_batch 8 --grad_checkpointing
+  stop q7
+  log "tf32_7b done"
+}
+
+if [ "${PHASES:-all}" = tf32 ]; then
+  tf32
+elif [ "${PHASES:-all}" = tf32_7b ]; then
+  tf32_7b
+elif [ "${PHASES:-all}" = followup ]; then
   followup
 elif [ "${PHASES:-all}" = followup_7b ]; then
   followup_7b
