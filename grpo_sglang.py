@@ -778,23 +778,31 @@ def save_checkpoint(cfg, model, opt, tok, step):
     rng = [None] * dist.get_world_size()
     dist.all_gather_object(rng, {"torch": torch.get_rng_state(), "python": random.getstate(),
                                  "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
-    if dist.get_rank() == 0:
+    n_params = sum(t.numel() for t in msd.values())
+
+    def write():  # rank 0
         # Write a new folder, then point 'latest' at it with one atomic rename, then drop the old
         # one: a crash (even kill -9) at any moment leaves the previous checkpoint usable.
         import shutil
         d = os.path.join(cfg.out_dir, f"step_{step}")
         shutil.rmtree(d, ignore_errors=True)
-        model.save_pretrained(d, state_dict=msd)
-        tok.save_pretrained(d)
-        torch.save({"optimizer": osd, "step": step, "rng": rng, "config": dataclasses.asdict(cfg)},
-                   os.path.join(d, "trainer_state.pt"))
-        old = latest_checkpoint(cfg.out_dir)
-        with open(os.path.join(cfg.out_dir, "latest.tmp"), "w") as f:
-            f.write(f"step_{step}")
-        os.replace(os.path.join(cfg.out_dir, "latest.tmp"), os.path.join(cfg.out_dir, "latest"))
+        try:
+            model.save_pretrained(d, state_dict=msd)
+            tok.save_pretrained(d)
+            torch.save({"optimizer": osd, "step": step, "rng": rng, "config": dataclasses.asdict(cfg)},
+                       os.path.join(d, "trainer_state.pt"))
+            old = latest_checkpoint(cfg.out_dir)
+            with open(os.path.join(cfg.out_dir, "latest.tmp"), "w") as f:
+                f.write(f"step_{step}")
+            os.replace(os.path.join(cfg.out_dir, "latest.tmp"), os.path.join(cfg.out_dir, "latest"))
+        except Exception as e:  # a full disk (seen with a 7B model), a quota, permissions: say so, clean up
+            shutil.rmtree(d, ignore_errors=True)
+            raise UserError(f"could not write the checkpoint {d} ({type(e).__name__}: {str(e)[:200]}). Is the disk full? "
+                            f"A checkpoint holds fp32 weights and Adam's two moments, ~{12 * n_params / 1e9:.1f} GB: free "
+                            f"space or use another --out_dir. The previous checkpoint there is intact (--resume).") from None
         if old and os.path.basename(old) != f"step_{step}":
             shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    on_all_ranks(lambda: dist.get_rank() == 0 and write())  # every rank stops if the write failed
 
 
 def load_checkpoint(ckpt_dir, model, opt):

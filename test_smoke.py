@@ -905,6 +905,23 @@ def test_nccl_path_failures_end_with_a_clear_error_in_time(tiny_model, tmp_path,
 # ---------------------------------------------------------------------------------------------
 # 6. faults and bad input: each stops with a clear message (or recovers), nothing is lost
 
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_checkpoint_that_cannot_be_written_is_one_clear_error_and_keeps_the_last_one(tiny_model, tmp_path, nproc):
+    """A full disk (seen on the GPU with a 7B model) raised deep inside safetensors / torch.save. Here the
+    write fails because a file sits where step 2's folder goes: the run stops, said once, and the
+    previous checkpoint stays the one to resume from."""
+    (tmp_path / "step_2").write_text("in the way")
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", nproc=nproc), timeout=200)
+    finally:
+        s.close()
+    says = "could not write the checkpoint"
+    assert code == 1 and out.count(says) == 1 and "Is the disk full?" in out, out
+    assert ("Traceback" not in out) if nproc == 1 else (says in "\n".join(out.strip().splitlines()[-6:])), out
+    assert g.latest_checkpoint(str(tmp_path)) == str(tmp_path / "step_1") and (tmp_path / "step_1" / "trainer_state.pt").exists()
+
+
 def test_server_not_running_is_reported_before_loading_anything(tiny_model, tmp_path):
     code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path), timeout=120)
     assert code == 1
