@@ -14,6 +14,7 @@ import sys
 COMMIT = "9c31301"  # session 1, all phases
 COMMIT_FOLLOWUP = "91659bc"  # session 2, PHASES=followup (and the GPU tests, run by hand right after it)
 COMMIT_7B = "17e375e"  # session 2, PHASES=followup_7b (fused AdamW)
+COMMIT_TF32 = "c5458af"  # session 3, PHASES=tf32 and tf32_7b (the LM head on TF32)
 
 
 def steps_of(path):
@@ -85,6 +86,10 @@ def asynchronous():
         row["async_over_sync"] = round(row["async_step_s"] / row["sync_step_s"], 3)
         row["overlap_bound_s"] = round(max(row["rollout_s"], row["train_s"] + row["sync_s"]), 4)
         row["async_over_bound"] = round(row["async_step_s"] / row["overlap_bound_s"], 3)
+        # the same bound from the async run's own parts: how well it overlaps what it did (its training may
+        # run slower or faster than the sync run's)
+        own = max(med(a, "time_rollout"), trainer(a) + med(a, "time_sync"))
+        row["async_over_own_bound"] = round(row["async_step_s"] / own, 3)
         if len(ev_s) > 2:
             row.update(sync_eval=ev_s, async_eval=ev_a,
                        sync_reward_last10=round(statistics.mean(r["reward_mean"] for r in s[-10:]), 3),
@@ -99,14 +104,36 @@ def asynchronous():
            model("Qwen2.5-1.5B-shaped, random weights (trainer GPU 0, server GPU 1)", d + "x2_q15_sync", d + "x2_q15_async",
                  "medians of steps 4-12"),
            model("Qwen2.5-7B-shaped, random weights (trainer GPU 0, server GPU 1, --grad_checkpointing)",
-                 d + "x2_q7_sync", d + "x2_q7_async", "medians of steps 4-6 (6 steps each: device time)"),
+                 d + "x2_q7_sync", d + "x2_q7_async", "medians of steps 4-6 (6 steps each: device time); both runs then "
+                 "stopped writing the final checkpoint: the machine's disk was full (logs)"),
            model("SmolLM2-135M-Instruct, ONE shared GPU (--colocate), 30 steps", "results/h200/check_v2/coloc_sync",
                  "results/h200/check_v2/coloc_async")]
-    for row, commit in zip(out, (COMMIT, COMMIT_FOLLOWUP, COMMIT_7B, COMMIT)):
+    for row, commit in zip(out, (COMMIT_TF32, COMMIT_TF32, COMMIT_TF32, COMMIT)):
         row["commit"] = commit
     json.dump(out, open(d + "summary.json", "w"), indent=1)
     subprocess.run([sys.executable, "results/tools/plot_timeline.py", d + "timeline.png",
                     f"sync={d}x2_smol_sync.metrics.jsonl", f"async={d}x2_smol_async.metrics.jsonl", "--steps", "20:25"], check=True)
+    return out
+
+
+def tf32_head():
+    """The LM head on TF32 (--tf32_head, default) against exact fp32 (--no-tf32_head), side by side in one pipeline:
+    the 1.5B sync step, and the SmolLM2 async run's trainer/server mismatch (TF32 must not move it)."""
+    d = "results/x2/async/"
+    q_tf32, _ = steps_of(d + "x2_q15_sync")
+    q_fp32, _ = steps_of(d + "x2_q15_sync_fp32_head")
+    s_tf32, _ = steps_of(d + "x2_smol_async")
+    s_fp32, _ = steps_of(d + "x2_smol_async_fp32_head")
+    out = {"qwen2.5_1.5b_sync": {"train_s": {"tf32_head": med(q_tf32, "time_train"), "fp32_head": med(q_fp32, "time_train")},
+                                 "step_s": {"tf32_head": med(q_tf32, "time_step"), "fp32_head": med(q_fp32, "time_step")},
+                                 "note": "medians of steps 4-12"},
+           "smollm2_async_100_steps": {
+               k: {"tf32_head": med(s_tf32, k, 0), "fp32_head": med(s_fp32, k, 0)}
+               for k in ("mismatch_mean", "mismatch_max", "mismatch_kl", "is_truncated_frac", "time_train")},
+           "smollm2_async_eval": {"tf32_head": evals_of(d + "x2_smol_async"), "fp32_head": evals_of(d + "x2_smol_async_fp32_head")},
+           "commit": COMMIT_TF32, "commands": "results/run_x2.sh, PHASES=tf32"}
+    out["smollm2_async_100_steps"]["note"] = "medians over all 100 steps"
+    json.dump(out, open(d + "tf32_head_summary.json", "w"), indent=1)
     return out
 
 
@@ -160,5 +187,5 @@ def memory():
 
 
 if __name__ == "__main__":
-    for f in (check_v2, asynchronous, sync, nccl_run, memory):
+    for f in (check_v2, asynchronous, tf32_head, sync, nccl_run, memory):
         print(f.__name__, json.dumps(f(), indent=1)[:2500])
