@@ -1,5 +1,6 @@
 """Break one line of grpo_sglang.py at a time, in a scratch copy of the repo, and run the tests that guard
-it: each must fail ("CAUGHT"). The mutations are the bugs issue 9 listed plus one per new safeguard.
+it: each must fail ("CAUGHT"). The mutations are the bugs issue 9 listed plus one per new safeguard (the TF32 head and the
+checkpoint write error: session 3).
 
     python3 results/tools/mutation_check.py [name-substring ...]      # from the repo root, CPU only
 """
@@ -12,7 +13,12 @@ M = [  # (name, file, old, new, -k expression)
  ("token count not all-reduced", "grpo_sglang.py", 'totals = all_reduce_named({"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}, dist.ReduceOp.SUM, device)', 'totals = {"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}', "one_rank_and_two"),
  ("kl_k3 args swapped", "grpo_sglang.py", "kl = kl_k3(logp, ref_logp) if", "kl = kl_k3(ref_logp, logp) if", "grpo_token_loss"),
  ("same order every epoch", "grpo_sglang.py", "manual_seed(seed + epoch)", "manual_seed(seed)", "epochs_are"),
- ("no fp32 cast at the head", "grpo_sglang.py", "    model.get_output_embeddings().register_forward_pre_hook(lambda m, args: (args[0].float(), *args[1:]))\n", "", "architectures and gemma3"),
+ ("no fp32 cast at the head", "grpo_sglang.py", "y = TF32Matmul.apply(x.float(), head.weight)", "y = TF32Matmul.apply(x, head.weight)", "architectures and gemma3"),
+ ("no fp32 cast at the plain head", "grpo_sglang.py", "head.register_forward_pre_hook(lambda m, args: (args[0].float(), *args[1:]))", "head.register_forward_pre_hook(lambda m, args: args)", "tf32 and gemma3"),
+ ("TF32 head: wrong input gradient", "grpo_sglang.py", "dx = dy @ w if", "dx = 1.01 * dy @ w if", "tf32"),
+ ("TF32 head: wrong weight gradient", "grpo_sglang.py", "dw = dy.flatten(0, -2).T @ x.flatten(0, -2) if", "dw = 0.99 * dy.flatten(0, -2).T @ x.flatten(0, -2) if", "tf32"),
+ ("TF32 left on after the head (RoPE)", "grpo_sglang.py", "        torch.set_float32_matmul_precision(before)", "        pass", "tf32"),
+ ("checkpoint write error raw", "grpo_sglang.py", "        except Exception as e:  # a full disk", "        except ZeroDivisionError as e:  # a full disk", "cannot_be_written"),
  ("eval mode kept", "grpo_sglang.py", "dtype=torch.float32).to(device).train()", "dtype=torch.float32).to(device)", "training_mode"),
  ("dropout left on", "grpo_sglang.py", "            setattr(config, k, 0.0)", "            pass", "training_mode"),
  ("kl times mu", "grpo_sglang.py", '"kl": s["kl"] / s["trained_tokens"]', '"kl": s["kl"] / s["trained_tokens"] * cfg.mu', "mu_2"),
