@@ -46,6 +46,17 @@ sync_vs_async() { # name model port timeout, then flags: x2_<name>_sync and x2_<
   local name=$1 model=$2 port=$3 t=$4; shift 4
   train x2_${name}_sync /tmp/r/${name}s "$t" --model "$model" --server_url http://127.0.0.1:$port "${BIG[@]}" "$@" --no-async
   train x2_${name}_async /tmp/r/${name}a "$t" --model "$model" --server_url http://127.0.0.1:$port "${BIG[@]}" "$@" --async; }
+make_model() { # name(s) timeout log-file: random-weight models from tools/make_models.py, built on GPU 0
+  CUDA_VISIBLE_DEVICES=0 timeout "$2" python3 results/tools/make_models.py "$M" --tokenizer "$K" --only "$1" > "$RES/$3" 2>&1
+  log "make_models: exit $?"; }
+serve_dedicated() { # mem_fraction: SmolLM2 on GPU 1, port 30010, under the pid file the GPU tests reuse
+  GPU=1 PORT=30010 MODEL="$K" MEM_FRACTION=$1 LOG="$RES/serve_dedicated.log" PIDFILE=/tmp/grpo_gpu_test.pid \
+    timeout 900 bash serve.sh >> "$RES/pipeline.log" 2>&1; }
+gpu_tests() { # timeout: pytest -k gpu_real against that server
+  log "gpu tests"
+  GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout "$1" \
+    python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
+  log "gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests.log")"; }
 bench_x2() { # name model port timeout reps
   log "bench $1"; timeout "$4" python3 bench.py --layout x2 --model "$2" --server_url http://127.0.0.1:$3 \
     --parts sync --reps "$5" --out "$RES/bench_$1" > "$RES/bench_$1.log" 2>&1; log "bench $1: exit $?"; }
@@ -99,10 +110,7 @@ phase_c() {
   [ -s /tmp/nccl_env ] && export "$(cat /tmp/nccl_env)"  # what phase B found NCCL needs between one-GPU processes
   CUDA_VISIBLE_DEVICES=0 train x2_nccl_hidden_gpu /tmp/r/x2_nccl 900 "${SMOL[@]}" "${U[@]}" --steps 50 --eval_every 50 --async
   serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3 & Q15=$!  # phase D's server starts during the tests and the bench
-  log "gpu tests"
-  GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout 600 \
-    python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
-  log "gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests.log")"
+  gpu_tests 600
   bench_x2 smol "$K" 30010 600 3
   log "phase C done"
 }
@@ -127,11 +135,8 @@ phase_d() {
 followup() {
   # GPU 1: the dedicated layout's SmolLM2 server starts (cold, ~2 min) while GPU 0 builds the models and
   # measures the 7B step's peak memory without and with checkpointing, side by side
-  GPU=1 PORT=30010 MODEL="$K" MEM_FRACTION=0.15 LOG="$RES/serve_dedicated.log" PIDFILE=/tmp/grpo_gpu_test.pid \
-    timeout 900 bash serve.sh >> "$RES/pipeline.log" 2>&1 & SMOLSRV=$!
-  CUDA_VISIBLE_DEVICES=0 timeout 400 python3 results/tools/make_models.py "$M" --tokenizer "$K" \
-    --only qwen2.5-1.5b-random,qwen2.5-7b-random > "$RES/make_models.log" 2>&1
-  log "make_models: exit $?"
+  serve_dedicated 0.15 & SMOLSRV=$!
+  make_model qwen2.5-1.5b-random,qwen2.5-7b-random 400 make_models.log
   memory_7b 0
   wait $SMOLSRV
   local U=(--server_url http://127.0.0.1:30010 --server_gpu 1)
@@ -139,10 +144,7 @@ followup() {
   CUDA_VISIBLE_DEVICES=0 train x2_nccl_hidden_gpu /tmp/r/x2_nccl 600 "${SMOL[@]}" "${U[@]}" --steps 50 --eval_every 50 \
     --async --request_timeout 120
   if grep -Eq "^step +50 " "$RES/x2_nccl_hidden_gpu.log"; then
-    log "gpu tests"
-    GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout 500 \
-      python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
-    log "gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests.log")"
+    gpu_tests 500
   fi
   PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
   wait $Q15
@@ -160,9 +162,7 @@ followup() {
 # PHASES=followup_7b: the 7B memory step and 7B step times again after the fused-AdamW fix (followup's 7B
 # runs had OOMed in foreach Adam's temporaries at the first optimizer step)
 followup_7b() {
-  CUDA_VISIBLE_DEVICES=0 timeout 400 python3 results/tools/make_models.py "$M" --tokenizer "$K" \
-    --only qwen2.5-7b-random > "$RES/make_models.log" 2>&1
-  log "make_models: exit $?"
+  make_model qwen2.5-7b-random 400 make_models.log
   serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4 & Q7=$!  # loads while GPU 0 measures the memory
   memory_7b 0
   wait $Q7
@@ -175,12 +175,9 @@ followup_7b() {
 # exact fp32 (--no-tf32_head), side by side: 1.5B step times sync vs async (issue 10's 0.65 target) and the 1.5B sync
 # step without it; SmolLM2 100 steps sync vs async, and async without it (does the batch mismatch move?); the GPU tests.
 tf32() {
-  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 results/tools/make_models.py "$M" --tokenizer "$K" \
-    --only qwen2.5-1.5b-random > "$RES/make_models.log" 2>&1
-  log "make_models: exit $?"
+  make_model qwen2.5-1.5b-random 300 make_models.log
   serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3 & Q15=$!
-  GPU=1 PORT=30010 MODEL="$K" MEM_FRACTION=0.15 LOG="$RES/serve_dedicated.log" PIDFILE=/tmp/grpo_gpu_test.pid \
-    timeout 900 bash serve.sh >> "$RES/pipeline.log" 2>&1 & SMOLSRV=$!  # loads while the 1.5B runs
+  serve_dedicated 0.15 & SMOLSRV=$!  # loads while the 1.5B runs
   wait $Q15
   sync_vs_async q15 "$M/qwen2.5-1.5b-random" 30011 400 --steps 12 --micro_batch 32
   train x2_q15_sync_fp32_head /tmp/r/q15s_fp32 400 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 \
@@ -191,19 +188,14 @@ tf32() {
   train x2_smol_sync /tmp/r/x2_sync 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --no-async
   train x2_smol_async /tmp/r/x2_async 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --async
   train x2_smol_async_fp32_head /tmp/r/x2_async_fp32 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --async --no-tf32_head
-  log "gpu tests"
-  GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout 500 \
-    python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
-  log "gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests.log")"
+  gpu_tests 500
   PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
   log "tf32 done"
 }
 
 # PHASES=tf32_7b: the 7B step times sync vs async with the TF32 head (if the device time allows)
 tf32_7b() {
-  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 results/tools/make_models.py "$M" --tokenizer "$K" \
-    --only qwen2.5-7b-random > "$RES/make_models_7b.log" 2>&1
-  log "make_models: exit $?"
+  make_model qwen2.5-7b-random 300 make_models_7b.log
   serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4
   sync_vs_async q7 "$M/qwen2.5-7b-random" 30012 500 --steps 6 --micro_batch 8 --grad_checkpointing
   stop q7
