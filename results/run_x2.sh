@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The exact commands behind results/h200/check_v2, results/x2/ and the GPU rows of the README, on one
 # nvidia-h200-x2 machine (2 H200s) with the GPU kit (../shared/gpu: SGLang 0.5.16, SmolLM2-135M-Instruct):
-#   . .gpukit/a/env.sh && setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &
-#   . .gpukit/a/env.sh && PHASES=followup setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &   (2nd session)
+#   . .gpukit/a/env.sh && setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &                 (phases A-D)
+#   . .gpukit/a/env.sh && PHASES=tf32 setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &     (one of the
+#      PHASES below: nccl_big_models, memory_steps_7b, tf32, tf32_7b; results/README.md says which commit ran which)
 # It copies the repo to /tmp/work and runs from there; everything lands in $RES (default /tmp/res).
 # Phases run in priority order; a failing command is logged and the next one runs.
 #   A  GPU 0, server and trainer colocated: the 300-step run with the version + mismatch check, the
@@ -129,10 +130,10 @@ phase_d() {
   log "phase D done"
 }
 
-# The follow-up session (2026-11-30, PHASES=followup): what the first one could not finish or had to re-run
-# after fixes — the checkpointed 7B memory step, the --sync nccl run with the server's GPU hidden and the
+# PHASES=nccl_big_models: what phases A-D could not finish or had to re-run after fixes — the 7B memory
+# step with checkpointing (the FSDP recompute cast), the --sync nccl run with the server's GPU hidden and the
 # GPU tests (the unbound default process group), the 1.5B/7B step times sync vs async and their sync bench.
-followup() {
+nccl_big_models() {
   # GPU 1: the dedicated layout's SmolLM2 server starts (cold, ~2 min) while GPU 0 builds the models and
   # measures the 7B step's peak memory without and with checkpointing, side by side
   serve_dedicated 0.15 & SMOLSRV=$!
@@ -156,22 +157,22 @@ followup() {
   sync_vs_async q7 "$M/qwen2.5-7b-random" 30012 500 --steps 6 --micro_batch 8 --grad_checkpointing
   bench_x2 q7 "$M/qwen2.5-7b-random" 30012 500 2
   stop q7
-  log "followup done"
+  log "nccl_big_models done"
 }
 
-# PHASES=followup_7b: the 7B memory step and 7B step times again after the fused-AdamW fix (followup's 7B
-# runs had OOMed in foreach Adam's temporaries at the first optimizer step)
-followup_7b() {
+# PHASES=memory_steps_7b: the 7B memory step and 7B step times again after the fused-AdamW fix (in
+# nccl_big_models the 7B runs ran out of memory in foreach Adam's temporaries at the first optimizer step)
+memory_steps_7b() {
   make_model qwen2.5-7b-random 400 make_models.log
   serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4 & Q7=$!  # loads while GPU 0 measures the memory
   memory_7b 0
   wait $Q7
   sync_vs_async q7 "$M/qwen2.5-7b-random" 30012 500 --steps 6 --micro_batch 8 --grad_checkpointing
   stop q7
-  log "followup_7b done"
+  log "memory_steps_7b done"
 }
 
-# PHASES=tf32 (third session, 2026-11-30): the LM head on TF32 tensor cores (--tf32_head, the new default) against
+# PHASES=tf32: the LM head on TF32 tensor cores (--tf32_head, the new default) against
 # exact fp32 (--no-tf32_head), side by side: 1.5B step times sync vs async (issue 10's 0.65 target) and the 1.5B sync
 # step without it; SmolLM2 100 steps sync vs async, and async without it (does the batch mismatch move?); the GPU tests.
 tf32() {
@@ -206,10 +207,10 @@ if [ "${PHASES:-all}" = tf32 ]; then
   tf32
 elif [ "${PHASES:-all}" = tf32_7b ]; then
   tf32_7b
-elif [ "${PHASES:-all}" = followup ]; then
-  followup
-elif [ "${PHASES:-all}" = followup_7b ]; then
-  followup_7b
+elif [ "${PHASES:-all}" = nccl_big_models ]; then
+  nccl_big_models
+elif [ "${PHASES:-all}" = memory_steps_7b ]; then
+  memory_steps_7b
 else
   phase_a & A=$!
   phase_b & B=$!

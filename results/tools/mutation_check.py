@@ -1,6 +1,6 @@
 """Break one line of grpo_sglang.py at a time, in a scratch copy of the repo, and run the tests that guard
-it: each must fail ("CAUGHT"). The mutations are the bugs issue 9 listed plus one per new safeguard (the TF32 head and the
-checkpoint write error: session 3).
+it: each must fail ("CAUGHT"). The mutations are the bugs issue 9 listed plus one per new safeguard (the TF32 head of
+c5458af and the checkpoint write error of 32cd255).
 
     python3 results/tools/mutation_check.py [name-substring ...]      # from the repo root, CPU only
 """

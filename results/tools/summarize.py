@@ -10,11 +10,11 @@ import statistics
 import subprocess
 import sys
 
-# the commits results/run_x2.sh ran at (see results/x2/pipeline_*.log)
-COMMIT = "9c31301"  # session 1, all phases
-COMMIT_FOLLOWUP = "91659bc"  # session 2, PHASES=followup (and the GPU tests, run by hand right after it)
-COMMIT_7B = "17e375e"  # session 2, PHASES=followup_7b (fused AdamW)
-COMMIT_TF32 = "c5458af"  # session 3, PHASES=tf32 and tf32_7b (the LM head on TF32)
+# the commits results/run_x2.sh ran at (results/x2/pipeline_<PHASES>_at-<commit>.log; results/README.md)
+COMMIT = "9c31301"  # 2026-11-29, phases A-D (PHASES unset)
+COMMIT_NCCL = "91659bc"  # 2026-11-30, PHASES=nccl_big_models (and the GPU tests, run by hand right after it)
+COMMIT_7B = "17e375e"  # 2026-11-30, PHASES=memory_steps_7b (fused AdamW)
+COMMIT_TF32 = "c5458af"  # 2026-11-30, PHASES=tf32 and tf32_7b (the LM head on TF32)
 
 
 def steps_of(path):
@@ -141,8 +141,8 @@ def sync():
     d = "results/x2/sync/"
     out = []
     for name, bench, commit in (("SmolLM2-135M-Instruct", "bench_smol", COMMIT),
-                                ("Qwen2.5-1.5B-shaped, random weights", "bench_q15", COMMIT_FOLLOWUP),
-                                ("Qwen2.5-7B-shaped, random weights", "bench_q7", COMMIT_FOLLOWUP)):
+                                ("Qwen2.5-1.5B-shaped, random weights", "bench_q15", COMMIT_NCCL),
+                                ("Qwen2.5-7B-shaped, random weights", "bench_q7", COMMIT_NCCL)):
         b = json.load(open(d + bench + "/summary.json"))[0]
         row = {k: b[k] for k in ("bytes", "disk_s", "tensor_s", "nccl_s", "raw_copy_s")}
         row = {"model": name + " (trainer GPU 0, server GPU 1)", **row, "verified": b["verified"],
@@ -163,7 +163,7 @@ def nccl_run():
            # async: the batch of step s comes from the weights after step s-2 (version s-2), one step stale
            "every_rollout_from_its_version": all(r["sampled_from_version"] == max(r["step"] - 2, 0) for r in rows),
            "mismatch_mean_max": round(max(r["mismatch_mean"] for r in rows), 4), "eval": evals_of(d + "x2_nccl_hidden_gpu"),
-           "median_sync_s": med(rows, "time_sync"), "median_step_s": med(rows, "time_step"), "commit": COMMIT_FOLLOWUP}
+           "median_sync_s": med(rows, "time_sync"), "median_step_s": med(rows, "time_step"), "commit": COMMIT_NCCL}
     json.dump(out, open(d + "nccl_run_summary.json", "w"), indent=1)
     return out
 
@@ -173,7 +173,7 @@ def memory():
     and the same two with torch's default foreach AdamW (both OOM)."""
     d = "results/x2/memory/"
     out = []
-    for sub, opt, commit in (("", "fused AdamW", COMMIT_7B), ("foreach_adam/", "foreach AdamW (torch default)", COMMIT_FOLLOWUP)):
+    for sub, opt, commit in (("", "fused AdamW", COMMIT_7B), ("foreach_adam/", "foreach AdamW (torch default)", COMMIT_NCCL)):
         for ck in ("", "_ckpt"):
             m = json.load(open(d + sub + f"memory_7b{ck}.json"))
             out.append({"model": "Qwen2.5-7B-shaped", "optimizer": opt, "grad_checkpointing": bool(ck),
