@@ -13,8 +13,11 @@ weights to the server: CUDA-IPC handles through `/update_weights_from_tensor` wh
 server's GPU, else an NCCL broadcast through `/update_weights_from_distributed` (--sync).
 
 Every push is tagged with a version, and every rollout must come from exactly the version it should,
-or we stop. Every step also compares the trainer's logprobs of the sampled tokens with the server's
-(`mismatch_*`): stale or wrong weights on the server show up there even if the tag is right.
+or we stop. Every step also compares the trainer's logprobs with the server's on the same tokens under
+the same weights (`check_mismatch_*`): those of the batch when it was sampled from the trainer's weights;
+with --async, where the batch is one step older, those of a few of its sequences that the server
+re-scores with the new weights meanwhile. Stale or wrong weights on the server show up there even if
+the tag is right.
 
 --async (default; --no-async is on-policy): one-step off-policy. While the trainer trains step s on a
 batch sampled from θ_{s-1}, the server already samples step s+1's batch from θ_s. Weights are only
@@ -69,10 +72,10 @@ class Config:
     request_timeout: float = arg(300.0, "seconds before one request to the server (or one NCCL send) is given up")
     request_retries: int = arg(3, "retries (with backoff) for a failed request before stopping")
     # data
-    dataset: str = arg("openai/gsm8k", "HF dataset name, a local .json/.jsonl file, or 'builtin' (no download)")
+    dataset: str = arg("openai/gsm8k", "HF dataset name, a local folder or .json/.jsonl file, or 'builtin' (no download)")
     dataset_config: str = arg("main", "HF dataset config name ('' for none)")
     train_split: str = arg("train", "split to train on")
-    eval_split: str = arg("test", "held-out split ('' = hold out eval_size rows of the train split)")
+    eval_split: str = arg("test", "held-out split ('' = hold out rows of the train split)")
     prompt_field: str = arg("question", "column with the question")
     answer_field: str = arg("answer", "column with the reference answer")
     instruction: str = arg("auto", "text appended to each question ('auto': fits the task)")
@@ -80,7 +83,7 @@ class Config:
     reward: str = arg("auto", f"reward function in reward_fns.py: {sorted(reward_fns.REWARD_FNS)} or 'auto'")
     builtin_max_operand: int = arg(20, "built-in task: operands of 'a + b' are drawn from 0..this")
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)")
-    eval_size: int = arg(200, "held-out prompts per evaluation")
+    eval_size: int = arg(200, "held-out prompts per evaluation (without an eval split: at most 10% of the train rows)")
     # GRPO
     steps: int = arg(200, "optimizer updates of the outer loop (one rollout batch each)")
     prompts_per_step: int = arg(24, "prompts per step, over all ranks (must divide by world size)")
@@ -109,7 +112,8 @@ class Config:
     sync_bucket_mb: float = arg(1024.0, "size (MiB) of one flattened weight bucket sent to the server")
     nccl_master_addr: str = arg("", "--sync nccl: rank 0's address the server connects to (default: on its route)")
     nccl_port: int = arg(0, "--sync nccl: TCP port of that rendezvous on rank 0's host (0: a free one)")
-    mismatch_max: float = arg(0.1, "stop when mean |trainer - server| logprob of the sampled tokens exceeds this (nats)")
+    mismatch_max: float = arg(0.1, "stop when trainer and server, holding the same weights, differ by more than this (mean nats)")
+    check_seqs: int = arg(32, "--async: sequences per step the server re-scores with the trainer's weights for that check")
     debug_skip_sync: str = arg("", "weight pushes to skip, by step, e.g. '6' or '4-300' (negative control)")
     debug_tag_skipped: bool = arg(False, "with --debug_skip_sync: still tag skipped versions (a server dropping weights)")
     # eval, checkpoints, logging
@@ -161,10 +165,12 @@ def check_config(cfg, world):
              ("tis_cap", cfg.tis_cap == 0 or cfg.tis_cap >= 1, "0 (off) or >= 1"),
              ("mismatch_max", cfg.mismatch_max > 0, "> 0"), ("sync_bucket_mb", cfg.sync_bucket_mb > 0, "> 0"),
              ("request_timeout", cfg.request_timeout > 0, "> 0"), ("request_retries", cfg.request_retries >= 0, ">= 0"),
+             ("check_seqs", cfg.check_seqs >= 1, ">= 1"),
              ("group_size", cfg.group_size >= 2, ">= 2 (advantages compare completions of the same prompt)")]
     rules += [(f, getattr(cfg, f) >= 1, ">= 1") for f in ("steps", "prompts_per_step", "max_new_tokens", "mu", "micro_batch",
                                                           "max_nonfinite_steps", "eval_size", "max_prompt_tokens", "builtin_max_operand")]
-    rules += [(f, getattr(cfg, f) >= 0, ">= 0") for f in ("eval_every", "save_every", "sample_every", "nccl_port", "server_gpu")]
+    rules += [(f, getattr(cfg, f) >= 0, ">= 0") for f in ("eval_every", "save_every", "sample_every", "server_gpu")]
+    rules += [("nccl_port", 0 <= cfg.nccl_port < 65536, "a TCP port, 1..65535 (0: a free one)")]
     rules += [(f, getattr(cfg, f) in allowed, " or ".join(allowed)) for f, allowed in (
         ("loss_agg", ("token", "seq", "constant")), ("prompt_format", ("auto", "chat", "plain")),
         ("sync", ("auto", "tensor", "nccl")), ("device", ("auto", "cuda", "cpu")))]
@@ -173,14 +179,27 @@ def check_config(cfg, world):
             raise UserError(f"--{flag} {getattr(cfg, flag)!r} is out of range: it must be {allowed}")
     if cfg.prompts_per_step % world:
         raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda, but torch sees no GPU: use --device cpu (tests), or a torch build with CUDA")
     if cfg.colocate and cfg.sync == "nccl":
         raise UserError("--sync nccl needs the server on another GPU than rank 0 (NCCL allows one rank per GPU); "
                         "drop --colocate or use --sync tensor")
+    url = urlparse(cfg.server_url)
+    if url.scheme not in ("http", "https") or not url.hostname or not port_ok(url):
+        raise UserError(f"--server_url {cfg.server_url!r} is not a server address: it must look like http://127.0.0.1:30000")
     try:
         os.makedirs(cfg.out_dir, exist_ok=True)
     except OSError as e:
         raise UserError(f"--out_dir {cfg.out_dir!r} cannot be created: {e.strerror}") from None
+    check_out_dir(cfg)
     return step_set(cfg.debug_skip_sync)
+
+
+def port_ok(url):
+    try:
+        return url.port is None or 0 < url.port < 65536
+    except ValueError:  # not a number, or out of range
+        return False
 
 
 # ----------------------------------------------------------------------------------------
@@ -281,33 +300,59 @@ INSTRUCTIONS = {
 
 
 def load_splits(cfg):
-    """-> (train rows, eval rows), each a list of {'question', 'answer'} dicts (unvalidated)."""
+    """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated)."""
     if cfg.dataset == "builtin":
         rows = builtin_rows(cfg.builtin_max_operand)
         n_eval = min(cfg.eval_size, len(rows) // 4)
-        return rows[n_eval:], rows[:n_eval]  # disjoint: eval problems are never trained on
-    import datasets
-    try:
-        if cfg.dataset.endswith((".json", ".jsonl")):
-            if not os.path.exists(cfg.dataset):
-                raise UserError(f"data file {cfg.dataset} does not exist")
-            ds = {"train": datasets.load_dataset("json", data_files=cfg.dataset, split="train")}
-            train_split, eval_split = "train", ""
-        else:
-            ds = datasets.load_dataset(cfg.dataset, cfg.dataset_config or None)
-            train_split, eval_split = cfg.train_split, cfg.eval_split
-    except UserError:
-        raise
-    except Exception as e:
-        raise UserError(f"could not load dataset {cfg.dataset!r}: {e}") from None
-    if train_split not in ds:
-        raise UserError(f"dataset {cfg.dataset!r} has no split {train_split!r} (it has {list(ds)})")
-    train = [dict(r) for r in ds[train_split]]
-    if eval_split and eval_split in ds:
-        return train, [dict(r) for r in ds[eval_split]][: cfg.eval_size]
+        return rows[n_eval:], rows[:n_eval], "held out of the built-in task"  # disjoint: never trained on
+    if cfg.dataset.endswith((".json", ".jsonl")) or os.path.isfile(cfg.dataset):
+        train, eval_split = read_rows(cfg.dataset), None  # one file: no splits
+    else:
+        import datasets
+        try:
+            ds = datasets.load_dataset(cfg.dataset, None if os.path.isdir(cfg.dataset) else cfg.dataset_config or None)
+        except Exception as e:
+            raise UserError(f"could not load dataset {cfg.dataset!r} ({type(e).__name__}: {str(e)[:300]}). --dataset takes "
+                            f"a dataset on the HF hub, a local folder of data files, a .json/.jsonl file, or 'builtin'") from None
+        for flag, split in (("train_split", cfg.train_split), ("eval_split", cfg.eval_split)):
+            if split and split not in ds:
+                raise UserError(f"--{flag}: dataset {cfg.dataset!r} has no split {split!r} (it has {list(ds)})")
+        train, eval_split = [dict(r) for r in ds[cfg.train_split]], cfg.eval_split
+        if eval_split:
+            return train, [dict(r) for r in ds[eval_split]][: cfg.eval_size], f"from its {eval_split!r} split"
     random.Random(cfg.seed).shuffle(train)  # no held-out split: hold out rows of the train split
     n_eval = min(cfg.eval_size, len(train) // 10)
-    return train[n_eval:], train[:n_eval]
+    why = "the file has no splits" if eval_split is None else "--eval_split ''"
+    return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
+
+
+def read_rows(path):
+    """A .jsonl file (one JSON object per line) or a .json file (a list of objects) -> rows; errors name the line."""
+    example = '{"question": "What is 2 + 3?", "answer": "5"}'
+    if not path.endswith((".json", ".jsonl")) or not os.path.isfile(path):
+        raise UserError(f"--dataset {path}: " + ("no such file" if not os.path.exists(path) else "a local file must be .jsonl (one "
+                        f"JSON object per line, e.g. {example}) or .json (a list of such objects)"))
+    try:
+        text = open(path, encoding="utf-8").read()
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text") from None
+    if path.endswith(".json") and text.lstrip().startswith("["):
+        try:
+            items = list(enumerate(json.loads(text), 1))
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
+    else:
+        items = []
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                items += [(n, json.loads(line))] if line.strip() else []
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path} line {n} is not valid JSON ({e.msg}): {line[:80]!r}") from None
+    bad = next((n for n, r in items if not isinstance(r, dict)), None)
+    if bad or not items:
+        raise UserError(f"{path}: " + (f"row {bad} is not a JSON object" if bad else "the file holds no rows") +
+                        f"; each row must be an object like {example}")
+    return [r for _, r in items]
 
 
 def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped):
@@ -317,10 +362,10 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped):
     for r in rows:
         q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
         if not isinstance(q, str) or not q.strip():
-            skipped["empty or missing prompt"] += 1
+            skipped[f"empty or missing prompt (--prompt_field {cfg.prompt_field!r})"] += 1
             continue
         if a is None or reward_fns.extract_number(str(a)) is None:
-            skipped["answer without a number"] += 1
+            skipped[f"answer without a number (--answer_field {cfg.answer_field!r})"] += 1
             continue
         text = f"{q.strip()}\n{instruction}".strip()
         if fmt == "chat":
@@ -412,16 +457,59 @@ def generate(cfg, prompt_ids, n, version, greedy=False):
     results = []
     for o in out:  # SGLang keeps the EOS token in output_ids (and its logprob): the policy must learn
         ids, meta = o["output_ids"], o["meta_info"]  # to stop, so EOS needs a gradient too
-        if str(meta.get("weight_version")) != version:
-            raise UserError(f"the server sampled with weights of version {meta.get('weight_version')!r}, but this "
-                            f"rollout must come from version {version!r} (the trainer's weights after step {version}). "
-                            f"A weight push was skipped, rejected or reordered, or another client changed the "
-                            f"server's weights. Stopping rather than training on another policy's samples.")
+        check_version(meta, version, "sampled", "this rollout")
         lps = [lp for lp, *_ in meta["output_token_logprobs"]]
         if len(lps) != len(ids):
             raise UserError(f"/generate returned {len(ids)} tokens but {len(lps)} logprobs: unexpected server version?")
         results.append((ids, lps, (meta.get("finish_reason") or {}).get("type", "?")))
     return results
+
+
+def check_version(meta, version, did, what):
+    if str(meta.get("weight_version")) != version:
+        raise UserError(f"the server {did} with weights of version {meta.get('weight_version')!r}, but {what} must come from "
+                        f"version {version!r} (the trainer's weights after step {version}). A weight push was skipped, "
+                        f"rejected or reordered, or another client changed the server's weights. Stopping rather than "
+                        f"training on another policy's samples.")
+
+
+def rescore(cfg, seqs, version):
+    """[(prompt ids, completion ids)] -> the server's logprobs of each completion under its current weights,
+    which must be `version`: a prefill only (max_new_tokens 0). SGLang's input logprobs are those of the
+    raw logits (temperature 1) and start with None for the token at logprob_start_len: we start one early."""
+    out = call(cfg, "/generate", {"input_ids": [p + c for p, c in seqs], "sampling_params": {"max_new_tokens": 0},
+                                  "return_logprob": True, "logprob_start_len": [len(p) - 1 for p, _ in seqs]})
+    if not isinstance(out, list) or len(out) != len(seqs):
+        raise UserError(f"/generate (re-score) returned {type(out).__name__} of unexpected size (wanted {len(seqs)} items)")
+    lps = []
+    for o, (_, c) in zip(out, seqs):
+        check_version(o["meta_info"], version, "re-scored the batch", "this check")
+        got = o["meta_info"]["input_token_logprobs"][-len(c):]
+        if [t for _, t, *_ in got] != list(c) or any(lp is None for lp, *_ in got):
+            raise UserError("/generate with max_new_tokens 0 did not return the logprobs of the input tokens: unexpected server version?")
+        lps.append([lp for lp, *_ in got])
+    return lps
+
+
+def spread(n, k):
+    """k of the indices 0..n-1, evenly spaced (all of them if k >= n)."""
+    return list(range(n)) if k >= n else [i * n // k for i in range(k)]
+
+
+def rescored_check(samples, rows, rescored, trainer_lps):
+    """The async sync check on the rows the server re-scored with the trainer's weights: trainer vs server
+    on the same tokens under the same weights (`check_*`: kernel noise only, whatever the lr), and the
+    server's logprobs when it sampled (one step older) vs now (`stale_*`: the pure staleness).
+    trainer_lps[j]: (C,) the trainer's logprobs of row rows[j]. -> (sums, maxima)."""
+    zero = trainer_lps[0].new_zeros(())
+    sums, maxes = {"check_abs": zero, "check_tokens": zero, "stale_abs": zero}, {"check_max": zero, "stale_max": zero}
+    for i, now, t in zip(rows, rescored, trainer_lps):
+        now, then = t.new_tensor(now), t.new_tensor(samples[i]["server_lp"])
+        d, stale = (t[: len(now)] - now).abs(), (then - now).abs()
+        sums = {"check_abs": sums["check_abs"] + d.sum(), "check_tokens": sums["check_tokens"] + len(now),
+                "stale_abs": sums["stale_abs"] + stale.sum()}
+        maxes = {"check_max": torch.maximum(maxes["check_max"], d.max()), "stale_max": torch.maximum(maxes["stale_max"], stale.max())}
+    return sums, maxes
 
 
 POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8)  # requests, NCCL sends and rollouts in flight
@@ -487,7 +575,8 @@ def pick_sync(cfg, server_idx, visible):
     if cfg.sync == "nccl":
         return "nccl", "--sync nccl"
     if here and server_idx is not None:
-        return "tensor", "the server shares rank 0's GPU" if cfg.colocate else f"rank 0 sees the server's GPU {cfg.server_gpu}"
+        return "tensor", ("on the CPU: tensors shared through files" if server_idx == "cpu" else "the server shares rank 0's "
+                          "GPU" if cfg.colocate else f"rank 0 sees the server's GPU {cfg.server_gpu}")
     why = (f"the server's GPU {cfg.server_gpu} (--server_gpu) is not visible to the trainer "
            f"({f'CUDA_VISIBLE_DEVICES={visible}' if visible is not None else 'no such GPU here'})"
            if here else f"the server ({host}) is on another host")
@@ -733,6 +822,27 @@ def shard(model, mesh, param_dtype, tf32_head=False):
     return model
 
 
+def score(batch, tok, reward_fn, correct_fn, group_size, scale):
+    """A rollout batch -> (samples, named sums, reward warnings). Each sample carries its reward, whether the
+    task's check calls it correct (what accuracy counts, whatever the reward), and its group-relative
+    advantage: completion k belongs to prompt k // group_size, so groups never straddle ranks."""
+    warn, samples = Counter(), []
+    for k, (ids, lps, fin) in enumerate(batch["outs"]):
+        row = batch["rows"][k // group_size]
+        text = tok.decode(ids, skip_special_tokens=True)
+        samples.append({"prompt": row["ids"], "completion": ids, "server_lp": lps, "finish": fin, "text": text,
+                        "reward": reward_fns.safe_reward(reward_fn, text, row["answer"], warn),
+                        "correct": reward_fns.safe_reward(correct_fn, text, row["answer"], warn) == 1})
+    rewards = torch.tensor([s["reward"] for s in samples])
+    for s, a in zip(samples, group_advantages(rewards, group_size, scale).tolist()):
+        s["adv"] = a
+    sums = {"reward": rewards.sum(), "correct": sum(s["correct"] for s in samples), "seqs": len(samples),
+            "completion_tokens": sum(len(s["completion"]) for s in samples), "truncated": sum(s["finish"] == "length" for s in samples),
+            "groups": len(samples) // group_size, "zero_std_groups": (rewards.view(-1, group_size).std(1) == 0).sum(),
+            "reward_warnings": sum(warn.values())}
+    return samples, sums, warn
+
+
 def pad_batch(samples, pad_id, device):
     """Prompts left-padded, completions right-padded, so every completion starts at column P:
     the model then only needs logits for the last C+1 columns (logits_to_keep)."""
@@ -749,17 +859,18 @@ def pad_batch(samples, pad_id, device):
     return ids.to(device), attn.to(device), cmask.to(device), P
 
 
-def micro_batches(samples, adv, size, pad_id, device):
+def micro_batches(samples, size, pad_id, device):
     """Samples -> padded micro-batches of `size` sequences, with their advantages (B,) and the server's
     logprobs of the sampled tokens (B, C)."""
     out = []
     for i in range(0, len(samples), size):
         part = samples[i: i + size]
         ids, attn, mask, P = pad_batch(part, pad_id, device)
-        server = torch.zeros_like(mask)
+        server = torch.zeros(mask.shape)  # built on the CPU, then one copy
         for j, s in enumerate(part):
             server[j, : len(s["server_lp"])] = torch.tensor(s["server_lp"])
-        out.append({"ids": ids, "attn": attn, "mask": mask, "P": P, "adv": adv[i: i + len(part)].to(device), "server": server})
+        adv = torch.tensor([s["adv"] for s in part])
+        out.append({"ids": ids, "attn": attn, "mask": mask, "P": P, "adv": adv.to(device), "server": server.to(device)})
     return out
 
 
@@ -827,6 +938,42 @@ def latest_checkpoint(out_dir):
         return None
 
 
+def checkpoint_to_resume(out_dir):
+    """--resume: the checkpoint that out_dir/latest names, or None if there is none yet. One that was deleted or
+    half-copied is an error that names the complete ones still there."""
+    d = latest_checkpoint(out_dir)
+    complete = lambda c: all(os.path.exists(os.path.join(c, f)) for f in ("config.json", "trainer_state.pt"))
+    if d is None or complete(d):
+        return d
+    others = sorted((c for c in os.listdir(out_dir) if c.startswith("step_") and complete(os.path.join(out_dir, c))),
+                    key=lambda c: int(c[5:]) if c[5:].isdigit() else -1)
+    raise UserError(f"--resume: {os.path.join(out_dir, 'latest')} names {os.path.basename(d)}, but "
+                    f"{'that folder is gone' if not os.path.isdir(d) else 'it is incomplete (no config.json or trainer_state.pt)'}. "
+                    + (f"Complete checkpoints here: {', '.join(others)}; to resume from the last one: echo {others[-1]} > "
+                       f"{os.path.join(out_dir, 'latest')}" if others else "There is no other checkpoint here: start afresh in "
+                       "another --out_dir."))
+
+
+def open_metrics(cfg, start):
+    """metrics.jsonl for appending. A fresh run never writes into another run's folder; a resumed one first drops
+    the rows after its checkpoint (and the evaluation it repeats), so that the file holds each step once."""
+    path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    rows = [json.loads(line) for line in open(path) if line.strip()] if os.path.exists(path) else []
+    keep = [r for r in rows if r["step"] < start or (r["step"] == start and "eval_accuracy" not in r)]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in keep)
+    os.replace(path + ".tmp", path)
+    return open(path, "a")
+
+
+def check_out_dir(cfg):
+    """A fresh run into a folder that holds a run would overwrite its checkpoints and mix the two in metrics.jsonl."""
+    there = [f for f in ("latest", "metrics.jsonl") if os.path.exists(os.path.join(cfg.out_dir, f))]
+    if there and not cfg.resume:
+        raise UserError(f"--out_dir {cfg.out_dir} already holds a run ({' and '.join(there)}): continue it with --resume, or "
+                        f"start this one in another --out_dir (or delete that one)")
+
+
 # ----------------------------------------------------------------------------------------
 # Distributed setup and the training loop.
 
@@ -843,10 +990,11 @@ def main(cfg):
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     master = rank == 0
     print0 = lambda *a: print(*a, flush=True) if master else None
-    cfg.api_key = cfg.api_key or os.environ.get("SGLANG_API_KEY", "")
+    cfg.api_key, cfg.server_url = cfg.api_key or os.environ.get("SGLANG_API_KEY", ""), cfg.server_url.rstrip("/")
 
     # fail fast: flags, layout, then the server, all before loading anything heavy
     skip_sync = check_config(cfg, world)
+    ckpt_dir = checkpoint_to_resume(cfg.out_dir) if cfg.resume else None
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if use_cuda:
@@ -891,18 +1039,20 @@ def main(cfg):
         reward_fn = reward_fns.get_reward_fn(task if cfg.reward == "auto" else cfg.reward)
     except ValueError as e:
         raise UserError(f"--reward: {e}") from None
+    correct_fn = reward_fns.CORRECT[task]  # accuracy: the task's own check, whatever the reward
     instruction = INSTRUCTIONS[task] if cfg.instruction == "auto" else cfg.instruction
     skipped = Counter()
-    raw_train, raw_eval = load_splits(cfg)
+    raw_train, raw_eval, held_out = load_splits(cfg)
     train, evals = (tokenize_rows(rows, tok, cfg, instruction, fmt, skipped) for rows in (raw_train, raw_eval))
-    print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset}; skipped "
+    print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
            f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
     print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat" else "('question\\ninstruction\\n')"))
     if not train or not evals:
-        raise UserError("no usable rows left for training or evaluation (see the skipped counts above)")
+        raise UserError("no usable rows left for training or evaluation (see the skipped counts above)" + (
+            f"; the rows have the fields {sorted(raw_train[0])}: name the question's and the answer's with --prompt_field "
+            f"and --answer_field" if raw_train and isinstance(raw_train[0], dict) else ""))
 
     # models: fp32 master weights sharded with FSDP2; the reference model only when beta > 0
-    ckpt_dir = latest_checkpoint(cfg.out_dir) if cfg.resume else None
     if cfg.resume and not ckpt_dir:
         print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
     model = shard(load_policy(ckpt_dir or cfg.model, device, cfg.grad_checkpointing), mesh, torch.bfloat16, cfg.tf32_head)
@@ -917,6 +1067,9 @@ def main(cfg):
     start = load_checkpoint(ckpt_dir, model, opt) if ckpt_dir else 0
     if ckpt_dir:
         print0(f"resumed from {ckpt_dir} at step {start}")
+    if start >= cfg.steps:
+        raise UserError(f"--resume: the checkpoint in {cfg.out_dir} is at step {start} and --steps is {cfg.steps}: nothing "
+                        f"left to train (raise --steps)")
 
     n_local = cfg.prompts_per_step // world
     print0(f"batch: {cfg.prompts_per_step} prompts x {cfg.group_size} completions = {cfg.prompts_per_step * cfg.group_size} "
@@ -929,9 +1082,12 @@ def main(cfg):
                            "samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
     if master:
         json.dump(dataclasses.asdict(cfg), open(os.path.join(cfg.out_dir, "config.json"), "w"), indent=1)
-    metrics_file = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "a") if master else None
+    metrics_file = open_metrics(cfg, start) if master else None
     if cfg.wandb and master:
-        import wandb
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("--wandb needs the wandb package: pip install wandb") from None
         wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg))
 
     def log(m):
@@ -958,15 +1114,16 @@ def main(cfg):
         return {"rows": rows, "outs": outs, "version": version, "span": (t0, time.time())}
 
     def evaluate(step):
-        """Greedy accuracy on the held-out prompts, through the server (rank 0)."""
+        """Greedy accuracy (the task's check) and mean reward on the held-out prompts, through the server (rank 0)."""
         if master:
             t0 = time.time()
             outs = generate(cfg, [e["ids"] for e in evals], 1, str(step), greedy=True)
-            warn = Counter()
-            rs = [reward_fns.safe_reward(reward_fn, tok.decode(o[0], skip_special_tokens=True), e["answer"], warn)
-                  for o, e in zip(outs, evals)]
-            print0(f"eval step {step}: accuracy {sum(rs) / len(rs):.3f} on {len(rs)} held-out prompts (greedy, {time.time() - t0:.1f}s)")
-            log({"step": step, "eval_accuracy": sum(rs) / len(rs)})
+            warn, texts = Counter(), [tok.decode(o[0], skip_special_tokens=True) for o in outs]
+            mean = lambda fn: sum(reward_fns.safe_reward(fn, t, e["answer"], warn) for t, e in zip(texts, evals)) / len(evals)
+            acc, reward = mean(correct_fn), mean(reward_fn)
+            print0(f"eval step {step}: accuracy {acc:.3f}, reward {reward:.3f} on {len(evals)} held-out prompts (greedy, "
+                   f"{time.time() - t0:.1f}s)")
+            log({"step": step, "eval_accuracy": acc, "eval_reward": reward})
 
     t0 = time.time()
     nbytes = sync_weights(start)  # the server must start from our weights (also after a resume)
@@ -980,36 +1137,33 @@ def main(cfg):
         t0 = t_step = time.time()
         batch = next_batch or on_all_ranks(rollout, step, step)
         pending = POOL.submit(rollout, step + 1, step) if cfg.async_ and step + 1 < cfg.steps else None
+        # a batch sampled from θ_{step-1} cannot check θ_step: the server re-scores some of it with θ_step, meanwhile
+        rows = spread(len(batch["outs"]), -(-cfg.check_seqs // world)) if batch["version"] != step else []
+        rescored = POOL.submit(rescore, cfg, [(batch["rows"][i // cfg.group_size]["ids"], batch["outs"][i][0]) for i in rows],
+                               str(step)) if rows else None
         t_wait = time.time() - t0
 
         # 2. rewards and group-relative advantages (groups never straddle ranks)
-        warn, samples = Counter(), []
-        for k, (ids, lps, fin) in enumerate(batch["outs"]):
-            row = batch["rows"][k // cfg.group_size]
-            text = tok.decode(ids, skip_special_tokens=True)
-            samples.append({"prompt": row["ids"], "completion": ids, "server_lp": lps, "finish": fin, "text": text,
-                            "reward": reward_fns.safe_reward(reward_fn, text, row["answer"], warn)})
+        samples, sums, warn = score(batch, tok, reward_fn, correct_fn, cfg.group_size, cfg.scale_rewards)
         if warn:  # rewards that raised or returned NaN/None count as 0; say which (this rank's)
             print0(f"reward warnings at step {step + 1}: {dict(warn)}")
-        rewards = torch.tensor([s["reward"] for s in samples])
-        adv = group_advantages(rewards, cfg.group_size, cfg.scale_rewards)
-        lens = [len(s["completion"]) for s in samples]
-        sums = {"reward": rewards.sum(), "correct": (rewards >= 1).sum(), "seqs": len(samples), "completion_tokens": sum(lens),
-                "truncated": sum(s["finish"] == "length" for s in samples), "groups": len(samples) // cfg.group_size,
-                "zero_std_groups": (rewards.view(-1, cfg.group_size).std(1) == 0).sum(), "reward_warnings": sum(warn.values())}
         totals = all_reduce_named({"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}, dist.ReduceOp.SUM, device)
         n_seqs, n_tokens = totals["seqs"], totals["tokens"]  # loss normalisers count the whole batch, all ranks
 
         # 3. micro-batches with the server's, the reference's and (mu > 1) the old log-probs; then mu
         #    optimizer steps on the clipped loss. The first pass compares trainer and server.
         t0 = t_train_start = time.time()
-        mbs = micro_batches(samples, adv, cfg.micro_batch, tok.pad_token_id or 0, device)
+        mbs = micro_batches(samples, cfg.micro_batch, tok.pad_token_id or 0, device)
         with torch.no_grad():
             for b in mbs:
                 if cfg.mu > 1:  # the policy before this step's updates (with mu = 1 it is the one we train)
                     b["old"] = completion_logprobs(model, b["ids"], b["attn"], b["P"], cfg.temperature)
                 if ref is not None:
                     b["ref"] = completion_logprobs(ref, b["ids"], b["attn"], b["P"], cfg.temperature)
+            t1_lps = None  # the check's rows at temperature 1 (here, not after a backward: FSDP would keep stale root weights)
+            if rows and cfg.temperature != 1:
+                ids, attn, _, P = pad_batch([samples[i] for i in rows], tok.pad_token_id or 0, device)
+                t1_lps = list(completion_logprobs(model, ids, attn, P, 1.0))
         t_ref, t0 = time.time() - t0, time.time()
         zero = lambda: torch.zeros((), dtype=torch.float64, device=device)
         train_sums, maxes, nonfinite = defaultdict(zero), defaultdict(zero), 0
@@ -1019,6 +1173,7 @@ def main(cfg):
                 logp = completion_logprobs(model, b["ids"], b["attn"], b["P"], cfg.temperature)
                 old = b["old"] if cfg.mu > 1 else logp.detach()
                 if update == 0:
+                    b["lp0"] = old  # θ_step's logprobs, for the check
                     mm_sums, mm_max = mismatch_stats(old, b["server"], b["mask"], cfg.tis_cap)
                     for name, v in mm_sums.items():
                         train_sums[name] += v
@@ -1033,16 +1188,26 @@ def main(cfg):
                 train_sums["clipped"] += (clipped * b["mask"]).sum()
                 train_sums["kl"] += (kl.detach() * b["mask"]).sum() if kl is not None else 0
                 train_sums["trained_tokens"] += b["mask"].sum()
-            if update == 0:  # stop before the first update if the server did not sample with our weights
-                mm = all_reduce_named({k: train_sums[k] for k in ("mismatch_abs", "tokens")}, dist.ReduceOp.SUM, device)
-                if mm["mismatch_abs"] / mm["tokens"] > cfg.mismatch_max:
-                    raise UserError(f"weight sync check failed at step {step + 1}: the server's logprobs of the tokens it "
-                                    f"sampled differ from the trainer's by {mm['mismatch_abs'] / mm['tokens']:.3f} nats on "
-                                    f"average (--mismatch_max {cfg.mismatch_max}): it does not generate with the weights it was "
-                                    f"sent (its version tag was right). With --async and a large --lr, one step of policy "
-                                    f"change counts too: then raise --mismatch_max.")
+            if update == 0:  # stop before the first update unless the server holds exactly our weights
+                if rows:  # the re-scored rows, at temperature 1 as SGLang scores them
+                    lps = t1_lps or [mbs[i // cfg.micro_batch]["lp0"][i % cfg.micro_batch] for i in rows]
+                    now = on_all_ranks(waited, rescored, cfg.request_timeout, "re-scoring a batch")
+                    chk, chk_max = rescored_check(samples, rows, now, lps)
+                else:  # sampled from θ_step: the batch itself is the check
+                    chk = {"check_abs": train_sums["mismatch_abs"], "check_tokens": train_sums["tokens"]}
+                    chk_max = {"check_max": maxes["mismatch_max"]}
+                train_sums.update(chk)
+                maxes.update(chk_max)
+                mm = all_reduce_named({k: train_sums[k] for k in ("check_abs", "check_tokens")}, dist.ReduceOp.SUM, device)
+                if mm["check_abs"] / mm["check_tokens"] > cfg.mismatch_max:
+                    raise UserError(f"weight sync check failed at step {step + 1}: its version tag was right (the weights after "
+                                    f"step {step}), but on {mm['check_tokens']:.0f} sampled tokens the server's logprobs differ from "
+                                    f"the trainer's, under those weights, by {mm['check_abs'] / mm['check_tokens']:.3f} nats on "
+                                    f"average (--mismatch_max {cfg.mismatch_max}; kernel noise is ~0.01-0.03): the server does not "
+                                    f"generate with the weights it was sent.")
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            train_sums["grad_norm"] += grad_norm / world  # summed over ranks below: the mean over the mu updates
             if torch.isfinite(grad_norm):
                 opt.step()
             else:  # a non-finite gradient would poison the weights and the server with them
@@ -1063,10 +1228,13 @@ def main(cfg):
         rel = lambda span: [round(span[0] - t_run, 3), round(span[1] - t_run, 3)]
         m = {"step": step + 1, "sampled_from_version": batch["version"], "reward_mean": s["reward"] / s["seqs"],
              "accuracy": s["correct"] / s["seqs"], "kl": s["kl"] / s["trained_tokens"], "clip_frac": s["clipped"] / s["trained_tokens"],
-             "loss": s["loss"] / cfg.mu, "grad_norm": grad_norm.item(), "completion_len_mean": s["completion_tokens"] / s["seqs"],
+             "loss": s["loss"] / cfg.mu, "grad_norm": s["grad_norm"] / cfg.mu, "completion_len_mean": s["completion_tokens"] / s["seqs"],
              "truncated_frac": s["truncated"] / s["seqs"], "zero_std_groups_frac": s["zero_std_groups"] / s["groups"],
              "reward_warnings": int(s["reward_warnings"]), "nonfinite_skips": int(s["nonfinite"]) // world,
-             # trainer vs server on the sampled tokens (async: includes one step of policy change)
+             # the sync check: trainer vs server under the same weights (async: on the re-scored rows)
+             "check_mismatch_mean": s["check_abs"] / s["check_tokens"], "check_mismatch_max": mx["check_max"],
+             "staleness_mean": s["stale_abs"] / s["check_tokens"] if rows else None, "staleness_max": mx["stale_max"] if rows else None,
+             # trainer vs the server that sampled (async: includes one step of policy change; TIS corrects it)
              "mismatch_mean": s["mismatch_abs"] / s["tokens"], "mismatch_max": mx["mismatch_max"],
              "mismatch_kl": s["mismatch_kl"] / s["tokens"], "is_ratio_mean": s["is_ratio"] / s["tokens"],
              "is_ratio_max": mx["is_ratio_max"], "is_truncated_frac": s["is_truncated"] / s["tokens"],
@@ -1080,7 +1248,7 @@ def main(cfg):
         print0(f"step {m['step']:4d} | reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} | kl {m['kl']:.4f} "
                f"clip {m['clip_frac']:.3f} | len {m['completion_len_mean']:.0f} | rollout {m['time_rollout']:.2f}s "
                f"train {t_train:.2f}s sync {t_sync:.2f}s step {m['time_step']:.2f}s | {m['rollout_tokens_per_s']:.0f} tok/s "
-               f"| mismatch {m['mismatch_mean']:.4f} (max {m['mismatch_max']:.2f}) from v{batch['version']}")
+               f"| check {m['check_mismatch_mean']:.4f} mismatch {m['mismatch_mean']:.4f} from v{batch['version']}")
         if cfg.sample_every and m["step"] % cfg.sample_every == 0:
             print0(f"  sample (reward {samples[0]['reward']}): {samples[0]['text'][:300]!r}")
         log(m)

@@ -1,22 +1,29 @@
 """
 Reward functions for GRPO. Each one is pure: (completion: str, answer: str) -> float.
 
+Two registries at the bottom:
+  REWARD_FNS   what the trainer may train on (--reward NAME). Add yours there; shaped rewards are fine.
+  CORRECT      each task's correctness check (completion, answer) -> bool: the trainer's `accuracy` and the
+               held-out `eval_accuracy` count it, whatever the reward, so shaping never inflates them.
+
 extract_number(text)   Parse the model's final numeric answer into a normalized string
                        ("1,234" -> "1234", "$5" -> "5", "3.50" -> "3.5", "42." -> "42").
                        Precedence: the number after the LAST "####" (GSM8K style, and the
                        format our prompt asks for) wins; else the LAST \\boxed{...}; else
                        the LAST number anywhere in the text. None if there is no number.
-gsm8k_reward           1.0 if the completion's final number equals the final number of the
-                       GSM8K answer ("...reasoning...\\n#### 72", or just "72"), else 0.0.
+gsm8k_correct / _reward  whether (1.0 / 0.0) the completion's final number equals the final number
+                       of the GSM8K answer ("...reasoning...\\n#### 72", or just "72").
 format_reward          1.0 if the completion has a line "#### <number>" or a "\\boxed{<number>}".
                        A small *shaping* reward: it teaches the output format early on, when
                        correctness rewards are still mostly zero. Weight it low (e.g. 0.1),
                        otherwise the policy learns to format wrong answers nicely.
-arithmetic_reward      Built-in offline task ("What is 7 + 12?" -> "19"): 1.0 iff the LAST
-                       number in the completion equals the answer.
+arithmetic_correct / _reward  Built-in offline task ("What is 7 + 12?" -> "19"): whether the
+                       LAST number in the completion equals the answer.
+gsm8k_format_reward    gsm8k_reward + 0.1 * format_reward: an example of a shaped reward.
 safe_reward            Wraps any reward fn so a buggy or weird return value can never crash
                        (or poison with NaN) a training step: it becomes 0.0 plus a counted warning.
-REWARD_FNS / get_reward_fn   Name -> function registry, used by the trainer's --reward flag.
+REWARD_FNS / get_reward_fn   Name -> reward registry, used by the trainer's --reward flag.
+CORRECT                Task -> correctness check: what accuracy counts.
 """
 import math
 import numbers
@@ -66,22 +73,35 @@ def extract_number(text: str) -> str | None:
     return _last_number(text)
 
 
-def gsm8k_reward(completion: str, answer: str) -> float:
+def gsm8k_correct(completion: str, answer: str) -> bool:
     pred, gold = extract_number(completion), extract_number(answer)
     # Normalized strings are canonical, so string equality is numeric equality.
-    return 1.0 if pred is not None and pred == gold else 0.0
+    return pred is not None and pred == gold
+
+
+def gsm8k_reward(completion: str, answer: str) -> float:
+    return float(gsm8k_correct(completion, answer))
 
 
 def format_reward(completion: str, answer: str | None = None) -> float:
     return 1.0 if _FORMAT_RE.search(completion) else 0.0  # answer unused: format only
 
 
-def arithmetic_reward(completion: str, answer: str) -> float:
+def arithmetic_correct(completion: str, answer: str) -> bool:
     # Last number, not "any number": the question's own numbers ("7", "12") appear in most
     # completions, so "contains the answer" would be trivially hackable; the last number is
     # where a solution ends up ("7 + 12 = 19"). Deliberately strict: no ####/boxed logic.
     pred = _last_number(completion)
-    return 1.0 if pred is not None and pred == _normalize(answer.strip()) else 0.0
+    return pred is not None and pred == _normalize(answer.strip())
+
+
+def arithmetic_reward(completion: str, answer: str) -> float:
+    return float(arithmetic_correct(completion, answer))
+
+
+def gsm8k_format_reward(completion: str, answer: str) -> float:
+    """A shaped reward: correctness plus a small bonus for the '#### <number>' format (see format_reward)."""
+    return gsm8k_reward(completion, answer) + 0.1 * format_reward(completion)
 
 
 def safe_reward(fn, completion: str, answer: str, warnings) -> float:
@@ -107,7 +127,9 @@ def safe_reward(fn, completion: str, answer: str, warnings) -> float:
     return 0.0
 
 
-REWARD_FNS = {"gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward, "format": format_reward}
+REWARD_FNS = {"gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward, "format": format_reward,
+              "gsm8k_format": gsm8k_format_reward}
+CORRECT = {"gsm8k": gsm8k_correct, "arithmetic": arithmetic_correct}  # task -> correctness check
 
 
 def get_reward_fn(name: str):

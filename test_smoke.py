@@ -234,12 +234,38 @@ def test_safe_reward_good_values():
 
 
 def test_registry():
-    assert set(reward_fns.REWARD_FNS) == {"gsm8k", "arithmetic", "format"}
-    assert get_reward_fn("gsm8k") is gsm8k_reward
-    assert get_reward_fn("arithmetic") is arithmetic_reward
-    with pytest.raises(ValueError, match="valid names: arithmetic, format, gsm8k") as e:
+    """Every registered reward is reachable by name and returns a finite number (adding one needs no edit here);
+    every task's correctness check agrees with that task's reward, and accuracy is counted by the check."""
+    for name, fn in reward_fns.REWARD_FNS.items():
+        assert get_reward_fn(name) is fn
+        for completion in ("#### 3", "1 + 2 = 3", "", "no number", "\\boxed{3}"):
+            assert math.isfinite(fn(completion, "3")), (name, completion)
+    for task, check in reward_fns.CORRECT.items():
+        for completion in ("#### 3", "so 3", "#### 4", ""):
+            assert check(completion, "3") == (get_reward_fn(task)(completion, "3") == 1.0)
+    assert reward_fns.gsm8k_format_reward("#### 4", "3") == pytest.approx(0.1)  # shaped: not correct, yet rewarded
+    with pytest.raises(ValueError, match="valid names: " + ", ".join(sorted(reward_fns.REWARD_FNS))) as e:
         get_reward_fn("gsm9k")
     assert "gsm9k" in str(e.value)
+
+
+def test_score_counts_correctness_not_reward_and_gives_each_group_its_own_advantages():
+    """Accuracy comes from the task's check whatever the reward (a shaped reward cannot inflate it), and every
+    completion carries the advantage of its own group: completion k belongs to prompt k // G."""
+    texts = ["#### 3", "3", "#### 7", "nothing", "#### 5", "#### 5", "5", "8"]  # two prompts, G = 4
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens):
+            return texts[ids[0]]
+    batch = {"rows": [{"ids": [1], "answer": "3"}, {"ids": [2], "answer": "5"}],
+             "outs": [([k], [-0.5], "stop") for k in range(8)]}
+    samples, sums, warn = g.score(batch, Tok(), reward_fns.format_reward, reward_fns.gsm8k_correct, 4, True)
+    assert [s["correct"] for s in samples] == [True, True, False, False, True, True, True, False]
+    assert [s["reward"] for s in samples] == [1, 0, 1, 0, 1, 1, 0, 0]  # format only
+    assert sums["correct"] == 5 and sums["reward"] == 4 and sums["seqs"] == 8 and not warn
+    want = torch.cat([g.group_advantages(torch.tensor([1.0, 0, 1, 0]), 4), g.group_advantages(torch.tensor([1.0, 1, 0, 0]), 4)])
+    assert [s["adv"] for s in samples] == pytest.approx(want.tolist())
+    assert [s["prompt"] for s in samples] == [[1]] * 4 + [[2]] * 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,7 +374,7 @@ class StandIn:
         self.served_path, self.reject, self.api_key = served_path or model_dir, reject_updates, api_key
         self.fail_after, self.nan, self.stall_after = fail_generate_after, nan_logprobs, stall_generate_after
         self.die_at_init, self.die_in_broadcast, self.slow = die_at_init, die_in_broadcast, slow_generate
-        self.pushes, self.calls, self.lock, self.rollouts = [], collections.Counter(), threading.Lock(), []
+        self.pushes, self.calls, self.lock, self.rollouts, self.rescores = [], collections.Counter(), threading.Lock(), [], []
         self.push_log, self.version, self.groups, self.generations = [], "default", {}, []
         self.in_flight, self.pushed_during_generation = collections.Counter(), []
         self.digest = self.weights_digest()
@@ -388,6 +414,14 @@ class StandIn:
                 break
         return {"text": "", "output_ids": out, "meta_info": {"output_token_logprobs": lps, "finish_reason": fin,
                                                               "completion_tokens": len(out), "weight_version": self.version}}
+
+    def prefill(self, ids, start):
+        """Like SGLang: the raw logprobs (temperature 1) of ids[start:], the first one None (its context is not
+        scored), and no new token."""
+        lps = [None] + self.logprobs(ids)[start:].tolist()
+        return {"text": "", "output_ids": [], "meta_info": {"input_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids[start:])],
+                                                             "output_token_logprobs": [], "weight_version": self.version,
+                                                             "finish_reason": {"type": "length", "length": 0}}}
 
     def load(self, named, req):
         sd = self.model.state_dict()
@@ -504,6 +538,10 @@ class StandIn:
 
             def generate(self, req):
                 ids, sp = req["input_ids"], req.get("sampling_params", {})
+                if sp.get("max_new_tokens") == 0:  # a prefill: logprobs of the input tokens, as SGLang returns them
+                    starts = req["logprob_start_len"]
+                    srv.rescores.append([tuple(p) for p in ids])
+                    return [srv.prefill(p, start) for p, start in zip(ids, starts if isinstance(starts, list) else [starts] * len(ids))]
                 if sp.get("temperature", 1.0) > 0:
                     srv.rollouts.append([tuple(p) for p in ids])  # what each training rollout asked for
                     import time
@@ -610,6 +648,7 @@ def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path,
         assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in m), key
     assert all(r["mismatch_mean"] < 0.05 for r in m)
     assert "batch: 2 prompts x 4 completions = 8 sequences per step" in out
+    assert "weight sync: tensor (on the CPU: tensors shared through files)" in out
     assert server.calls["/flush_cache"] == 0  # the cache is flushed by the last bucket's flush_cache flag
 
 
@@ -793,7 +832,7 @@ def test_kl_is_logged_once_with_mu_2(tiny_model, tmp_path):
 def test_async_trains_one_step_off_and_never_updates_mid_generation(tiny_model, tmp_path):
     s = StandIn(tiny_model, slow_generate=1.0)
     try:  # at this toy lr one step moves the policy by ~0.3 nats: the mismatch check must allow that here
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--async", "--mismatch_max", "2"))
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--async"))
         assert code == 0, out
         assert "rollouts: async, one step off-policy" in out
         m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
@@ -801,14 +840,38 @@ def test_async_trains_one_step_off_and_never_updates_mid_generation(tiny_model, 
         assert [p["weight_version"] for p in s.push_log] == ["0", "1", "2", "3"]
         assert_server_has(s.pushes[-1], ckpt_weights(tmp_path))
         assert all(math.isfinite(r["is_ratio_mean"]) and r["mismatch_mean"] > 0 for r in m)
-        assert m[1]["span_rollout"][1] <= m[0]["span_sync"][0] + 0.05  # step 2's batch was sampled during step 1
+        for prev, nxt in zip(m, m[1:]):  # step s+1's batch was sampled while step s trained, and before its push
+            assert nxt["span_rollout"][0] < prev["span_train"][1] and nxt["span_rollout"][1] > prev["span_train"][0], (prev, nxt)
+            assert nxt["span_rollout"][1] <= prev["span_sync"][0] + 0.05
         assert len(s.pushed_during_generation) == 4 and not any(s.pushed_during_generation)
     finally:
         s.close()
 
 
+@pytest.mark.parametrize("temperature", ["1.0", "0.7"])
+def test_async_check_compares_the_same_weights_so_a_large_lr_does_not_stop_it(tiny_model, tmp_path, temperature):
+    """At this toy lr one step moves the policy by ~0.3-0.8 nats: the batch mismatch (server θ_{s-1} vs trainer θ_s)
+    is far over --mismatch_max, yet the run goes on, because the check compares the rows the server re-scored
+    with θ_s (a prefill at temperature 1, as SGLang's input logprobs are) with the trainer's under θ_s."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "4", "--async", "--temperature", temperature,
+                                  "--check_seqs", "6"))
+        assert code == 0, out
+        m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+        assert max(r["mismatch_mean"] for r in m) > 0.2  # the old rule would have stopped this run
+        assert all(r["check_mismatch_mean"] < 0.01 for r in m), m
+        assert m[0]["staleness_mean"] is None and m[0]["check_mismatch_mean"] == m[0]["mismatch_mean"]  # step 1 on-policy
+        assert all(r["staleness_mean"] > 0.1 and r["staleness_max"] >= r["staleness_mean"] for r in m[1:])
+        # steps 2-4: 6 of each batch's 8 sequences (prompt + completion), re-scored once, spread over its groups
+        batches = [s.generations[k * 8:(k + 1) * 8] for k in range(1, 4)]
+        assert s.rescores == [[tuple(p + c) for p, c, _ in (b[i] for i in (0, 1, 2, 4, 5, 6))] for b in batches]
+    finally:
+        s.close()
+
+
 def test_async_resume_regenerates_the_pending_batch_from_the_checkpoint(tiny_model, tmp_path):
-    flags = ("--async", "--mismatch_max", "2", "--save_every", "1")
+    flags = ("--async", "--save_every", "1")
     ref = StandIn(tiny_model)
     try:
         code, out = run(train_cmd(tiny_model, ref.url, tmp_path / "ref", "--steps", "4", *flags))
@@ -834,7 +897,7 @@ def test_async_resume_regenerates_the_pending_batch_from_the_checkpoint(tiny_mod
 def test_async_server_failing_during_a_background_generation_stops_cleanly(tiny_model, tmp_path, fault):
     # the initial eval and step 1's rollout work; step 2's rollout, running in the background, fails
     code, out, took, s = run_against(tiny_model, tmp_path, {"fail_generate_after" if fault == "dies" else "stall_generate_after": 2},
-                                     "--steps", "4", "--async", "--mismatch_max", "2", "--request_timeout", "3")
+                                     "--steps", "4", "--async", "--request_timeout", "3")
     assert code == 1 and ("stand-in: scheduler died" if fault == "dies" else "ReadTimeout") in out, out
     assert "Traceback" not in out and out.count("error:") == 1 and took < 60
     assert len(s.push_log) == 1  # no weights pushed while that generation was pending
@@ -847,7 +910,7 @@ def test_ctrl_c_exits_at_once_even_with_a_generation_in_flight(tiny_model, tmp_p
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
     try:
         with open(tmp_path / "log", "w") as f:
-            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "run", "--steps", "3", "--async", "--mismatch_max", "2"),
+            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "run", "--steps", "3", "--async"),
                                  stdout=f, stderr=subprocess.STDOUT, env=env, cwd=HERE)
             deadline = time.time() + 120
             while s.calls["/generate"] < 3 and time.time() < deadline:
@@ -1017,15 +1080,41 @@ def test_unusable_rows_are_counted_and_skipped(tiny_model, tmp_path):
             {"question": "What is 0 + 1?", "answer": "#### 1"}, {"answer": "4"}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     cfg = g.Config(dataset=str(path), eval_size=0, max_prompt_tokens=64)
-    train, evals = g.load_splits(cfg)  # through HF datasets' json loader
-    assert len(train) == 6 and evals == []
+    train, evals, held_out = g.load_splits(cfg)
+    assert len(train) == 6 and evals == [] and "the file has no splits" in held_out
     skipped = collections.Counter()
     kept = g.tokenize_rows(train, AutoTokenizer.from_pretrained(tiny_model), cfg, "", "chat", skipped)
     assert sorted(r["answer"] for r in kept) == ["#### 1", "2"]
-    assert skipped == {"empty or missing prompt": 2, "answer without a number": 1,
-                       "prompt longer than max_prompt_tokens=64": 1}
-    with pytest.raises(g.UserError, match="does not exist"):
+    assert skipped == {"empty or missing prompt (--prompt_field 'question')": 2,
+                       "answer without a number (--answer_field 'answer')": 1, "prompt longer than max_prompt_tokens=64": 1}
+    with pytest.raises(g.UserError, match="no such file"):
         g.load_splits(g.Config(dataset=str(tmp_path / "missing.jsonl")))
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("bad.jsonl", '{"question": "a", "answer": "1"}\n{"question": "b", "answer": "2"}\n{"question": "c" "answer": "3"}\n',
+     "bad.jsonl line 3 is not valid JSON"),
+    ("empty.jsonl", "", "empty.jsonl: the file holds no rows; each row must be an object like {"),
+    ("list.jsonl", '{"question": "a", "answer": "1"}\n["b", "2"]\n', "list.jsonl: row 2 is not a JSON object"),
+    ("data.csv", "question,answer\na,1\n", "a local file must be .jsonl (one JSON object per line"),
+    ("array.json", '[{"question": "a", "answer": "1"}, ', "array.json is not valid JSON (line 1")])
+def test_bad_data_files_are_one_clear_error(tmp_path, name, content, says):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(g.UserError, match=re.escape(says)):
+        g.load_splits(g.Config(dataset=str(tmp_path / name)))
+
+
+def test_splits_of_a_local_dataset_folder_a_typo_is_an_error_and_the_held_out_share_is_said(tmp_path):
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(40)]
+    for split, part in (("train", rows[:30]), ("test", rows[30:])):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_size=5))  # a folder: no config name
+    assert len(train) == 30 and len(evals) == 5 and held_out == "from its 'test' split"
+    with pytest.raises(g.UserError, match=re.escape("--eval_split: dataset " + repr(str(tmp_path)) + " has no split 'tset'")):
+        g.load_splits(g.Config(dataset=str(tmp_path), eval_split="tset"))
+    train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_split="", eval_size=200))
+    assert len(train) == 27 and len(evals) == 3 and "at most 10%" in held_out  # min(--eval_size, 10% of 30)
+    assert "at most 10% of the train rows" in g.Config.__dataclass_fields__["eval_size"].metadata["help"]
 
 
 def test_nonfinite_gradients_skip_the_step_then_stop(tiny_model, tmp_path):
@@ -1095,6 +1184,22 @@ def test_a_skipped_push_stops_the_run_at_the_very_next_step(tiny_model, server, 
     assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]  # stopped before step 3 trained
 
 
+def test_async_a_skipped_push_stops_the_run_at_the_next_step_before_it_trains(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "5", "--async", "--debug_skip_sync", "2",
+                              "--eval_every", "0"), timeout=120)  # no evaluation at step 2, which would see it first
+    assert code == 1 and "the server re-scored the batch with weights of version '1', but this check must come from " \
+                          "version '2'" in out, out
+    assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]  # stopped before step 3 trained
+
+
+def test_async_weights_dropped_under_a_correct_tag_are_caught_by_the_check(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "6", "--async", "--debug_skip_sync", "2-6",
+                              "--debug_tag_skipped"), timeout=120)
+    assert code == 1 and "weight sync check failed at step 3" in out and "its version tag was right" in out, out
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert [r["step"] for r in m] == [1, 2] and all(r["check_mismatch_mean"] < 0.01 for r in m)
+
+
 def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_model, server, tmp_path):
     """A server that keeps the version tag but not the weights (the vLLM sleep-mode bug in TRL #5312):
     only the trainer-vs-server mismatch on the sampled tokens can see it."""
@@ -1117,11 +1222,74 @@ def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_mod
     ("--debug_skip_sync", "x", "--debug_skip_sync 'x' is not a list of steps"),
     ("--out_dir", "/proc/no/such/dir", "--out_dir '/proc/no/such/dir' cannot be created"),
     ("--group_size", "1", "--group_size 1 is out of range: it must be >= 2"),
-    ("--sync", "ib", "--sync 'ib' is out of range: it must be auto or tensor or nccl")])
-def test_flags_out_of_range_are_refused_before_anything_heavy(flag, value, says):
-    cfg = g.parse_config([flag, value] if flag != "--out_dir" else [flag, value])
+    ("--sync", "ib", "--sync 'ib' is out of range: it must be auto or tensor or nccl"),
+    ("--nccl_port", "70000", "--nccl_port 70000 is out of range: it must be a TCP port, 1..65535 (0: a free one)"),
+    ("--check_seqs", "0", "--check_seqs 0 is out of range: it must be >= 1"),
+    ("--server_url", "localhost:30000", "--server_url 'localhost:30000' is not a server address: it must look like http://"),
+    ("--server_url", "http://", "--server_url 'http://' is not a server address"),
+    ("--server_url", "http://127.0.0.1:99999", "--server_url 'http://127.0.0.1:99999' is not a server address")])
+def test_flags_out_of_range_are_refused_before_anything_heavy(flag, value, says, tmp_path):
+    cfg = g.parse_config(([] if flag == "--out_dir" else ["--out_dir", str(tmp_path)]) + [flag, value])
     with pytest.raises(g.UserError, match=re.escape(says)):
         g.check_config(cfg, 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU")
+def test_device_cuda_without_a_gpu_is_refused(tmp_path):
+    with pytest.raises(g.UserError, match="--device cuda, but torch sees no GPU"):
+        g.check_config(g.Config(device="cuda", out_dir=str(tmp_path)), 1)
+
+
+def test_a_fresh_run_never_writes_into_another_runs_folder_and_a_resumed_one_logs_each_step_once(tiny_model, tmp_path):
+    kinds = lambda: [(r["step"], "eval_accuracy" in r) for r in read_metrics(tmp_path)]
+    flags = ("--steps", "4", "--save_every", "2")
+    s = StandIn(tiny_model, fail_generate_after=5)  # eval 0, steps 1-2, eval 2, step 3; then step 4's rollout fails
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags), timeout=120)
+        assert code == 1 and kinds() == [(0, True), (1, False), (2, False), (2, True), (3, False)], out
+    finally:
+        s.close()
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags), timeout=120)  # a fresh run there: refused
+        assert code == 1 and f"--out_dir {tmp_path} already holds a run (latest and metrics.jsonl): continue it with --resume" \
+            in out and "Traceback" not in out and not s.calls["/generate"], out
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags, "--resume"), timeout=120)
+        assert code == 0 and "at step 2" in out, out
+    finally:
+        s.close()
+    # the steps after the checkpoint and its evaluation, redone after the resume, are in the file once
+    assert kinds() == [(0, True), (1, False), (2, False), (2, True), (3, False), (4, False), (4, True)]
+
+
+def test_resume_from_a_checkpoint_that_is_gone_or_half_copied_names_the_complete_ones(tiny_model, tmp_path):
+    (tmp_path / "latest").write_text("step_3")
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, "--resume"), timeout=120)
+    assert code == 1 and out.count(f"--resume: {tmp_path / 'latest'} names step_3, but that folder is gone. There is no "
+                                   f"other checkpoint here") == 1 and "Traceback" not in out, out  # before the server
+    (tmp_path / "step_3").mkdir()
+    for d in ("step_1", "step_2"):
+        (tmp_path / d).mkdir()
+        for f in ("config.json", "trainer_state.pt"):
+            (tmp_path / d / f).write_text("")
+    with pytest.raises(g.UserError, match=re.escape(f"names step_3, but it is incomplete (no config.json or trainer_state.pt). "
+                                                    f"Complete checkpoints here: step_1, step_2; to resume from the last one: "
+                                                    f"echo step_2 > {tmp_path / 'latest'}")):
+        g.checkpoint_to_resume(str(tmp_path))
+    (tmp_path / "latest").write_text("step_2")
+    assert g.checkpoint_to_resume(str(tmp_path)) == str(tmp_path / "step_2")
+
+
+def test_a_new_reward_needs_no_test_edit_and_cannot_change_the_accuracy(tiny_model, server, tmp_path):
+    """A user's reward registered the way reward_fns.py says (here a constant 1): the run trains on it, while
+    `accuracy` and `eval_accuracy` still count the task's correctness check."""
+    wrapper = ("import reward_fns, runpy, sys; reward_fns.REWARD_FNS['always_1'] = lambda c, a: 1.0; "
+               "sys.argv = ['grpo_sglang.py'] + sys.argv[1:]; runpy.run_path('grpo_sglang.py', run_name='__main__')")
+    code, out = run([sys.executable, "-c", wrapper, *train_cmd(tiny_model, server.url, tmp_path, "--reward", "always_1")[2:]])
+    assert code == 0, out
+    steps, evals = [r for r in read_metrics(tmp_path) if "reward_mean" in r], [r for r in read_metrics(tmp_path) if "eval_reward" in r]
+    assert all(r["reward_mean"] == 1 and r["accuracy"] < 1 for r in steps) and len(steps) == 2
+    assert all(r["eval_reward"] == 1 and r["eval_accuracy"] < 1 for r in evals) and len(evals) == 2
 
 
 def test_a_bad_flag_is_one_clear_line_not_a_traceback(tiny_model, tmp_path):
