@@ -400,7 +400,7 @@ def bench_model(args, name, path, url, load, server_dev, ids):
             url = f"http://127.0.0.1:{args.large_port}"
         cfg = g.Config(model=path, server_url=url.rstrip("/"), api_key=os.environ.get("SGLANG_API_KEY", ""),
                        request_timeout=SYNC_TIMEOUT, request_retries=1)
-        begin_end = g.check_server(cfg)["begin_end"]  # up, serves `path` with tp 1; the update API it has
+        begin_end = g.check_server(cfg)  # up, serves `path` with tp 1; the update API it has
         ctx = SimpleNamespace(url=cfg.server_url, cfg=cfg, begin_end=begin_end, model=model, tmp=args.tmp_dir,
                               ids=probe_ids(path, ids, model.config.vocab_size), trash=[], out=out, pushes=0, links={},
                               nbytes=sum(p.numel() for p in model.parameters()) * 2)  # bf16; tied embeddings once
@@ -575,9 +575,9 @@ def part_step(args, res):
         used = rows[args.step_warmup:]
         if not used:
             raise RuntimeError(f"{len(rows)} step rows, none after the {args.step_warmup} warm-up steps")
-        keys = ["time_rollout", "time_ref", "time_train", "time_sync", "time_step"]
+        keys = ["time_rollout", "time_score", "time_train", "time_sync", "time_step"]
         if not all("time_step" in r for r in used):
-            out["note"] = "no time_step in metrics.jsonl: step = rollout + ref + train + sync"
+            out["note"] = "no time_step in metrics.jsonl: step = rollout + score + train + sync"
             for r in used:
                 r["time_step"] = sum(r[k] for k in keys[:4])
         out["steps_total"], out["steps_used"] = len(rows), len(used)
@@ -709,8 +709,8 @@ def write_md(res, path):
     st = res.get("step") or {}
     if st.get("medians"):
         L += ["", f"## Training step: medians of {st['steps_used']} of {st['steps_total']} steps", "", f"`{st['cmd']}`", ""]
-        L += table(["rollout s", "ref s", "train s", "sync s", "step s", "sync share"],
-                   [(*(fmt(st["medians"][k]) for k in ("time_rollout", "time_ref", "time_train", "time_sync", "time_step")),
+        L += table(["rollout s", "score s", "train s", "sync s", "step s", "sync share"],
+                   [(*(fmt(st["medians"][k]) for k in ("time_rollout", "time_score", "time_train", "time_sync", "time_step")),
                      fmt(100 * st["sync_share"], ".1f") + "%")])
     open(path, "w").write("\n".join(L) + "\n")
 
@@ -736,7 +736,7 @@ def plot(res, path):
     a2.set(yscale="log", ylabel="output tokens / s", xlabel="sequences per batch", title="rollout throughput")
     a2.set_xticks(range(len(ro)), list(ro))
     md, bottom = (res.get("step") or {}).get("medians") or {}, 0.0
-    for k in ("time_rollout", "time_ref", "time_train", "time_sync"):
+    for k in ("time_rollout", "time_score", "time_train", "time_sync"):
         if md.get(k) is not None:
             a3.bar(["median step"], [md[k]], 0.4, bottom=bottom, label=k[5:])
             bottom += md[k]

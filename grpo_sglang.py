@@ -6,26 +6,18 @@ GRPO in one file, with rollouts from an SGLang server.
     torchrun --nproc_per_node 4 grpo_sglang.py --server_url http://B:30000 --sync nccl  # server on host B (README)
     python grpo_sglang.py --help                                        # every flag
 
-Each step: the training ranks send their prompts to the SGLang server (`/generate`, token ids in,
-token ids + logprobs out), score the completions with a reward function, turn rewards into
-group-relative advantages, take `mu` optimizer steps on the clipped GRPO loss, and push the new
-weights to the server: CUDA-IPC handles through `/update_weights_from_tensor` when rank 0 sees the
-server's GPU, else an NCCL broadcast through `/update_weights_from_distributed` (--sync).
+Each step: the training ranks send their prompts to the SGLang server (`/generate`, token ids in, token ids +
+logprobs out), score the completions with a reward function, turn rewards into group-relative advantages,
+take `mu` optimizer steps on the clipped GRPO loss, and push the new weights to the server.
 
-Every push is tagged with a version, and every rollout must come from exactly the version it should,
-or we stop. Every step also compares the trainer's logprobs with the server's on the same tokens under
-the same weights (`check_mismatch_*`): those of the batch when it was sampled from the trainer's weights;
-with --async, where the batch is one step older, those of a few of its sequences that the server
-re-scores with the new weights meanwhile. Stale or wrong weights on the server show up there even if
-the tag is right.
-
---async (default; --no-async is on-policy): one-step off-policy. While the trainer trains step s on a
-batch sampled from θ_{s-1}, the server already samples step s+1's batch from θ_s. Weights are only
-ever pushed between generations. Staleness is exactly one step (step 0 is on-policy).
+Read it top to bottom: Config, the GRPO math, data, one training step, main() and its loop. Below main() a
+fence; under it the plumbing (the SGLang server, weight sync, FSDP, checkpoints), which you should not need
+to read to change GRPO. The README's "Hacking guide" says where to change what.
 
 The GRPO choices this file makes (each a flag):
   advantages   (r - mean(group)) / std(group), or without the std (Dr. GRPO, --no-scale_rewards)
   loss         PPO-style clipped surrogate, separate low/high clip range (DAPO's "clip higher")
+  ratio        per token (GRPO), or one per sequence, the geometric mean of its tokens' (GSPO, --ratio_level)
   aggregation  token mean over the batch (DAPO, default), per-sequence mean (original GRPO),
                or a constant divisor (Dr. GRPO)
   KL           k3 estimator to a frozen reference model, only when --beta > 0 (default 0:
@@ -34,8 +26,15 @@ The GRPO choices this file makes (each a flag):
   TIS          truncated importance weight min(π_trainer / π_server, --tis_cap) on every token: it
                corrects for the server's kernels and, with --async, for the one step of staleness
                (decoupled PPO: the trust region is around the trainer's own policy)
-Note: the loss value is not a progress signal in GRPO (it is ~0 by construction when
-advantages are centred); watch the reward.
+  --async      (default; --no-async is on-policy) one step off-policy: while the trainer trains step s on a
+               batch sampled from θ_{s-1}, the server samples step s+1's from θ_s. Weights are only ever
+               pushed between generations.
+Every push is tagged with a version and every rollout must come from exactly the version it should, or we
+stop. Every step also compares trainer and server logprobs on the same tokens under the same weights (with
+--async, a few sequences of the batch that the server re-scores with the new weights): a server that does
+not hold what it was sent stops the run, even if its tag is right.
+Note: the loss value is not a progress signal in GRPO (it is ~0 by construction when advantages are
+centred); watch the reward.
 """
 import concurrent.futures
 import contextlib
@@ -48,6 +47,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from urllib.parse import urlparse
 
 import requests
@@ -63,27 +63,6 @@ def arg(default, help):
 
 @dataclass
 class Config:
-    # model and server
-    model: str = arg("Qwen/Qwen2.5-0.5B-Instruct", "HF model name or local path; the server must serve the same")
-    server_url: str = arg("http://127.0.0.1:30000", "SGLang server started by serve.sh")
-    api_key: str = arg("", "server API key (default: $SGLANG_API_KEY), sent as a Bearer token")
-    server_gpu: int = arg(3, "GPU the server runs on (serve.sh's GPU); training ranks never use it")
-    colocate: bool = arg(False, "the server shares rank 0's GPU on purpose (one-GPU machines)")
-    request_timeout: float = arg(300.0, "seconds before one request to the server (or one NCCL send) is given up")
-    request_retries: int = arg(3, "retries (with backoff) for a failed request before stopping")
-    # data
-    dataset: str = arg("openai/gsm8k", "HF dataset name, a local folder or .json/.jsonl file, or 'builtin' (no download)")
-    dataset_config: str = arg("main", "HF dataset config name ('' for none)")
-    train_split: str = arg("train", "split to train on")
-    eval_split: str = arg("test", "held-out split ('' = hold out rows of the train split)")
-    prompt_field: str = arg("question", "column with the question")
-    answer_field: str = arg("answer", "column with the reference answer")
-    instruction: str = arg("auto", "text appended to each question ('auto': fits the task)")
-    prompt_format: str = arg("auto", "'chat' (chat template), 'plain' (base models) or 'auto' (chat if there is a template)")
-    reward: str = arg("auto", f"reward function in reward_fns.py: {sorted(reward_fns.REWARD_FNS)} or 'auto'")
-    builtin_max_operand: int = arg(20, "built-in task: operands of 'a + b' are drawn from 0..this")
-    max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)")
-    eval_size: int = arg(200, "held-out prompts per evaluation (without an eval split: at most 10% of the train rows)")
     # GRPO
     steps: int = arg(200, "optimizer updates of the outer loop (one rollout batch each)")
     prompts_per_step: int = arg(24, "prompts per step, over all ranks (must divide by world size)")
@@ -98,22 +77,46 @@ class Config:
     beta: float = arg(0.0, "KL coefficient to the reference model (0: no reference model is loaded)")
     clip_low: float = arg(0.2, "ratio clip below 1 - clip_low")
     clip_high: float = arg(0.2, "ratio clip above 1 + clip_high (DAPO uses 0.28)")
+    ratio_level: str = arg("token", "'token' (GRPO) or 'sequence' (GSPO: one ratio per completion; use tiny clips, ~3e-4)")
     loss_agg: str = arg("token", "'token' (DAPO), 'seq' (original GRPO) or 'constant' (Dr. GRPO)")
     scale_rewards: bool = arg(True, "divide advantages by the group's std (off: Dr. GRPO)")
     mu: int = arg(1, "optimizer steps per rollout batch")
     tis_cap: float = arg(2.0, "truncated importance sampling cap on π_trainer / π_server (0 = off)")
     async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
+    # model and data
+    model: str = arg("Qwen/Qwen2.5-0.5B-Instruct", "HF model name or local path; the server must serve the same")
+    dataset: str = arg("openai/gsm8k", "HF dataset name, a local folder or .json/.jsonl file, or 'builtin' (no download)")
+    dataset_config: str = arg("main", "HF dataset config name ('' for none)")
+    train_split: str = arg("train", "split to train on")
+    eval_split: str = arg("test", "held-out split ('' = hold out rows of the train split)")
+    prompt_field: str = arg("question", "column with the question")
+    answer_field: str = arg("answer", "column with the reference answer")
+    instruction: str = arg("auto", "text appended to each question ('auto': fits the task)")
+    prompt_format: str = arg("auto", "'chat' (chat template), 'plain' (base models) or 'auto' (chat if there is a template)")
+    reward: str = arg("auto", f"reward function in reward_fns.py: {sorted(reward_fns.REWARD_FNS)} or 'auto'")
+    builtin_max_operand: int = arg(20, "built-in task: operands of 'a + b' are drawn from 0..this")
+    max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)")
+    eval_size: int = arg(200, "held-out prompts per evaluation (without an eval split: at most 10% of the train rows)")
+    # the trainer's compute
     micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster, if memory allows)")
     tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster); off: exact fp32")
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient (each is skipped)")
-    # weight sync
+    device: str = arg("auto", "'cuda', 'cpu' (tests) or 'auto'")
+    seed: int = arg(0, "seed for data order and torch")
+    # the server and weight sync
+    server_url: str = arg("http://127.0.0.1:30000", "SGLang server started by serve.sh")
+    api_key: str = arg("", "server API key (default: $SGLANG_API_KEY), sent as a Bearer token")
+    server_gpu: int = arg(3, "GPU the server runs on (serve.sh's GPU); training ranks never use it")
+    colocate: bool = arg(False, "the server shares rank 0's GPU on purpose (one-GPU machines)")
+    request_timeout: float = arg(300.0, "seconds before one request to the server (or one NCCL send) is given up")
+    request_retries: int = arg(3, "retries (with backoff) for a failed request before stopping")
     sync: str = arg("auto", "'tensor' (CUDA IPC: rank 0 sees the server's GPU), 'nccl' (any host) or 'auto'")
     sync_bucket_mb: float = arg(1024.0, "size (MiB) of one flattened weight bucket sent to the server")
     nccl_master_addr: str = arg("", "--sync nccl: rank 0's address the server connects to (default: on its route)")
     nccl_port: int = arg(0, "--sync nccl: TCP port of that rendezvous on rank 0's host (0: a free one)")
     mismatch_max: float = arg(0.1, "stop when trainer and server, holding the same weights, differ by more than this (mean nats)")
-    check_seqs: int = arg(32, "--async: sequences per step the server re-scores with the trainer's weights for that check")
+    check_seqs: int = arg(32, "--async: sequences per step the server re-scores with the trainer's weights for it (0: no check)")
     debug_skip_sync: str = arg("", "weight pushes to skip, by step, e.g. '6' or '4-300' (negative control)")
     debug_tag_skipped: bool = arg(False, "with --debug_skip_sync: still tag skipped versions (a server dropping weights)")
     # eval, checkpoints, logging
@@ -122,84 +125,8 @@ class Config:
     out_dir: str = arg("runs/grpo", "checkpoints, metrics.jsonl and config.json go here")
     resume: bool = arg(False, "continue from the last checkpoint in out_dir")
     sample_every: int = arg(10, "print one completion every N steps")
-    seed: int = arg(0, "seed for data order and torch")
-    device: str = arg("auto", "'cuda', 'cpu' (tests) or 'auto'")
     wandb: bool = arg(False, "log to Weights & Biases")
     wandb_project: str = arg("grpo_sglang", "wandb project")
-
-
-def parse_config(argv=None):
-    import argparse
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Config):
-        flag, h = "--" + f.name.rstrip("_"), f.metadata["help"]  # `async` is a Python keyword: field async_
-        if type(f.default) is bool:
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=h)
-        else:
-            p.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=h)
-    return Config(**vars(p.parse_args(argv)))
-
-
-class UserError(Exception):
-    """A problem the user can fix; printed once as one clear message, never a traceback."""
-
-
-def step_set(spec):
-    """'6' or '4-300' or '3,7-9' -> set of step numbers."""
-    steps = set()
-    for part in filter(None, spec.replace(" ", "").split(",")):
-        lo, _, hi = part.partition("-")
-        if not (lo.isdigit() and (hi or lo).isdigit()):
-            raise UserError(f"--debug_skip_sync {spec!r} is not a list of steps or ranges like '6' or '4-300'")
-        steps.update(range(int(lo), int(hi or lo) + 1))
-    return steps
-
-
-def check_config(cfg, world):
-    """Every flag's range, before anything heavy: one message naming the flag, its value and what is allowed."""
-    rules = [("temperature", cfg.temperature > 0, "> 0 (sampling needs it; evaluation is greedy already)"),
-             ("top_p", 0 < cfg.top_p <= 1, "in (0, 1]"), ("top_k", cfg.top_k == -1 or cfg.top_k >= 1, "-1 (off) or >= 1"),
-             ("lr", cfg.lr >= 0, ">= 0"), ("weight_decay", cfg.weight_decay >= 0, ">= 0"),
-             ("max_grad_norm", cfg.max_grad_norm > 0, "> 0"), ("beta", cfg.beta >= 0, ">= 0"),
-             ("clip_low", 0 <= cfg.clip_low < 1, "in [0, 1)"), ("clip_high", cfg.clip_high >= 0, ">= 0"),
-             ("tis_cap", cfg.tis_cap == 0 or cfg.tis_cap >= 1, "0 (off) or >= 1"),
-             ("mismatch_max", cfg.mismatch_max > 0, "> 0"), ("sync_bucket_mb", cfg.sync_bucket_mb > 0, "> 0"),
-             ("request_timeout", cfg.request_timeout > 0, "> 0"), ("request_retries", cfg.request_retries >= 0, ">= 0"),
-             ("check_seqs", cfg.check_seqs >= 1, ">= 1"),
-             ("group_size", cfg.group_size >= 2, ">= 2 (advantages compare completions of the same prompt)")]
-    rules += [(f, getattr(cfg, f) >= 1, ">= 1") for f in ("steps", "prompts_per_step", "max_new_tokens", "mu", "micro_batch",
-                                                          "max_nonfinite_steps", "eval_size", "max_prompt_tokens", "builtin_max_operand")]
-    rules += [(f, getattr(cfg, f) >= 0, ">= 0") for f in ("eval_every", "save_every", "sample_every", "server_gpu")]
-    rules += [("nccl_port", 0 <= cfg.nccl_port < 65536, "a TCP port, 1..65535 (0: a free one)")]
-    rules += [(f, getattr(cfg, f) in allowed, " or ".join(allowed)) for f, allowed in (
-        ("loss_agg", ("token", "seq", "constant")), ("prompt_format", ("auto", "chat", "plain")),
-        ("sync", ("auto", "tensor", "nccl")), ("device", ("auto", "cuda", "cpu")))]
-    for flag, ok, allowed in rules:
-        if not ok:
-            raise UserError(f"--{flag} {getattr(cfg, flag)!r} is out of range: it must be {allowed}")
-    if cfg.prompts_per_step % world:
-        raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda, but torch sees no GPU: use --device cpu (tests), or a torch build with CUDA")
-    if cfg.colocate and cfg.sync == "nccl":
-        raise UserError("--sync nccl needs the server on another GPU than rank 0 (NCCL allows one rank per GPU); "
-                        "drop --colocate or use --sync tensor")
-    url = urlparse(cfg.server_url)
-    if url.scheme not in ("http", "https") or not url.hostname or not port_ok(url):
-        raise UserError(f"--server_url {cfg.server_url!r} is not a server address: it must look like http://127.0.0.1:30000")
-    try:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out_dir {cfg.out_dir!r} cannot be created: {e.strerror}") from None
-    check_out_dir(cfg)
-    return step_set(cfg.debug_skip_sync)
-
-
-def port_ok(url):
-    try:
-        return url.port is None or 0 < url.port < 65536
-    except ValueError:  # not a number, or out of range
-        return False
 
 
 # ----------------------------------------------------------------------------------------
@@ -220,16 +147,33 @@ def token_logprobs(logits, targets, temperature=1.0):
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+@torch.no_grad()
+def token_entropy(logits, temperature=1.0):
+    """(B, T, V) logits -> (B, T) entropy of the distribution each token was sampled from, logsumexp(z) - Σ p·z.
+    A metric (it falls when the policy collapses): no gradient, and one sequence at a time, so that no second
+    (B, T, V) temporary is made."""
+    return torch.stack([torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1) for z in (x.float() / temperature for x in logits)])
+
+
 def kl_k3(logp, ref_logp):
     """(B, T) -> (B, T). Schulman's k3 estimator of KL(pi || ref): e^(ref-logp) - (ref-logp) - 1 >= 0."""
     d = ref_logp - logp
     return torch.exp(d) - d - 1
 
 
-def clipped_surrogate(logp, old_logp, adv, clip_low, clip_high):
-    """(B, T), (B, T), (B,) -> per-token loss (B, T) and where clipping was active (B, T).
+def log_ratio(logp, old_logp, mask, level="token"):
+    """(B, T) log-probs now and before this step's updates, (B, T) completion mask -> (B, T) log π/π_old.
+    token: per token (PPO, GRPO). sequence: the mean over each completion's tokens, one ratio for all of them
+    (GSPO, Zheng et al. 2025: the geometric mean of the token ratios; TRL's importance_sampling_level)."""
+    d = logp - old_logp
+    if level == "sequence":
+        d = ((d * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(d)
+    return d
+
+
+def clipped_surrogate(ratio, adv, clip_low, clip_high):
+    """(B, T) ratios π/π_old, (B,) advantages -> per-token loss (B, T) and where clipping was active (B, T).
     PPO: -min(ratio * A, clip(ratio, 1 - low, 1 + high) * A)."""
-    ratio = torch.exp(logp - old_logp)
     a = adv.unsqueeze(1)  # (B, 1)
     unclipped, clipped = ratio * a, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
     return -torch.min(unclipped, clipped), (clipped < unclipped)
@@ -242,11 +186,11 @@ def tis_weights(old_logp, server_logp, cap):
     return torch.clamp(torch.exp(old_logp - server_logp), max=cap)
 
 
-def grpo_token_loss(logp, old_logp, adv, clip_low, clip_high, tis=None, ref_logp=None, beta=0.0):
-    """(B, T) log-probs now and before this step's updates, (B,) advantages -> per-token loss (B, T),
-    where clipping was active (B, T), per-token KL to the reference (B, T) or None.
-    loss = -min(ρA, clip(ρ)A) · w + β · k3(π, π_ref),  ρ = π / π_old,  w = TIS weight (1 if None)."""
-    loss, clipped = clipped_surrogate(logp, old_logp, adv, clip_low, clip_high)
+def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token", tis=None, ref_logp=None, beta=0.0):
+    """(B, T) log-probs now and before this step's updates, (B,) advantages, (B, T) completion mask -> per-token
+    loss (B, T), where clipping was active (B, T), per-token KL to the reference (B, T) or None.
+    loss = -min(ρA, clip(ρ)A) · w + β · k3(π, π_ref),  ρ = π / π_old (see log_ratio),  w = TIS weight (1 if None)."""
+    loss, clipped = clipped_surrogate(torch.exp(log_ratio(logp, old_logp, mask, level)), adv, clip_low, clip_high)
     if tis is not None:
         loss = loss * tis
     kl = kl_k3(logp, ref_logp) if ref_logp is not None else None
@@ -308,51 +252,14 @@ def load_splits(cfg):
     if cfg.dataset.endswith((".json", ".jsonl")) or os.path.isfile(cfg.dataset):
         train, eval_split = read_rows(cfg.dataset), None  # one file: no splits
     else:
-        import datasets
-        try:
-            ds = datasets.load_dataset(cfg.dataset, None if os.path.isdir(cfg.dataset) else cfg.dataset_config or None)
-        except Exception as e:
-            raise UserError(f"could not load dataset {cfg.dataset!r} ({type(e).__name__}: {str(e)[:300]}). --dataset takes "
-                            f"a dataset on the HF hub, a local folder of data files, a .json/.jsonl file, or 'builtin'") from None
-        for flag, split in (("train_split", cfg.train_split), ("eval_split", cfg.eval_split)):
-            if split and split not in ds:
-                raise UserError(f"--{flag}: dataset {cfg.dataset!r} has no split {split!r} (it has {list(ds)})")
+        ds = load_hf_dataset(cfg)  # checks that the splits exist
         train, eval_split = [dict(r) for r in ds[cfg.train_split]], cfg.eval_split
         if eval_split:
-            return train, [dict(r) for r in ds[eval_split]][: cfg.eval_size], f"from its {eval_split!r} split"
+            return train, [dict(r) for r in ds[eval_split]][: cfg.eval_size], f"its {eval_split!r} split"
     random.Random(cfg.seed).shuffle(train)  # no held-out split: hold out rows of the train split
     n_eval = min(cfg.eval_size, len(train) // 10)
     why = "the file has no splits" if eval_split is None else "--eval_split ''"
     return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
-
-
-def read_rows(path):
-    """A .jsonl file (one JSON object per line) or a .json file (a list of objects) -> rows; errors name the line."""
-    example = '{"question": "What is 2 + 3?", "answer": "5"}'
-    if not path.endswith((".json", ".jsonl")) or not os.path.isfile(path):
-        raise UserError(f"--dataset {path}: " + ("no such file" if not os.path.exists(path) else "a local file must be .jsonl (one "
-                        f"JSON object per line, e.g. {example}) or .json (a list of such objects)"))
-    try:
-        text = open(path, encoding="utf-8").read()
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text") from None
-    if path.endswith(".json") and text.lstrip().startswith("["):
-        try:
-            items = list(enumerate(json.loads(text), 1))
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
-    else:
-        items = []
-        for n, line in enumerate(text.splitlines(), 1):
-            try:
-                items += [(n, json.loads(line))] if line.strip() else []
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path} line {n} is not valid JSON ({e.msg}): {line[:80]!r}") from None
-    bad = next((n for n, r in items if not isinstance(r, dict)), None)
-    if bad or not items:
-        raise UserError(f"{path}: " + (f"row {bad} is not a JSON object" if bad else "the file holds no rows") +
-                        f"; each row must be an object like {example}")
-    return [r for _, r in items]
 
 
 def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped):
@@ -392,7 +299,570 @@ def prompts_for_step(n_rows, step, per_step, seed):
 
 
 # ----------------------------------------------------------------------------------------
-# The SGLang server, through its public HTTP API only. Plumbing: try not to modify.
+# One training step: score a rollout batch, then mu optimizer steps on it.
+
+def score(batch, tok, reward_fn, correct_fn, group_size, scale):
+    """A rollout batch -> (samples, named sums, reward warnings). Each sample carries its reward, whether the
+    task's check calls it correct (what accuracy counts, whatever the reward), and its group-relative
+    advantage: completion k belongs to prompt k // group_size, so groups never straddle ranks."""
+    warn, samples = Counter(), []
+    for k, (ids, lps, fin) in enumerate(batch["outs"]):
+        row = batch["rows"][k // group_size]
+        text = tok.decode(ids, skip_special_tokens=True)
+        samples.append({"prompt": row["ids"], "completion": ids, "server_lp": lps, "finish": fin, "text": text,
+                        "reward": reward_fns.safe_reward(reward_fn, text, row["answer"], warn),
+                        "correct": reward_fns.safe_reward(correct_fn, text, row["answer"], warn) == 1})
+    rewards = torch.tensor([s["reward"] for s in samples])
+    for s, a in zip(samples, group_advantages(rewards, group_size, scale).tolist()):
+        s["adv"] = a
+    sums = {"reward": rewards.sum(), "correct": sum(s["correct"] for s in samples), "seqs": len(samples),
+            "completion_tokens": sum(len(s["completion"]) for s in samples), "truncated": sum(s["finish"] == "length" for s in samples),
+            "groups": len(samples) // group_size, "zero_std_groups": (rewards.view(-1, group_size).std(1) == 0).sum(),
+            "reward_warnings": sum(warn.values())}
+    return samples, sums, warn
+
+
+def pad_batch(samples, pad_id, device):
+    """Prompts left-padded, completions right-padded, so every completion starts at column P:
+    the model then only needs logits for the last C+1 columns (logits_to_keep)."""
+    P = max(len(s["prompt"]) for s in samples)
+    C = max(len(s["completion"]) for s in samples)
+    ids = torch.full((len(samples), P + C), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    cmask = torch.zeros(len(samples), C)
+    for i, s in enumerate(samples):
+        p, c = s["prompt"], s["completion"]
+        ids[i, P - len(p): P + len(c)] = torch.tensor(p + c)
+        attn[i, P - len(p): P + len(c)] = 1
+        cmask[i, : len(c)] = 1
+    return ids.to(device), attn.to(device), cmask.to(device), P
+
+
+def micro_batches(samples, size, pad_id, device):
+    """Samples -> padded micro-batches of `size` sequences, with their advantages (B,) and the server's
+    logprobs of the sampled tokens (B, C)."""
+    out = []
+    for i in range(0, len(samples), size):
+        part = samples[i: i + size]
+        ids, attn, mask, P = pad_batch(part, pad_id, device)
+        server = torch.zeros(mask.shape)  # filled on the CPU, then one copy
+        for j, s in enumerate(part):
+            server[j, : len(s["server_lp"])] = torch.tensor(s["server_lp"])
+        out.append({"ids": ids, "attn": attn, "mask": mask, "P": P, "server": server.to(device),
+                    "adv": torch.tensor([s["adv"] for s in part], device=device)})
+    return out
+
+
+def completion_logits(model, ids, attn, P):
+    """(B, P+C) ids -> (B, C, V) the logits that predict the C completion tokens under `model`."""
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # positions ignore the left padding
+    return model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=ids.shape[1] - P + 1).logits[:, :-1]
+
+
+def completion_logprobs(model, ids, attn, P, temperature):
+    """(B, P+C) -> (B, C) log-probs of the completion tokens under `model`."""
+    return token_logprobs(completion_logits(model, ids, attn, P), ids[:, P:], temperature)
+
+
+def policy_loss(cfg, b, logp, old):
+    """The GRPO loss of micro-batch `b` per token, from the flags: where a new loss variant is wired in.
+    (B, T) log-probs now and before this step's updates -> (loss, clipped, kl), each (B, T)."""
+    tis = tis_weights(old, b["server"], cfg.tis_cap) if cfg.tis_cap > 0 else None
+    return grpo_token_loss(logp, old, b["adv"], b["mask"], cfg.clip_low, cfg.clip_high, cfg.ratio_level, tis, b.get("ref"), cfg.beta)
+
+
+def train_step(cfg, model, ref, opt, mbs, n_seqs, n_tokens, world, check):
+    """cfg.mu optimizer steps on this rank's micro-batches of one batch -> named sums and maxima over its tokens.
+    The first pass scores every sequence with the weights the server holds; check(mbs, sums, maxes) then says
+    whether the server really holds them (it stops the run if not), before any weight moves."""
+    T = cfg.temperature
+    with torch.no_grad():  # before any update: the old policy of the ratio (mu > 1; else it is the one we train)
+        for b in mbs:      # and the reference
+            b["old"] = completion_logprobs(model, b["ids"], b["attn"], b["P"], T) if cfg.mu > 1 else None
+            b["ref"] = completion_logprobs(ref, b["ids"], b["attn"], b["P"], T) if ref is not None else None
+    zero = lambda: torch.zeros((), dtype=torch.float64, device=mbs[0]["ids"].device)
+    sums, maxes = defaultdict(zero), defaultdict(zero)
+    for update in range(cfg.mu):
+        for k, b in enumerate(mbs):
+            model.set_requires_gradient_sync(k == len(mbs) - 1)  # reduce gradients once per update
+            logits = completion_logits(model, b["ids"], b["attn"], b["P"])  # (B, C, V)
+            logp = token_logprobs(logits, b["ids"][:, b["P"]:], T)
+            old = b["old"] if cfg.mu > 1 else logp.detach()
+            loss, clipped, kl = policy_loss(cfg, b, logp, old)
+            loss = aggregate(loss, b["mask"], cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
+            (loss * world).backward()  # FSDP averages gradients over ranks: * world gives the batch's gradient
+            merge(sums, maxes, {"loss": loss.detach(), "clipped": (clipped * b["mask"]).sum(), "trained_tokens": b["mask"].sum(),
+                                "kl": (kl.detach() * b["mask"]).sum() if kl is not None else 0})
+            if update == 0:  # the weights the server holds: keep their logprobs for the check, compare with the server's
+                b["lp0"] = old
+                merge(sums, maxes, {"entropy": (token_entropy(logits, T) * b["mask"]).sum()})
+                merge(sums, maxes, *mismatch_stats(old, b["server"], b["mask"], cfg.tis_cap))
+        if update == 0:
+            merge(sums, maxes, *check(mbs, sums, maxes))
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        finite = bool(torch.isfinite(grad_norm))  # else the step is skipped: it would poison the weights and the server
+        merge(sums, maxes, {"grad_norm": grad_norm / world, "nonfinite": (not finite) / world})  # / world: summed over ranks
+        if finite:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+    return sums, maxes
+
+
+
+# ----------------------------------------------------------------------------------------
+# The loop.
+
+def main(cfg):
+    rt = setup(cfg)                 # flags, ranks, GPUs, process group: checked before anything heavy
+    server = Server(cfg, rt)        # up? our model? how do weights get there? (rollouts, check, pushes)
+    tok, train, evals, reward_fn, correct_fn = load_data(cfg)
+    model, ref, opt, start = load_models(cfg, rt)
+    log = MetricsLog(cfg, rt, start, len(train))
+    n, pad = cfg.prompts_per_step // rt.world, tok.pad_token_id or 0
+    my_prompts = lambda step: [train[i] for i in prompts_for_step(len(train), step, cfg.prompts_per_step, cfg.seed)
+                               [rt.rank * n: (rt.rank + 1) * n]]  # this rank's share of the step's prompts
+
+    t0 = time.time()
+    nbytes = server.push(model, start)  # the server starts from our weights (also after a resume)
+    print0(f"initial sync: {nbytes / 2**20:.0f} MiB in {time.time() - t0:.2f}s, tagged version {start}")
+    log.write(evaluate(cfg, server, tok, evals, reward_fn, correct_fn, start))
+    t_run, next_batch = time.time(), None
+    for step in range(start, cfg.steps):
+        clock = Clock()
+        # 1. rollout. Sync: sample now from θ_step. Async: this batch was sampled from θ_{step-1} during the last
+        #    step, and the server samples the next one from θ_step while we train on this one.
+        batch = next_batch or on_all_ranks(server.rollout, my_prompts(step), step)
+        pending = POOL.submit(server.rollout, my_prompts(step + 1), step) if cfg.async_ and step + 1 < cfg.steps else None
+        check = server.check(batch, step, model, pad)  # async: the server re-scores some of it with θ_step, meanwhile
+        clock.lap("rollout_wait")
+        # 2. rewards, correctness, group-relative advantages; micro-batches
+        samples, sums, warn = score(batch, tok, reward_fn, correct_fn, cfg.group_size, cfg.scale_rewards)
+        totals = all_reduce_named({"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}, dist.ReduceOp.SUM, rt.device)
+        mbs = micro_batches(samples, cfg.micro_batch, pad, rt.device)
+        clock.lap("score")
+        # 3. mu optimizer steps on the GRPO loss; before the first, the check that the server holds our weights
+        train_sums, maxes = train_step(cfg, model, ref, opt, mbs, totals["seqs"], totals["tokens"], rt.world, check)
+        clock.lap("train")
+        # 4. push θ_{step+1}. Async: first wait for the next batch: weights never change mid-generation
+        next_batch = on_all_ranks(pending.result) if pending else None
+        clock.lap("next_rollout_wait")
+        nbytes = server.push(model, step + 1)
+        clock.lap("sync")
+        # 5. log (named sums over micro-batches and ranks), checkpoint, evaluate
+        s = all_reduce_named({**sums, **train_sums}, dist.ReduceOp.SUM, rt.device)
+        mx = all_reduce_named(maxes, dist.ReduceOp.MAX, rt.device)
+        log.step(step_metrics(cfg, step + 1, batch, s, mx, clock, t_run, nbytes, rt), samples[0], warn)
+        if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
+            save_checkpoint(cfg, model, opt, tok, step + 1)
+        if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
+            log.write(evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step + 1))
+    server.close()
+    log.close()
+    dist.destroy_process_group()
+
+
+# ======================================================================================================
+# ---- Plumbing below: the SGLang server, weight sync, FSDP, checkpoints, logging. You should not need
+# ---- to read it to change GRPO. main() is called at the very bottom.
+# ======================================================================================================
+
+def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):
+    """Greedy accuracy (the task's check) and mean reward on the held-out prompts, through the server (rank 0)."""
+    if int(os.environ.get("RANK", 0)) != 0:
+        return None
+    t0 = time.time()
+    outs = server.rollout(evals, step, greedy=True)["outs"]
+    warn, texts = Counter(), [tok.decode(o[0], skip_special_tokens=True) for o in outs]
+    mean = lambda fn: sum(reward_fns.safe_reward(fn, t, e["answer"], warn) for t, e in zip(texts, evals)) / len(evals)
+    acc, reward = mean(correct_fn), mean(reward_fn)
+    print0(f"eval step {step}: accuracy {acc:.3f}, reward {reward:.3f} on {len(evals)} held-out prompts (greedy, "
+           f"{time.time() - t0:.1f}s)")
+    return {"step": step, "eval_accuracy": acc, "eval_reward": reward}
+
+
+def step_metrics(cfg, step, batch, s, mx, clock, t_run, nbytes, rt):
+    """The step's named metrics, from sums and maxima over all micro-batches and ranks."""
+    rel = lambda span: [round(span[0] - t_run, 3), round(span[1] - t_run, 3)]
+    sp, stale = clock.spans, "stale_abs" in s  # stale: an async batch, some of whose rows were re-scored
+    rollout = batch["span"][1] - batch["span"][0]
+    return {"step": step, "sampled_from_version": batch["version"], "reward_mean": s["reward"] / s["seqs"],
+            "accuracy": s["correct"] / s["seqs"], "kl": s["kl"] / s["trained_tokens"], "clip_frac": s["clipped"] / s["trained_tokens"],
+            "entropy": s["entropy"] / s["tokens"], "loss": s["loss"] / cfg.mu, "grad_norm": s["grad_norm"] / cfg.mu,
+            "completion_len_mean": s["completion_tokens"] / s["seqs"], "truncated_frac": s["truncated"] / s["seqs"],
+            "zero_std_groups_frac": s["zero_std_groups"] / s["groups"], "reward_warnings": int(s["reward_warnings"]),
+            "nonfinite_skips": round(s["nonfinite"]),
+            # the sync check: trainer vs server on the same tokens under the same weights
+            "check_mismatch_mean": s["check_abs"] / s["check_tokens"] if s["check_tokens"] else None,
+            "check_mismatch_max": mx.get("check_max"),
+            "staleness_mean": s["stale_abs"] / s["check_tokens"] if stale else None, "staleness_max": mx["stale_max"] if stale else None,
+            # trainer vs the server that sampled (async: one step of policy change too, which TIS corrects)
+            "mismatch_mean": s["mismatch_abs"] / s["tokens"], "mismatch_max": mx["mismatch_max"],
+            "mismatch_kl": s["mismatch_kl"] / s["tokens"], "is_ratio_mean": s["is_ratio"] / s["tokens"],
+            "is_ratio_max": mx["is_ratio_max"], "is_truncated_frac": s["is_truncated"] / s["tokens"],
+            "time_rollout": rollout, **{f"time_{k}": b - a for k, (a, b) in sp.items()}, "time_step": clock.t - clock.t0,
+            "sync_bytes": nbytes, "sync_skipped": step in rt.skip, "rollout_tokens_per_s": s["completion_tokens"] / max(rollout, 1e-9),
+            "span_step": rel((clock.t0, clock.t)), "span_rollout": rel(batch["span"]), "span_train": rel(sp["train"]),
+            "span_sync": rel(sp["sync"]),
+            "peak_mem_gb": torch.cuda.max_memory_allocated(rt.device) / 1e9 if rt.device.type == "cuda" else 0.0}
+
+
+class Clock:
+    """A step's phases: lap(name) ends the phase that began at the previous lap."""
+    def __init__(self):
+        self.t0 = self.t = time.time()
+        self.spans = {}
+
+    def lap(self, name):
+        self.spans[name], self.t = (self.t, time.time()), time.time()
+
+
+class MetricsLog:
+    """metrics.jsonl (and wandb) on rank 0, the one log line per step, and the NaN/Inf stop rule."""
+    def __init__(self, cfg, rt, start, n_train):
+        self.cfg, self.master, self.nonfinite_run = cfg, rt.master, 0
+        print0(f"batch: {cfg.prompts_per_step} prompts x {cfg.group_size} completions = {cfg.prompts_per_step * cfg.group_size} "
+               f"sequences per step, {cfg.prompts_per_step // rt.world * cfg.group_size} per rank x {rt.world} ranks; micro-batch "
+               f"{cfg.micro_batch}; {cfg.mu} optimizer step(s) per rollout; {cfg.steps} steps = "
+               f"{cfg.steps * cfg.prompts_per_step / n_train:.2f} epochs")
+        print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from θ_{s-1} while the server "
+                               "samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
+        if self.master:
+            json.dump(dataclasses.asdict(cfg), open(os.path.join(cfg.out_dir, "config.json"), "w"), indent=1)
+            self.file = open_metrics(cfg, start)
+            if cfg.wandb:
+                try:
+                    import wandb
+                except ImportError:
+                    raise UserError("--wandb needs the wandb package: pip install wandb") from None
+                self.wandb = wandb
+                wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg))
+
+    def write(self, m):
+        if self.master and m:
+            self.file.write(json.dumps(m) + "\n")
+            self.file.flush()
+            if self.cfg.wandb:
+                self.wandb.log(m, step=m["step"])
+
+    def step(self, m, sample, warn):
+        if warn:  # rewards that raised or returned NaN/None count as 0; say which (rank 0's)
+            print0(f"reward warnings at step {m['step']}: {dict(warn)}")
+        print0(f"step {m['step']:4d} | reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} | kl {m['kl']:.4f} "
+               f"clip {m['clip_frac']:.3f} ent {m['entropy']:.2f} | len {m['completion_len_mean']:.0f} | rollout "
+               f"{m['time_rollout']:.2f}s train {m['time_train']:.2f}s sync {m['time_sync']:.2f}s step {m['time_step']:.2f}s | "
+               f"{m['rollout_tokens_per_s']:.0f} tok/s | check {'-' if m['check_mismatch_mean'] is None else format(m['check_mismatch_mean'], '.4f')} mismatch {m['mismatch_mean']:.4f} "
+               f"from v{m['sampled_from_version']}")
+        if self.cfg.sample_every and m["step"] % self.cfg.sample_every == 0:
+            print0(f"  sample (reward {sample['reward']}): {sample['text'][:300]!r}")
+        self.write(m)
+        self.nonfinite_run = self.nonfinite_run + 1 if m["nonfinite_skips"] else 0  # the same on all ranks
+        if m["nonfinite_skips"]:
+            print0(f"warning: NaN/Inf gradient at step {m['step']}: {m['nonfinite_skips']} of {self.cfg.mu} update(s) skipped")
+        if self.nonfinite_run >= self.cfg.max_nonfinite_steps:
+            raise UserError(f"NaN/Inf gradients in {self.nonfinite_run} steps in a row (--max_nonfinite_steps); the weights "
+                            f"were left as they were. Lower --lr, check the rewards and --tis_cap, then --resume "
+                            f"from the last checkpoint in {self.cfg.out_dir}.")
+
+    def close(self):
+        if self.master and self.cfg.wandb:
+            self.wandb.finish()
+
+
+def print0(*a):
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*a, flush=True)
+
+
+# ----------------------------------------------------------------------------------------
+# Setup: flags, ranks, GPUs, data, models.
+
+def parse_config(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(Config):
+        flag, h = "--" + f.name.rstrip("_"), f.metadata["help"]  # `async` is a Python keyword: field async_
+        if type(f.default) is bool:
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=h)
+        else:
+            p.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=h)
+    return Config(**vars(p.parse_args(argv)))
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed once as one clear message, never a traceback."""
+
+
+def step_set(spec):
+    """'6' or '4-300' or '3,7-9' -> set of step numbers."""
+    steps = set()
+    for part in filter(None, spec.replace(" ", "").split(",")):
+        lo, _, hi = part.partition("-")
+        if not (lo.isdigit() and (hi or lo).isdigit()) or int(lo) > int(hi or lo):
+            raise UserError(f"--debug_skip_sync {spec!r} is not a list of steps or ranges like '6' or '4-300'")
+        steps.update(range(int(lo), int(hi or lo) + 1))
+    return steps
+
+
+def check_config(cfg, world):
+    """Every flag's range, before anything heavy: one message naming the flag, its value and what is allowed."""
+    rules = [("temperature", cfg.temperature > 0, "> 0 (sampling needs it; evaluation is greedy already)"),
+             ("top_p", 0 < cfg.top_p <= 1, "in (0, 1]"), ("top_k", cfg.top_k == -1 or cfg.top_k >= 1, "-1 (off) or >= 1"),
+             ("lr", cfg.lr >= 0, ">= 0"), ("weight_decay", cfg.weight_decay >= 0, ">= 0"),
+             ("max_grad_norm", cfg.max_grad_norm > 0, "> 0"), ("beta", cfg.beta >= 0, ">= 0"),
+             ("clip_low", 0 <= cfg.clip_low < 1, "in [0, 1)"), ("clip_high", cfg.clip_high >= 0, ">= 0"),
+             ("tis_cap", cfg.tis_cap == 0 or cfg.tis_cap >= 1, "0 (off) or >= 1"),
+             ("mismatch_max", cfg.mismatch_max > 0, "> 0"), ("sync_bucket_mb", cfg.sync_bucket_mb > 0, "> 0"),
+             ("request_timeout", cfg.request_timeout > 0, "> 0"), ("request_retries", cfg.request_retries >= 0, ">= 0"),
+             ("check_seqs", cfg.check_seqs >= 0, ">= 0"),
+             ("group_size", cfg.group_size >= 2, ">= 2 (advantages compare completions of the same prompt)")]
+    rules += [(f, getattr(cfg, f) >= 1, ">= 1") for f in ("steps", "prompts_per_step", "max_new_tokens", "mu", "micro_batch",
+                                                          "max_nonfinite_steps", "eval_size", "max_prompt_tokens", "builtin_max_operand")]
+    rules += [(f, getattr(cfg, f) >= 0, ">= 0") for f in ("eval_every", "save_every", "sample_every", "server_gpu")]
+    rules += [("nccl_port", 0 <= cfg.nccl_port < 65536, "a TCP port, 1..65535 (0: a free one)")]
+    rules += [(f, getattr(cfg, f) in allowed, " or ".join(allowed)) for f, allowed in (
+        ("loss_agg", ("token", "seq", "constant")), ("ratio_level", ("token", "sequence")), ("prompt_format", ("auto", "chat", "plain")),
+        ("sync", ("auto", "tensor", "nccl")), ("device", ("auto", "cuda", "cpu")))]
+    for flag, ok, allowed in rules:
+        if not ok:
+            raise UserError(f"--{flag} {getattr(cfg, flag)!r} is out of range: it must be {allowed}")
+    if cfg.prompts_per_step % world:
+        raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda, but torch sees no GPU: use --device cpu (tests), or a torch build with CUDA")
+    if cfg.colocate and cfg.sync == "nccl":
+        raise UserError("--sync nccl needs the server on another GPU than rank 0 (NCCL allows one rank per GPU); "
+                        "drop --colocate or use --sync tensor")
+    url = urlparse(cfg.server_url)
+    if url.scheme not in ("http", "https") or not url.hostname or not port_ok(url):
+        raise UserError(f"--server_url {cfg.server_url!r} is not a server address: it must look like http://127.0.0.1:30000")
+    try:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out_dir {cfg.out_dir!r} cannot be created: {e.strerror}") from None
+    check_out_dir(cfg)
+    return step_set(cfg.debug_skip_sync)
+
+
+def port_ok(url):
+    try:
+        return url.port is None or 0 < url.port < 65536
+    except ValueError:  # not a number, or out of range
+        return False
+
+
+def setup(cfg):
+    """Ranks, flags, the GPU layout and the process group, all checked before anything heavy is loaded.
+    -> rank, world, master, device, mesh, how weights reach the server (sync, why, server_idx), ckpt, skip."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    cfg.api_key, cfg.server_url = cfg.api_key or os.environ.get("SGLANG_API_KEY", ""), cfg.server_url.rstrip("/")
+    skip = check_config(cfg, world)
+    ckpt = checkpoint_to_resume(cfg.out_dir) if cfg.resume else None
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if use_cuda:
+        dev_idx, server_idx = gpu_layout(cfg.server_gpu, cfg.colocate, local_rank, local_world, visible, torch.cuda.device_count())
+        device = torch.device("cuda", dev_idx)
+        torch.cuda.set_device(device)
+    else:
+        device, server_idx = torch.device("cpu"), "cpu"
+        torch.multiprocessing.set_sharing_strategy("file_system")  # CPU tensors by file name (tests)
+    sync, why = pick_sync(cfg, server_idx, visible)
+    if sync == "nccl":  # SGLang's server runs NCCL with cuMem off unless told otherwise: both ends must agree
+        os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
+    if "RANK" not in os.environ:  # plain `python grpo_sglang.py`: a world of one
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"), RANK="0", WORLD_SIZE="1")
+    # No device_id: a default group bound to a device makes torch build every later NCCL group by splitting
+    # it, and the weight-update group must instead meet the server (found on the GPU: the server waited).
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    from torch.distributed.device_mesh import init_device_mesh
+    torch.manual_seed(cfg.seed + rank)
+    if use_cuda:  # CUDA-IPC handles then name the GPU by UUID (see the weight sync); CUDA tensors only
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+        monkey_patch_torch_reductions()
+    return SimpleNamespace(rank=rank, world=world, master=rank == 0, device=device, mesh=init_device_mesh(device.type, (world,)),
+                           sync=sync, why=why, server_idx=server_idx, ckpt=ckpt, skip=skip)
+
+
+def load_data(cfg):
+    """-> tokenizer, train and eval prompts (formatted and tokenized once), the reward function and the task's
+    correctness check (what accuracy counts)."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(cfg.model)
+    fmt = ("chat" if tok.chat_template else "plain") if cfg.prompt_format == "auto" else cfg.prompt_format
+    if fmt == "chat" and not tok.chat_template:
+        raise UserError(f"--prompt_format chat, but the tokenizer of {cfg.model} has no chat template (a base model?): "
+                        f"use --prompt_format plain (or auto)")
+    task = "arithmetic" if cfg.dataset == "builtin" else "gsm8k"
+    try:
+        reward_fn = reward_fns.get_reward_fn(task if cfg.reward == "auto" else cfg.reward)
+    except ValueError as e:
+        raise UserError(f"--reward: {e}") from None
+    instruction = INSTRUCTIONS[task] if cfg.instruction == "auto" else cfg.instruction
+    skipped = Counter()
+    raw_train, raw_eval, held_out = load_splits(cfg)
+    train, evals = (tokenize_rows(rows, tok, cfg, instruction, fmt, skipped) for rows in (raw_train, raw_eval))
+    print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
+           f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
+    print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat" else "('question\\ninstruction\\n')"))
+    if not train or not evals:
+        raise UserError("no usable rows left for training or evaluation (see the skipped counts above)" + (
+            f"; the rows have the fields {sorted(raw_train[0])}: name the question's and the answer's with --prompt_field "
+            f"and --answer_field" if raw_train else ""))
+    return tok, train, evals, reward_fn, reward_fns.CORRECT[task]
+
+
+def load_hf_dataset(cfg):
+    import datasets
+    try:  # a local folder of data files has no config name (the default 'main' is GSM8K's)
+        ds = datasets.load_dataset(cfg.dataset, None if os.path.isdir(cfg.dataset) else cfg.dataset_config or None)
+    except Exception as e:
+        raise UserError(f"could not load dataset {cfg.dataset!r} ({type(e).__name__}: {str(e)[:300]}). --dataset takes "
+                        f"a dataset on the HF hub, a local folder of data files, a .json/.jsonl file, or 'builtin'") from None
+    for flag, split in (("train_split", cfg.train_split), ("eval_split", cfg.eval_split)):
+        if split and split not in ds:
+            raise UserError(f"--{flag}: dataset {cfg.dataset!r} has no split {split!r} (it has {list(ds)})" +
+                            (" (--eval_split '' holds out rows of the train split)" if flag == "eval_split" else ""))
+    return ds
+
+
+def read_rows(path):
+    """A .jsonl file (one JSON object per line) or a .json file (a list of objects) -> rows; errors name the line."""
+    example = '{"question": "What is 2 + 3?", "answer": "5"}'
+    if not path.endswith((".json", ".jsonl")) or not os.path.isfile(path):
+        raise UserError(f"--dataset {path}: " + ("no such file" if not os.path.exists(path) else "a local file must be .jsonl (one "
+                        f"JSON object per line, e.g. {example}) or .json (a list of such objects)"))
+    try:
+        text = open(path, encoding="utf-8").read()
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text") from None
+    if path.endswith(".json") and text.lstrip().startswith("["):
+        try:
+            items = list(enumerate(json.loads(text), 1))
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
+    else:
+        items = []
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                items += [(n, json.loads(line))] if line.strip() else []
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path} line {n} is not valid JSON ({e.msg}): {line[:80]!r}") from None
+    bad = next((n for n, r in items if not isinstance(r, dict)), None)
+    if bad or not items:
+        raise UserError(f"{path}: " + (f"row {bad} is not a JSON object" if bad else "the file holds no rows") +
+                        f"; each row must be an object like {example}")
+    return [r for _, r in items]
+
+
+def load_models(cfg, rt):
+    """-> the policy (fp32 master weights, sharded with FSDP2), the reference (only when beta > 0), AdamW, and the
+    step to start from (a checkpoint's, with --resume)."""
+    from transformers import AutoModelForCausalLM
+    if cfg.resume and not rt.ckpt:
+        print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
+    model = shard(load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing), rt.mesh, torch.bfloat16, cfg.tf32_head)
+    ref = None
+    if cfg.beta > 0:
+        ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(rt.device).eval()
+        ref = shard(ref, rt.mesh, torch.bfloat16, cfg.tf32_head).requires_grad_(False)
+    # fused: one kernel and no temporaries; the default (foreach) Adam allocates a copy of a moment per step,
+    # which for a 7B model on one H200 is the difference between fitting and an OOM at the first step
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=rt.device.type == "cuda")
+    start = load_checkpoint(rt.ckpt, model, opt) if rt.ckpt else 0
+    if rt.ckpt:
+        print0(f"resumed from {rt.ckpt} at step {start}")
+    if start >= cfg.steps:
+        raise UserError(f"--resume: the checkpoint in {cfg.out_dir} is at step {start} and --steps is {cfg.steps}: nothing "
+                        f"left to train (raise --steps)")
+    return model, ref, opt, start
+
+
+# ----------------------------------------------------------------------------------------
+# The SGLang server, through its public HTTP API only.
+
+class Server:
+    """Rollouts, the sync check and weight pushes. Every wait on the server has a timeout (--request_timeout)
+    that ends in one clear message, never a hang."""
+
+    def __init__(self, cfg, rt):
+        self.cfg, self.rt = cfg, rt
+        begin_end = on_all_ranks(lambda: rt.master and check_server(cfg))  # every rank stops if it is not right
+        self.link = None  # rank 0's way to the server's weights
+        if rt.master and rt.sync == "tensor":
+            self.link = {"kind": "tensor", "device": torch.device("cuda", rt.server_idx) if rt.device.type == "cuda" else rt.device}
+        self.link = on_all_ranks(lambda: connect_nccl(cfg, rt.device) if rt.master and rt.sync == "nccl" else self.link)
+        if self.link:
+            self.link["begin_end"] = begin_end
+        where = f", NCCL group at {self.link['where']}" if self.link and "where" in self.link else ""
+        print0(f"layout: training on {rt.device} x {rt.world}{' (server colocated)' if cfg.colocate else ''}; server at "
+               f"{cfg.server_url}; weight sync: {rt.sync} ({rt.why}{where})")
+
+    def rollout(self, rows, version, greedy=False):
+        """group_size completions of each prompt row (one, greedy, to evaluate), which must come from θ_version.
+        -> the batch: rows, outs = [(completion ids, the server's logprobs of them, finish reason)], version, span."""
+        cfg, t0 = self.cfg, time.time()
+        sp = {"max_new_tokens": cfg.max_new_tokens, "temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
+              "top_k": cfg.top_k}
+        ids = [r["ids"] for r in rows for _ in range(1 if greedy else cfg.group_size)]
+        outs = []
+        for o in generate(cfg, ids, str(version), "sampled", "this rollout", sampling_params=sp):
+            lps = [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]  # SGLang keeps EOS (and its logprob) in
+            if len(lps) != len(o["output_ids"]):                             # output_ids: the policy must learn to stop
+                raise UserError(f"/generate returned {len(o['output_ids'])} tokens but {len(lps)} logprobs: unexpected server version?")
+            outs.append((o["output_ids"], lps, (o["meta_info"].get("finish_reason") or {}).get("type", "?")))
+        return {"rows": rows, "outs": outs, "version": version, "span": (t0, time.time())}
+
+    def check(self, batch, version, model, pad_id):
+        """-> check(mbs, sums, maxes), which train_step calls before its first update: the sync check of training
+        on `batch` with θ_version. It compares trainer and server logprobs on the same tokens under the same weights:
+        the batch's own if it was sampled from θ_version; else (--async: the batch is one step older) those of a few
+        of its sequences, which the server re-scores with θ_version now, while the trainer scores the batch."""
+        cfg = self.cfg
+        if batch["version"] == version:
+            return lambda mbs, sums, maxes: self.verdict(version, {"check_abs": sums["mismatch_abs"], "check_tokens":
+                                                                   sums["tokens"]}, {"check_max": maxes["mismatch_max"]})
+        if not cfg.check_seqs:  # --check_seqs 0: batches one step old go unchecked (the version check stays)
+            return lambda mbs, sums, maxes: ({"check_tokens": 0}, {})
+        rows = spread(len(batch["outs"]), -(-cfg.check_seqs // self.rt.world))
+        seqs = [(batch["rows"][i // cfg.group_size]["ids"], batch["outs"][i][0]) for i in rows]
+        rescored, t1 = POOL.submit(rescore, cfg, seqs, str(version)), None
+        if cfg.temperature != 1:  # SGLang re-scores at temperature 1, so must we. Now, before any backward: a no-grad
+            ids, attn, _, P = pad_batch([{"prompt": p, "completion": c} for p, c in seqs], pad_id, self.rt.device)
+            with torch.no_grad():  # forward after one leaves FSDP's root gathered, and the next step would use its
+                t1 = list(completion_logprobs(model, ids, attn, P, 1.0))  # weights from before the update
+
+        def check(mbs, sums, maxes):
+            lps = t1 or [mbs[i // cfg.micro_batch]["lp0"][i % cfg.micro_batch] for i in rows]
+            now = on_all_ranks(waited, rescored, cfg.request_timeout, "re-scoring a batch for the sync check")
+            return self.verdict(version, *rescored_check([batch["outs"][i][1] for i in rows], now, lps))
+        return check
+
+    def verdict(self, version, sums, maxes):
+        """Stop (every rank) unless trainer and server agree on θ_version to within kernel noise."""
+        mm = all_reduce_named({k: sums[k] for k in ("check_abs", "check_tokens")}, dist.ReduceOp.SUM, self.rt.device)
+        if mm["check_abs"] / mm["check_tokens"] > self.cfg.mismatch_max:
+            raise UserError(f"weight sync check failed at step {version + 1}: its version tag was right (the weights after "
+                            f"step {version}), but on {mm['check_tokens']:.0f} sampled tokens the server's logprobs differ from "
+                            f"the trainer's, under those weights, by {mm['check_abs'] / mm['check_tokens']:.3f} nats on average "
+                            f"(--mismatch_max {self.cfg.mismatch_max}; kernel noise is ~0.01-0.03): the server does not "
+                            f"generate with the weights it was sent.")
+        return sums, maxes
+
+    def push(self, model, version):
+        """θ_version (the weights after `version` steps) to the server, tagged `version`. -> bytes sent (rank 0)."""
+        if version not in self.rt.skip:
+            return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
+        if self.cfg.debug_tag_skipped:  # negative control: a server that drops the weights but not the tag
+            on_all_ranks(lambda: self.rt.master and call(self.cfg, "/update_weight_version", {
+                "new_version": str(version), "abort_all_requests": False}))
+        return 0
+
+    def close(self):
+        if self.link and self.link["kind"] == "nccl":
+            call(self.cfg, "/destroy_weights_update_group", {"group_name": self.link["group_name"]}, timeout=30, retries=0)
+
 
 def call(cfg, path, payload=None, timeout=None, retries=None):
     """POST (or GET without payload) with timeout, retries and backoff. -> parsed JSON or text."""
@@ -424,10 +894,12 @@ def auth(cfg):
 
 
 def check_server(cfg):
-    """Before anything heavy: is the server up, and does it serve our model?"""
+    """Before anything heavy: is the server up, and does it serve our model? -> whether it has /begin_weight_update."""
     call(cfg, "/health", timeout=10, retries=1)
     info = call(cfg, "/model_info", timeout=30)
-    served = str(info.get("model_path", "")) if isinstance(info, dict) else ""
+    if not isinstance(info, dict):
+        raise UserError(f"{cfg.server_url} does not answer like an SGLang server (/model_info: {str(info)[:100]!r})")
+    served = str(info.get("model_path", ""))
     same = served == cfg.model or (os.path.exists(cfg.model) and os.path.realpath(served) == os.path.realpath(cfg.model))
     if not same:
         raise UserError(f"the server serves {served!r} but the trainer trains {cfg.model!r}.\n"
@@ -441,54 +913,34 @@ def check_server(cfg):
         r = requests.get(cfg.server_url + "/begin_weight_update", headers=auth(cfg), timeout=cfg.request_timeout)
     except requests.RequestException as e:
         raise UserError(f"the SGLang server at {cfg.server_url} stopped answering ({e})") from None
-    return {"begin_end": r.status_code == 405}
+    return r.status_code == 405  # -> whether to open and close a weight-update session around each push
 
 
-def generate(cfg, prompt_ids, n, version, greedy=False):
-    """n completions for each prompt (token ids) -> list of (completion ids, server logprobs, finish).
-    One batched request: the server schedules all of it (and every rank's) together. Every answer
-    must come from weights `version` (the tag of the last push), or we stop: a push was lost."""
-    sp = {"max_new_tokens": cfg.max_new_tokens, "temperature": 0.0 if greedy else cfg.temperature,
-          "top_p": cfg.top_p, "top_k": cfg.top_k}
-    batch = [p for p in prompt_ids for _ in range(n)]
-    out = call(cfg, "/generate", {"input_ids": batch, "sampling_params": sp, "return_logprob": True})
-    if not isinstance(out, list) or len(out) != len(batch):
-        raise UserError(f"/generate returned {type(out).__name__} of unexpected size (wanted {len(batch)} items)")
-    results = []
-    for o in out:  # SGLang keeps the EOS token in output_ids (and its logprob): the policy must learn
-        ids, meta = o["output_ids"], o["meta_info"]  # to stop, so EOS needs a gradient too
-        check_version(meta, version, "sampled", "this rollout")
-        lps = [lp for lp, *_ in meta["output_token_logprobs"]]
-        if len(lps) != len(ids):
-            raise UserError(f"/generate returned {len(ids)} tokens but {len(lps)} logprobs: unexpected server version?")
-        results.append((ids, lps, (meta.get("finish_reason") or {}).get("type", "?")))
-    return results
-
-
-def check_version(meta, version, did, what):
-    if str(meta.get("weight_version")) != version:
-        raise UserError(f"the server {did} with weights of version {meta.get('weight_version')!r}, but {what} must come from "
-                        f"version {version!r} (the trainer's weights after step {version}). A weight push was skipped, "
-                        f"rejected or reordered, or another client changed the server's weights. Stopping rather than "
-                        f"training on another policy's samples.")
+def generate(cfg, input_ids, version, did, what, **req):
+    """One batched /generate (the server schedules all of it, and every rank's, together) -> its answers. Every
+    answer must come from weights `version` (the tag of the last push), or we stop: a push was lost."""
+    out = call(cfg, "/generate", {"input_ids": input_ids, "return_logprob": True, **req})
+    if not isinstance(out, list) or len(out) != len(input_ids):
+        raise UserError(f"/generate returned {type(out).__name__} of unexpected size (wanted {len(input_ids)} items)")
+    for o in out:
+        if str(o["meta_info"].get("weight_version")) != version:
+            raise UserError(f"the server {did} with weights of version {o['meta_info'].get('weight_version')!r}, but {what} "
+                            f"must come from version {version!r} (the trainer's weights after step {version}). A weight push "
+                            f"was skipped, rejected or reordered, or another client changed the server's weights. Stopping "
+                            f"rather than training on another policy's samples.")
+    return out
 
 
 def rescore(cfg, seqs, version):
     """[(prompt ids, completion ids)] -> the server's logprobs of each completion under its current weights,
     which must be `version`: a prefill only (max_new_tokens 0). SGLang's input logprobs are those of the
     raw logits (temperature 1) and start with None for the token at logprob_start_len: we start one early."""
-    out = call(cfg, "/generate", {"input_ids": [p + c for p, c in seqs], "sampling_params": {"max_new_tokens": 0},
-                                  "return_logprob": True, "logprob_start_len": [len(p) - 1 for p, _ in seqs]})
-    if not isinstance(out, list) or len(out) != len(seqs):
-        raise UserError(f"/generate (re-score) returned {type(out).__name__} of unexpected size (wanted {len(seqs)} items)")
-    lps = []
-    for o, (_, c) in zip(out, seqs):
-        check_version(o["meta_info"], version, "re-scored the batch", "this check")
-        got = o["meta_info"]["input_token_logprobs"][-len(c):]
-        if [t for _, t, *_ in got] != list(c) or any(lp is None for lp, *_ in got):
-            raise UserError("/generate with max_new_tokens 0 did not return the logprobs of the input tokens: unexpected server version?")
-        lps.append([lp for lp, *_ in got])
-    return lps
+    out = generate(cfg, [p + c for p, c in seqs], version, "re-scored the batch", "this check", sampling_params={
+        "max_new_tokens": 0}, logprob_start_len=[len(p) - 1 for p, _ in seqs])
+    lps = [o["meta_info"]["input_token_logprobs"][-len(c):] for o, (_, c) in zip(out, seqs)]
+    if any([t for _, t, *_ in got] != list(c) or any(lp is None for lp, *_ in got) for got, (_, c) in zip(lps, seqs)):
+        raise UserError("/generate with max_new_tokens 0 did not return the logprobs of the input tokens: unexpected server version?")
+    return [[lp for lp, *_ in got] for got in lps]
 
 
 def spread(n, k):
@@ -496,19 +948,17 @@ def spread(n, k):
     return list(range(n)) if k >= n else [i * n // k for i in range(k)]
 
 
-def rescored_check(samples, rows, rescored, trainer_lps):
-    """The async sync check on the rows the server re-scored with the trainer's weights: trainer vs server
-    on the same tokens under the same weights (`check_*`: kernel noise only, whatever the lr), and the
-    server's logprobs when it sampled (one step older) vs now (`stale_*`: the pure staleness).
-    trainer_lps[j]: (C,) the trainer's logprobs of row rows[j]. -> (sums, maxima)."""
-    zero = trainer_lps[0].new_zeros(())
-    sums, maxes = {"check_abs": zero, "check_tokens": zero, "stale_abs": zero}, {"check_max": zero, "stale_max": zero}
-    for i, now, t in zip(rows, rescored, trainer_lps):
-        now, then = t.new_tensor(now), t.new_tensor(samples[i]["server_lp"])
+def rescored_check(sampled, rescored, trainer):
+    """The async check on the sequences the server re-scored, one (C,) list or tensor of logprobs per sequence for
+    each argument -> (sums, maxima) of |trainer - server now| (check_*: the same weights, so kernel noise only,
+    whatever the lr) and |server when it sampled, one step older - server now| (stale_*: the pure staleness)."""
+    zero = lambda: trainer[0].new_zeros((), dtype=torch.float64)
+    sums, maxes = defaultdict(zero), defaultdict(zero)
+    for then, now, t in zip(sampled, rescored, trainer):
+        now, then = t.new_tensor(now), t.new_tensor(then)
         d, stale = (t[: len(now)] - now).abs(), (then - now).abs()
-        sums = {"check_abs": sums["check_abs"] + d.sum(), "check_tokens": sums["check_tokens"] + len(now),
-                "stale_abs": sums["stale_abs"] + stale.sum()}
-        maxes = {"check_max": torch.maximum(maxes["check_max"], d.max()), "stale_max": torch.maximum(maxes["stale_max"], stale.max())}
+        merge(sums, maxes, {"check_abs": d.sum(), "check_tokens": len(now), "stale_abs": stale.sum()},
+              {"check_max": d.max(), "stale_max": stale.max()})
     return sums, maxes
 
 
@@ -633,51 +1083,39 @@ def pack(named, device):
     return flat, meta
 
 
-def serialize_bucket(flat, meta):
-    """-> the string /update_weights_from_tensor takes: IPC handles only, so `flat` must stay alive
-    until the server has answered."""
-    from sglang.srt.utils import MultiprocessingSerializer
-    return MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": meta}, output_str=True)
-
-
-def post_update(cfg, path, req, retries=None):
-    r = call(cfg, path, req, retries=retries)
-    if not (isinstance(r, dict) and r.get("success")):
-        raise UserError(f"the server rejected the weight update: {r}. Training on would sample from stale weights, so we stop.")
-
-
-def send_tensor(cfg, link, flat, meta, last, version):
-    """Tensor path: POST the bucket's handle; the server copies from it. -> wait() for the answer."""
-    req = {"serialized_named_tensors": [serialize_bucket(flat, meta)], "load_format": "flattened_bucket",
-           "flush_cache": last, "weight_version": version if last else None}
-    answered = POOL.submit(post_update, cfg, "/update_weights_from_tensor", req)
-
-    def wait():
-        answered.result()
-        return flat.numel()  # `flat` stays alive until here: the server has copied it
-    return wait
-
-
-def send_nccl(cfg, link, flat, meta, last, version):
-    """NCCL path: the server posts its receive when this request reaches it, so the request is in flight
-    before our send is waited on (never the other way: a blocking request would deadlock). The send
-    runs on a side thread and both are waited on with --request_timeout: a dead server is an error,
-    never a silent NCCL hang. -> wait()."""
-    req = {"names": [m.name for m in meta], "dtypes": ["bfloat16"] * len(meta), "shapes": [list(m.shape) for m in meta],
-           "group_name": link["group_name"], "load_format": "flattened_bucket", "flush_cache": last,
-           "weight_version": version if last else None}
-    answered = POOL.submit(post_update, cfg, "/update_weights_from_distributed", req, retries=0)  # a retry would
-    sent = POOL.submit(broadcast, flat, link["group"])                                            # expect a 2nd send
+def send_bucket(cfg, link, flat, meta, last, version):
+    """POST one bucket's update; the last one flushes the server's prefix cache and sets the version tag. -> wait().
+    tensor: the request carries the bucket's CUDA-IPC handle (SGLang's serializer), so `flat` must stay alive until
+    the server has answered. nccl: the server posts its receive when the request reaches it, so the request is in
+    flight before our broadcast is waited on (a blocking request first would deadlock); the broadcast runs on a
+    side thread and both are waited on with --request_timeout: a dead server is an error, never an NCCL hang."""
+    req = {"load_format": "flattened_bucket", "flush_cache": last, "weight_version": version if last else None}
+    if link["kind"] == "tensor":
+        req["serialized_named_tensors"] = [serialize_bucket(flat, meta)]
+    else:
+        req.update(names=[m.name for m in meta], dtypes=["bfloat16"] * len(meta), shapes=[list(m.shape) for m in meta],
+                   group_name=link["group_name"])
+    path = "/update_weights_from_" + ("tensor" if link["kind"] == "tensor" else "distributed")
+    answered = POOL.submit(call, cfg, path, req, retries=None if link["kind"] == "tensor" else 0)  # a retry would
+    sent = POOL.submit(broadcast, flat, link["group"]) if link["kind"] == "nccl" else None          # expect a 2nd send
 
     def wait():
         try:
-            answered.result()  # raises if the server refused or did not answer in time: nothing waits on NCCL
+            r = answered.result()  # raises if the server refused or did not answer in time: nothing waits on NCCL
         except UserError as e:
-            raise UserError(f"{e}\nThe NCCL broadcast of a weight bucket did not complete. If the server is alive, NCCL "
-                            f"could not connect the two ends: run both with NCCL_DEBUG=INFO (see the README).") from None
-        waited(sent, cfg.request_timeout, "the NCCL send of a weight bucket")
+            raise UserError(f"{e}\nThe NCCL broadcast of a weight bucket did not complete. If the server is alive, NCCL could "
+                            f"not connect the two ends: run both with NCCL_DEBUG=INFO (see the README).") if sent else e from None
+        if not (isinstance(r, dict) and r.get("success")):
+            raise UserError(f"the server rejected the weight update: {r}. Training on would sample from stale weights, so we stop.")
+        if sent:
+            waited(sent, cfg.request_timeout, "the NCCL send of a weight bucket")
         return flat.numel()
     return wait
+
+
+def serialize_bucket(flat, meta):
+    from sglang.srt.utils import MultiprocessingSerializer
+    return MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": meta}, output_str=True)
 
 
 def broadcast(flat, group):
@@ -724,8 +1162,7 @@ def push_weights(cfg, model, link, version):
     several ranks, each send completes before the next gather: interleaving FSDP's collectives with
     the sends deadlocked TRL. The last bucket flushes the server's prefix cache (cached prompts hold
     activations of the old weights) and tags the weights `version`. -> bytes sent (rank 0)."""
-    send = send_nccl if link and link["kind"] == "nccl" else send_tensor
-    serial = send is send_nccl and dist.get_world_size() > 1
+    serial = link and link["kind"] == "nccl" and dist.get_world_size() > 1
     if link and link["begin_end"]:
         call(cfg, "/begin_weight_update", {"selector": "all"})
     sent, in_flight = 0, None
@@ -734,7 +1171,7 @@ def push_weights(cfg, model, link, version):
             continue
         flat, meta = pack(bucket, link["device"])
         sent += in_flight() if in_flight else 0  # one update at a time
-        in_flight = send(cfg, link, flat, meta, last, version)
+        in_flight = send_bucket(cfg, link, flat, meta, last, version)
         if serial:
             sent, in_flight = sent + in_flight(), None
     sent += in_flight() if in_flight else 0
@@ -744,7 +1181,7 @@ def push_weights(cfg, model, link, version):
 
 
 # ----------------------------------------------------------------------------------------
-# The trainer side: model, log-probs of completions, checkpoints.
+# The trainer's model: FSDP2, the TF32 head, checkpoints.
 
 def load_policy(path, device, grad_checkpointing):
     """fp32 master weights in training mode, which transformers' gradient checkpointing needs. Every
@@ -820,66 +1257,6 @@ def shard(model, mesh, param_dtype, tf32_head=False):
         head.register_forward_pre_hook(lambda m, args: (args[0].float(), *args[1:]))
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
     return model
-
-
-def score(batch, tok, reward_fn, correct_fn, group_size, scale):
-    """A rollout batch -> (samples, named sums, reward warnings). Each sample carries its reward, whether the
-    task's check calls it correct (what accuracy counts, whatever the reward), and its group-relative
-    advantage: completion k belongs to prompt k // group_size, so groups never straddle ranks."""
-    warn, samples = Counter(), []
-    for k, (ids, lps, fin) in enumerate(batch["outs"]):
-        row = batch["rows"][k // group_size]
-        text = tok.decode(ids, skip_special_tokens=True)
-        samples.append({"prompt": row["ids"], "completion": ids, "server_lp": lps, "finish": fin, "text": text,
-                        "reward": reward_fns.safe_reward(reward_fn, text, row["answer"], warn),
-                        "correct": reward_fns.safe_reward(correct_fn, text, row["answer"], warn) == 1})
-    rewards = torch.tensor([s["reward"] for s in samples])
-    for s, a in zip(samples, group_advantages(rewards, group_size, scale).tolist()):
-        s["adv"] = a
-    sums = {"reward": rewards.sum(), "correct": sum(s["correct"] for s in samples), "seqs": len(samples),
-            "completion_tokens": sum(len(s["completion"]) for s in samples), "truncated": sum(s["finish"] == "length" for s in samples),
-            "groups": len(samples) // group_size, "zero_std_groups": (rewards.view(-1, group_size).std(1) == 0).sum(),
-            "reward_warnings": sum(warn.values())}
-    return samples, sums, warn
-
-
-def pad_batch(samples, pad_id, device):
-    """Prompts left-padded, completions right-padded, so every completion starts at column P:
-    the model then only needs logits for the last C+1 columns (logits_to_keep)."""
-    P = max(len(s["prompt"]) for s in samples)
-    C = max(len(s["completion"]) for s in samples)
-    ids = torch.full((len(samples), P + C), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    cmask = torch.zeros(len(samples), C)
-    for i, s in enumerate(samples):
-        p, c = s["prompt"], s["completion"]
-        ids[i, P - len(p): P + len(c)] = torch.tensor(p + c)
-        attn[i, P - len(p): P + len(c)] = 1
-        cmask[i, : len(c)] = 1
-    return ids.to(device), attn.to(device), cmask.to(device), P
-
-
-def micro_batches(samples, size, pad_id, device):
-    """Samples -> padded micro-batches of `size` sequences, with their advantages (B,) and the server's
-    logprobs of the sampled tokens (B, C)."""
-    out = []
-    for i in range(0, len(samples), size):
-        part = samples[i: i + size]
-        ids, attn, mask, P = pad_batch(part, pad_id, device)
-        server = torch.zeros(mask.shape)  # built on the CPU, then one copy
-        for j, s in enumerate(part):
-            server[j, : len(s["server_lp"])] = torch.tensor(s["server_lp"])
-        adv = torch.tensor([s["adv"] for s in part])
-        out.append({"ids": ids, "attn": attn, "mask": mask, "P": P, "adv": adv.to(device), "server": server.to(device)})
-    return out
-
-
-def completion_logprobs(model, ids, attn, P, temperature):
-    """(B, P+C) -> (B, C) log-probs of the completion tokens under `model`."""
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # positions ignore the left padding
-    C = ids.shape[1] - P
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=C + 1).logits
-    return token_logprobs(logits[:, :-1], ids[:, P:], temperature)  # (B, C)
 
 
 def save_checkpoint(cfg, model, opt, tok, step):
@@ -974,9 +1351,6 @@ def check_out_dir(cfg):
                         f"start this one in another --out_dir (or delete that one)")
 
 
-# ----------------------------------------------------------------------------------------
-# Distributed setup and the training loop.
-
 def all_reduce_named(values, op, device):
     """{name: number or 0-d tensor} -> {name: float} reduced over ranks (sorted names: one order everywhere)."""
     keys = sorted(values)
@@ -985,290 +1359,12 @@ def all_reduce_named(values, op, device):
     return dict(zip(keys, t.tolist()))
 
 
-def main(cfg):
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    master = rank == 0
-    print0 = lambda *a: print(*a, flush=True) if master else None
-    cfg.api_key, cfg.server_url = cfg.api_key or os.environ.get("SGLANG_API_KEY", ""), cfg.server_url.rstrip("/")
-
-    # fail fast: flags, layout, then the server, all before loading anything heavy
-    skip_sync = check_config(cfg, world)
-    ckpt_dir = checkpoint_to_resume(cfg.out_dir) if cfg.resume else None
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if use_cuda:
-        dev_idx, server_idx = gpu_layout(cfg.server_gpu, cfg.colocate, local_rank, local_world, visible, torch.cuda.device_count())
-        device = torch.device("cuda", dev_idx)
-        torch.cuda.set_device(device)
-    else:
-        device, server_idx = torch.device("cpu"), "cpu"
-        torch.multiprocessing.set_sharing_strategy("file_system")  # CPU tensors by file name (tests)
-    sync_kind, sync_why = pick_sync(cfg, server_idx, visible)
-    server = check_server(cfg) if master else None
-
-    if sync_kind == "nccl":  # SGLang's server runs NCCL with cuMem off unless told otherwise: both ends must agree
-        os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
-    if "RANK" not in os.environ:  # plain `python grpo_sglang.py`: a world of one
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"), RANK="0", WORLD_SIZE="1")
-    # No device_id: a default group bound to a device makes torch build every later NCCL group by splitting
-    # it, and the weight-update group must instead meet the server (found on the GPU: the server waited).
-    dist.init_process_group("nccl" if use_cuda else "gloo")
-    from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh(device.type, (world,))
-    torch.manual_seed(cfg.seed + rank)
-    if use_cuda:  # CUDA-IPC handles then name the GPU by UUID (see the weight sync); CUDA tensors only
-        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
-        monkey_patch_torch_reductions()
-    link = None  # rank 0's way to the server's weights
-    if master and sync_kind == "tensor":
-        link = {"kind": "tensor", "device": torch.device("cuda", server_idx) if use_cuda else device}
-    link = on_all_ranks(lambda: connect_nccl(cfg, device) if master and sync_kind == "nccl" else link)
-    if link:
-        link["begin_end"] = server["begin_end"]
-
-    # data: tokenized once, unusable rows counted
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(cfg.model)
-    fmt = ("chat" if tok.chat_template else "plain") if cfg.prompt_format == "auto" else cfg.prompt_format
-    if fmt == "chat" and not tok.chat_template:
-        raise UserError(f"--prompt_format chat, but the tokenizer of {cfg.model} has no chat template (a base model?): "
-                        f"use --prompt_format plain (or auto)")
-    task = "arithmetic" if cfg.dataset == "builtin" else "gsm8k"
-    try:
-        reward_fn = reward_fns.get_reward_fn(task if cfg.reward == "auto" else cfg.reward)
-    except ValueError as e:
-        raise UserError(f"--reward: {e}") from None
-    correct_fn = reward_fns.CORRECT[task]  # accuracy: the task's own check, whatever the reward
-    instruction = INSTRUCTIONS[task] if cfg.instruction == "auto" else cfg.instruction
-    skipped = Counter()
-    raw_train, raw_eval, held_out = load_splits(cfg)
-    train, evals = (tokenize_rows(rows, tok, cfg, instruction, fmt, skipped) for rows in (raw_train, raw_eval))
-    print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
-           f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
-    print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat" else "('question\\ninstruction\\n')"))
-    if not train or not evals:
-        raise UserError("no usable rows left for training or evaluation (see the skipped counts above)" + (
-            f"; the rows have the fields {sorted(raw_train[0])}: name the question's and the answer's with --prompt_field "
-            f"and --answer_field" if raw_train and isinstance(raw_train[0], dict) else ""))
-
-    # models: fp32 master weights sharded with FSDP2; the reference model only when beta > 0
-    if cfg.resume and not ckpt_dir:
-        print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
-    model = shard(load_policy(ckpt_dir or cfg.model, device, cfg.grad_checkpointing), mesh, torch.bfloat16, cfg.tf32_head)
-    ref = None
-    if cfg.beta > 0:
-        ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(device).eval()
-        ref = shard(ref, mesh, torch.bfloat16, cfg.tf32_head)
-        ref.requires_grad_(False)
-    # fused: one kernel and no temporaries; the default (foreach) Adam allocates a copy of a moment per step,
-    # which for a 7B model on one H200 is the difference between fitting and an OOM at the first step
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=use_cuda)
-    start = load_checkpoint(ckpt_dir, model, opt) if ckpt_dir else 0
-    if ckpt_dir:
-        print0(f"resumed from {ckpt_dir} at step {start}")
-    if start >= cfg.steps:
-        raise UserError(f"--resume: the checkpoint in {cfg.out_dir} is at step {start} and --steps is {cfg.steps}: nothing "
-                        f"left to train (raise --steps)")
-
-    n_local = cfg.prompts_per_step // world
-    print0(f"batch: {cfg.prompts_per_step} prompts x {cfg.group_size} completions = {cfg.prompts_per_step * cfg.group_size} "
-           f"sequences per step, {n_local * cfg.group_size} per rank x {world} ranks; micro-batch {cfg.micro_batch}; {cfg.mu} "
-           f"optimizer step(s) per rollout; "
-           f"{cfg.steps} steps = {cfg.steps * cfg.prompts_per_step / len(train):.2f} epochs")
-    print0(f"layout: training on {device} x {world}{' (server colocated)' if cfg.colocate else ''}; server at {cfg.server_url}; "
-           f"weight sync: {sync_kind} ({sync_why}{', NCCL group at ' + link['where'] if link and 'where' in link else ''})")
-    print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from θ_{s-1} while the server "
-                           "samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
-    if master:
-        json.dump(dataclasses.asdict(cfg), open(os.path.join(cfg.out_dir, "config.json"), "w"), indent=1)
-    metrics_file = open_metrics(cfg, start) if master else None
-    if cfg.wandb and master:
-        try:
-            import wandb
-        except ImportError:
-            raise UserError("--wandb needs the wandb package: pip install wandb") from None
-        wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg))
-
-    def log(m):
-        if master:
-            metrics_file.write(json.dumps(m) + "\n")
-            metrics_file.flush()
-            if cfg.wandb:
-                wandb.log(m, step=m["step"])
-
-    def sync_weights(version):
-        """Push θ_version (the weights after `version` steps) and tag the server with it."""
-        if version not in skip_sync:
-            return on_all_ranks(push_weights, cfg, model, link, str(version))
-        if cfg.debug_tag_skipped:  # negative control: a server that drops the weights but not the tag
-            on_all_ranks(lambda: master and call(cfg, "/update_weight_version", {"new_version": str(version), "abort_all_requests": False}))
-        return 0
-
-    def rollout(step, version):
-        """This rank's share of the prompts of `step`, G completions each, sampled from θ_version."""
-        t0 = time.time()
-        rows = [train[i] for i in prompts_for_step(len(train), step, cfg.prompts_per_step, cfg.seed)]
-        rows = rows[rank * n_local: (rank + 1) * n_local]
-        outs = generate(cfg, [r["ids"] for r in rows], cfg.group_size, str(version))
-        return {"rows": rows, "outs": outs, "version": version, "span": (t0, time.time())}
-
-    def evaluate(step):
-        """Greedy accuracy (the task's check) and mean reward on the held-out prompts, through the server (rank 0)."""
-        if master:
-            t0 = time.time()
-            outs = generate(cfg, [e["ids"] for e in evals], 1, str(step), greedy=True)
-            warn, texts = Counter(), [tok.decode(o[0], skip_special_tokens=True) for o in outs]
-            mean = lambda fn: sum(reward_fns.safe_reward(fn, t, e["answer"], warn) for t, e in zip(texts, evals)) / len(evals)
-            acc, reward = mean(correct_fn), mean(reward_fn)
-            print0(f"eval step {step}: accuracy {acc:.3f}, reward {reward:.3f} on {len(evals)} held-out prompts (greedy, "
-                   f"{time.time() - t0:.1f}s)")
-            log({"step": step, "eval_accuracy": acc, "eval_reward": reward})
-
-    t0 = time.time()
-    nbytes = sync_weights(start)  # the server must start from our weights (also after a resume)
-    print0(f"initial sync: {nbytes / 2**20:.0f} MiB in {time.time() - t0:.2f}s, tagged version {start}")
-    on_all_ranks(evaluate, start)
-
-    t_run, nonfinite_run, next_batch = time.time(), 0, None
-    for step in range(start, cfg.steps):
-        # 1. rollout. Sync: sample now from θ_step. Async: this batch was sampled from θ_{step-1} during the
-        #    previous step, and the server now samples the next one from θ_step while we train on this one.
-        t0 = t_step = time.time()
-        batch = next_batch or on_all_ranks(rollout, step, step)
-        pending = POOL.submit(rollout, step + 1, step) if cfg.async_ and step + 1 < cfg.steps else None
-        # a batch sampled from θ_{step-1} cannot check θ_step: the server re-scores some of it with θ_step, meanwhile
-        rows = spread(len(batch["outs"]), -(-cfg.check_seqs // world)) if batch["version"] != step else []
-        rescored = POOL.submit(rescore, cfg, [(batch["rows"][i // cfg.group_size]["ids"], batch["outs"][i][0]) for i in rows],
-                               str(step)) if rows else None
-        t_wait = time.time() - t0
-
-        # 2. rewards and group-relative advantages (groups never straddle ranks)
-        samples, sums, warn = score(batch, tok, reward_fn, correct_fn, cfg.group_size, cfg.scale_rewards)
-        if warn:  # rewards that raised or returned NaN/None count as 0; say which (this rank's)
-            print0(f"reward warnings at step {step + 1}: {dict(warn)}")
-        totals = all_reduce_named({"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}, dist.ReduceOp.SUM, device)
-        n_seqs, n_tokens = totals["seqs"], totals["tokens"]  # loss normalisers count the whole batch, all ranks
-
-        # 3. micro-batches with the server's, the reference's and (mu > 1) the old log-probs; then mu
-        #    optimizer steps on the clipped loss. The first pass compares trainer and server.
-        t0 = t_train_start = time.time()
-        mbs = micro_batches(samples, cfg.micro_batch, tok.pad_token_id or 0, device)
-        with torch.no_grad():
-            for b in mbs:
-                if cfg.mu > 1:  # the policy before this step's updates (with mu = 1 it is the one we train)
-                    b["old"] = completion_logprobs(model, b["ids"], b["attn"], b["P"], cfg.temperature)
-                if ref is not None:
-                    b["ref"] = completion_logprobs(ref, b["ids"], b["attn"], b["P"], cfg.temperature)
-            t1_lps = None  # the check's rows at temperature 1 (here, not after a backward: FSDP would keep stale root weights)
-            if rows and cfg.temperature != 1:
-                ids, attn, _, P = pad_batch([samples[i] for i in rows], tok.pad_token_id or 0, device)
-                t1_lps = list(completion_logprobs(model, ids, attn, P, 1.0))
-        t_ref, t0 = time.time() - t0, time.time()
-        zero = lambda: torch.zeros((), dtype=torch.float64, device=device)
-        train_sums, maxes, nonfinite = defaultdict(zero), defaultdict(zero), 0
-        for update in range(cfg.mu):
-            for k, b in enumerate(mbs):
-                model.set_requires_gradient_sync(k == len(mbs) - 1)  # reduce gradients once per update
-                logp = completion_logprobs(model, b["ids"], b["attn"], b["P"], cfg.temperature)
-                old = b["old"] if cfg.mu > 1 else logp.detach()
-                if update == 0:
-                    b["lp0"] = old  # θ_step's logprobs, for the check
-                    mm_sums, mm_max = mismatch_stats(old, b["server"], b["mask"], cfg.tis_cap)
-                    for name, v in mm_sums.items():
-                        train_sums[name] += v
-                    for name, v in mm_max.items():
-                        maxes[name] = torch.maximum(maxes[name], v)
-                tis = tis_weights(old, b["server"], cfg.tis_cap) if cfg.tis_cap > 0 else None
-                per_tok, clipped, kl = grpo_token_loss(logp, old, b["adv"], cfg.clip_low, cfg.clip_high, tis, b.get("ref"), cfg.beta)
-                # FSDP averages gradients over ranks, so scale by world to get the batch sum
-                loss = aggregate(per_tok, b["mask"], cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens) * world
-                loss.backward()
-                train_sums["loss"] += loss.detach() / world
-                train_sums["clipped"] += (clipped * b["mask"]).sum()
-                train_sums["kl"] += (kl.detach() * b["mask"]).sum() if kl is not None else 0
-                train_sums["trained_tokens"] += b["mask"].sum()
-            if update == 0:  # stop before the first update unless the server holds exactly our weights
-                if rows:  # the re-scored rows, at temperature 1 as SGLang scores them
-                    lps = t1_lps or [mbs[i // cfg.micro_batch]["lp0"][i % cfg.micro_batch] for i in rows]
-                    now = on_all_ranks(waited, rescored, cfg.request_timeout, "re-scoring a batch")
-                    chk, chk_max = rescored_check(samples, rows, now, lps)
-                else:  # sampled from θ_step: the batch itself is the check
-                    chk = {"check_abs": train_sums["mismatch_abs"], "check_tokens": train_sums["tokens"]}
-                    chk_max = {"check_max": maxes["mismatch_max"]}
-                train_sums.update(chk)
-                maxes.update(chk_max)
-                mm = all_reduce_named({k: train_sums[k] for k in ("check_abs", "check_tokens")}, dist.ReduceOp.SUM, device)
-                if mm["check_abs"] / mm["check_tokens"] > cfg.mismatch_max:
-                    raise UserError(f"weight sync check failed at step {step + 1}: its version tag was right (the weights after "
-                                    f"step {step}), but on {mm['check_tokens']:.0f} sampled tokens the server's logprobs differ from "
-                                    f"the trainer's, under those weights, by {mm['check_abs'] / mm['check_tokens']:.3f} nats on "
-                                    f"average (--mismatch_max {cfg.mismatch_max}; kernel noise is ~0.01-0.03): the server does not "
-                                    f"generate with the weights it was sent.")
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-            train_sums["grad_norm"] += grad_norm / world  # summed over ranks below: the mean over the mu updates
-            if torch.isfinite(grad_norm):
-                opt.step()
-            else:  # a non-finite gradient would poison the weights and the server with them
-                nonfinite += 1
-            opt.zero_grad(set_to_none=True)
-        t_train = time.time() - t0
-
-        # 4. push θ_{step+1}. Async: first wait for the next batch: weights never change mid-generation
-        t0 = time.time()
-        next_batch = on_all_ranks(pending.result) if pending else None
-        t_sync_start = time.time()
-        nbytes = sync_weights(step + 1)
-        t_sync = time.time() - t_sync_start
-
-        # 5. log (named sums over micro-batches and ranks), checkpoint, evaluate
-        s = all_reduce_named({**sums, **train_sums, "nonfinite": nonfinite}, dist.ReduceOp.SUM, device)
-        mx = all_reduce_named(maxes, dist.ReduceOp.MAX, device)
-        rel = lambda span: [round(span[0] - t_run, 3), round(span[1] - t_run, 3)]
-        m = {"step": step + 1, "sampled_from_version": batch["version"], "reward_mean": s["reward"] / s["seqs"],
-             "accuracy": s["correct"] / s["seqs"], "kl": s["kl"] / s["trained_tokens"], "clip_frac": s["clipped"] / s["trained_tokens"],
-             "loss": s["loss"] / cfg.mu, "grad_norm": s["grad_norm"] / cfg.mu, "completion_len_mean": s["completion_tokens"] / s["seqs"],
-             "truncated_frac": s["truncated"] / s["seqs"], "zero_std_groups_frac": s["zero_std_groups"] / s["groups"],
-             "reward_warnings": int(s["reward_warnings"]), "nonfinite_skips": int(s["nonfinite"]) // world,
-             # the sync check: trainer vs server under the same weights (async: on the re-scored rows)
-             "check_mismatch_mean": s["check_abs"] / s["check_tokens"], "check_mismatch_max": mx["check_max"],
-             "staleness_mean": s["stale_abs"] / s["check_tokens"] if rows else None, "staleness_max": mx["stale_max"] if rows else None,
-             # trainer vs the server that sampled (async: includes one step of policy change; TIS corrects it)
-             "mismatch_mean": s["mismatch_abs"] / s["tokens"], "mismatch_max": mx["mismatch_max"],
-             "mismatch_kl": s["mismatch_kl"] / s["tokens"], "is_ratio_mean": s["is_ratio"] / s["tokens"],
-             "is_ratio_max": mx["is_ratio_max"], "is_truncated_frac": s["is_truncated"] / s["tokens"],
-             "time_rollout": batch["span"][1] - batch["span"][0], "time_rollout_wait": t_wait, "time_ref": t_ref,
-             "time_train": t_train, "time_next_rollout_wait": t_sync_start - t0, "time_sync": t_sync,
-             "time_step": time.time() - t_step, "sync_bytes": nbytes, "sync_skipped": step + 1 in skip_sync,
-             "rollout_tokens_per_s": s["completion_tokens"] / max(batch["span"][1] - batch["span"][0], 1e-9),
-             "span_rollout": rel(batch["span"]), "span_train": rel((t_train_start, t_train_start + t_ref + t_train)),
-             "span_sync": rel((t_sync_start, t_sync_start + t_sync)),
-             "peak_mem_gb": torch.cuda.max_memory_allocated(device) / 1e9 if use_cuda else 0.0}
-        print0(f"step {m['step']:4d} | reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} | kl {m['kl']:.4f} "
-               f"clip {m['clip_frac']:.3f} | len {m['completion_len_mean']:.0f} | rollout {m['time_rollout']:.2f}s "
-               f"train {t_train:.2f}s sync {t_sync:.2f}s step {m['time_step']:.2f}s | {m['rollout_tokens_per_s']:.0f} tok/s "
-               f"| check {m['check_mismatch_mean']:.4f} mismatch {m['mismatch_mean']:.4f} from v{batch['version']}")
-        if cfg.sample_every and m["step"] % cfg.sample_every == 0:
-            print0(f"  sample (reward {samples[0]['reward']}): {samples[0]['text'][:300]!r}")
-        log(m)
-        nonfinite_run = nonfinite_run + 1 if nonfinite else 0  # grad_norm is global: all ranks agree
-        if nonfinite:
-            print0(f"warning: NaN/Inf gradient at step {step + 1}: {nonfinite} of {cfg.mu} update(s) skipped")
-        if nonfinite_run >= cfg.max_nonfinite_steps:
-            raise UserError(f"NaN/Inf gradients in {nonfinite_run} steps in a row (--max_nonfinite_steps); the weights "
-                            f"were left as they were. Lower --lr, check the rewards and --tis_cap, then --resume "
-                            f"from the last checkpoint in {cfg.out_dir}.")
-        last = step + 1 == cfg.steps
-        if (cfg.save_every and (step + 1) % cfg.save_every == 0) or last:
-            save_checkpoint(cfg, model, opt, tok, step + 1)
-        if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last:
-            on_all_ranks(evaluate, step + 1)
-    if link and link["kind"] == "nccl":
-        call(cfg, "/destroy_weights_update_group", {"group_name": link["group_name"]}, timeout=30, retries=0)
-    if cfg.wandb and master:
-        wandb.finish()
-    dist.destroy_process_group()
+def merge(sums, maxes, more_sums, more_maxes=None):
+    """Add named sums, keep named maxima (never in place: values may be shared)."""
+    for k, v in more_sums.items():
+        sums[k] = sums[k] + v
+    for k, v in (more_maxes or {}).items():
+        maxes[k] = torch.maximum(maxes[k], v)
 
 
 def exit_now(code, message=None):

@@ -6,6 +6,7 @@ SGLang's own deserializer and bucket class;  4. GPU-layout rules;  5. the real s
 that speaks SGLang's endpoints and loads the weights it is sent;  6. faults and bad input.
 """
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -61,14 +62,14 @@ def test_clipped_surrogate_hand_values():
     old = torch.zeros(2, 2)
     logp = torch.log(torch.tensor([[1.5, 0.9], [0.5, 1.1]]))  # ratios
     adv = torch.tensor([1.0, -1.0])
-    loss, clipped = g.clipped_surrogate(logp, old, adv, 0.2, 0.3)
+    loss, clipped = g.clipped_surrogate(torch.exp(logp - old), adv, 0.2, 0.3)
     # row 0 (A=+1): min(1.5, 1.3) = 1.3 (clipped); min(0.9, 0.9) = 0.9
     # row 1 (A=-1): min(-0.5, -0.8) = -0.8 (clipped); min(-1.1, -1.1) = -1.1
     assert torch.allclose(loss, torch.tensor([[-1.3, -0.9], [0.8, 1.1]]), atol=1e-6)
     assert clipped.tolist() == [[True, False], [True, False]]
     # the gradient vanishes where clipping is active, not elsewhere
     lp = logp.clone().requires_grad_(True)
-    g.clipped_surrogate(lp, old, adv, 0.2, 0.3)[0].sum().backward()
+    g.clipped_surrogate(torch.exp(lp - old), adv, 0.2, 0.3)[0].sum().backward()
     assert lp.grad[0, 0] == 0 and lp.grad[1, 0] == 0
     assert torch.allclose(lp.grad[0, 1], torch.tensor(-0.9)) and torch.allclose(lp.grad[1, 1], torch.tensor(1.1))
 
@@ -97,14 +98,73 @@ def test_grpo_token_loss_with_kl_and_tis_hand_values():
     old = torch.log(torch.tensor([[0.4, 0.25]]))  # ratios 1.25 (clipped at 1.2 for A > 0) and 1
     ref = torch.log(torch.tensor([[0.25, 0.5]]))
     tis = torch.tensor([[2.0, 0.5]])
-    loss, clipped, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), 0.2, 0.2, tis, ref, beta=0.1)
+    one = torch.ones(1, 2)
+    loss, clipped, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), one, 0.2, 0.2, "token", tis, ref, beta=0.1)
     # KL(pi || ref) per token, k3 with d = ref - logp: d = log(0.5), log(2) -> e^d - d - 1
     k3 = [0.5 - math.log(0.5) - 1, 2 - math.log(2) - 1]
     assert torch.allclose(kl, torch.tensor([k3]), atol=1e-6)
     assert torch.allclose(loss, torch.tensor([[-1.2 * 2.0 + 0.1 * k3[0], -1.0 * 0.5 + 0.1 * k3[1]]]), atol=1e-6)
     assert clipped.tolist() == [[True, False]]
-    loss, _, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), 0.2, 0.2)  # no TIS, no reference
+    loss, _, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), one, 0.2, 0.2)  # no TIS, no reference
     assert kl is None and torch.allclose(loss, torch.tensor([[-1.2, -1.0]]))
+
+
+def test_gspo_sequence_ratio_hand_values():
+    """GSPO: one ratio per completion, exp(mean over its tokens of log π/π_old), masked tokens left out; each of its
+    tokens carries it (TRL's importance_sampling_level='sequence')."""
+    logp = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.3, 0.3]]))
+    old = torch.log(torch.tensor([[0.25, 0.2, 0.1], [0.3, 0.6, 0.3]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # row 0's third token is padding
+    # row 0: (log 2 + log 1) / 2 -> ratio sqrt(2); row 1: (0 + log 0.5 + 0) / 3 -> ratio 0.5^(1/3)
+    want = torch.tensor([[2 ** 0.5] * 3, [0.5 ** (1 / 3)] * 3])
+    assert torch.allclose(torch.exp(g.log_ratio(logp, old, mask, "sequence")), want, atol=1e-6)
+    assert torch.allclose(g.log_ratio(logp, old, mask, "token"), logp - old)
+    adv = torch.tensor([1.0, -1.0])
+    loss, clipped, _ = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.3, "sequence")
+    # row 0: A > 0, sqrt(2) = 1.414 clipped to 1.3; row 1: A < 0, 0.794 clipped to 0.8: -min(-0.794, -0.8) = 0.8
+    assert torch.allclose(loss, torch.tensor([[-1.3] * 3, [0.8] * 3]), atol=1e-6)
+    assert clipped.all()
+    # the gradient of a token's loss reaches every token of its sequence (1/|y| each), none where clipped
+    lp = logp.clone().requires_grad_(True)
+    l, _, _ = g.grpo_token_loss(lp, old, torch.tensor([1.0, 1.0]), mask, 0.5, 0.3, "sequence")  # row 0 clipped
+    (l * mask).sum().backward()
+    r1 = 0.5 ** (1 / 3)  # row 1, unclipped: d/dlogp_t of -3 * exp(mean) = -exp(mean) (3 tokens, 1/3 each)
+    assert torch.allclose(lp.grad[1], torch.full((3,), -r1), atol=1e-6) and (lp.grad[0] == 0).all()
+
+
+def test_gspo_with_one_token_completions_is_grpo():
+    logp, old, adv, mask = torch.randn(5, 1), torch.randn(5, 1), torch.randn(5), torch.ones(5, 1)
+    tis, ref = torch.rand(5, 1) + 0.5, torch.randn(5, 1)
+    tok = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.28, "token", tis, ref, 0.1)
+    seq = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.28, "sequence", tis, ref, 0.1)
+    assert all(torch.equal(a, b) for a, b in zip(tok, seq))
+
+
+def test_token_entropy_hand_values():
+    logits = torch.log(torch.tensor([[[0.5, 0.5, 1e-30], [1.0, 1e-30, 1e-30]], [[0.25, 0.25, 0.5], [1 / 3, 1 / 3, 1 / 3]]]))
+    want = torch.tensor([[math.log(2), 0.0], [1.5 * math.log(2), math.log(3)]])
+    assert torch.allclose(g.token_entropy(logits), want, atol=1e-5)
+    z = torch.randn(3, 4, 7)  # at temperature T it is the entropy of softmax(z / T), what the server samples from
+    p = torch.softmax(z / 0.7, -1)
+    assert torch.allclose(g.token_entropy(z, 0.7), -(p * p.log()).sum(-1), atol=1e-5)
+    assert not g.token_entropy(z.requires_grad_(True)).requires_grad  # a metric: no graph
+
+
+def test_policy_loss_reads_the_flags_into_the_loss():
+    """The call site that wires flags into the math: unequal clips each on their side, TIS with the trainer's
+    logprobs over the server's (not the reverse), the ratio level, the reference at --beta."""
+    logp = torch.log(torch.tensor([[0.6, 0.3], [0.2, 0.5]]))
+    old = torch.log(torch.tensor([[0.4, 0.3], [0.4, 0.5]]))  # ratios 1.5 and 1 (A > 0); 0.5 and 1 (A < 0)
+    b = {"adv": torch.tensor([1.0, -1.0]), "mask": torch.ones(2, 2), "server": old - math.log(2)}  # π_old / π_server = 2
+    cfg = g.Config(clip_low=0.1, clip_high=0.3, tis_cap=1.5)
+    loss, clipped, kl = g.policy_loss(cfg, b, logp, old)
+    # TIS min(2, 1.5) = 1.5; row 0: min(1.5, 1.3) = 1.3; row 1: -min(-0.5, -0.9) = 0.9; the ratio-1 tokens: -/+1
+    assert torch.allclose(loss, 1.5 * torch.tensor([[-1.3, -1.0], [0.9, 1.0]]), atol=1e-6) and kl is None
+    b["ref"] = logp.detach() - 0.5
+    loss_kl, _, kl = g.policy_loss(dataclasses.replace(cfg, beta=0.1, tis_cap=0.0), b, logp, old)
+    assert torch.allclose(loss_kl, torch.tensor([[-1.3, -1.0], [0.9, 1.0]]) + 0.1 * kl) and kl.gt(0).all()
+    seq, _, _ = g.policy_loss(dataclasses.replace(cfg, ratio_level="sequence"), b, logp, old)
+    assert not torch.allclose(seq, loss)  # --ratio_level reaches the loss
 
 
 def test_mismatch_stats_hand_values():
@@ -328,7 +388,7 @@ def build_tiny(d, arch="llama", chat_template=True, **overrides):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
     specials = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
-    vocab = {w: i for i, w in enumerate(specials + WORDS + ["0", "1", "2"])}
+    vocab = {w: i for i, w in enumerate(specials + WORDS + [str(d) for d in range(10)])}  # every answer of the task
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -574,15 +634,28 @@ def free_port():
         return s.getsockname()[1]
 
 
-def train_cmd(model_dir, url, out_dir, *extra, nproc=1):
+# A user's rewards, registered the way reward_fns.py says, for runs that need a signal whatever the tiny model samples
+# ('has_number': the completion holds the word 'number', which it does in some of a group and not in others)
+# or a reward that cannot be the accuracy ('always_1').
+WITH_REWARDS = os.path.join(HERE, "runs", "with_test_rewards.py")
+
+
+def train_cmd(model_dir, url, out_dir, *extra, nproc=1, rewards=False):
+    if rewards:
+        os.makedirs(os.path.dirname(WITH_REWARDS), exist_ok=True)
+        with open(WITH_REWARDS, "w") as f:
+            f.write(f"import runpy, sys\nsys.path.insert(0, {HERE!r})\nimport reward_fns\n"
+                    "reward_fns.REWARD_FNS.update(has_number=lambda c, a: float('number' in c.split()), always_1=lambda c, a: 1.0)\n"
+                    f"runpy.run_path({os.path.join(HERE, 'grpo_sglang.py')!r}, run_name='__main__')\n")
+    script = WITH_REWARDS if rewards else os.path.join(HERE, "grpo_sglang.py")
     flags = ["--model", model_dir, "--server_url", url, "--out_dir", str(out_dir), "--dataset", "builtin",
              "--builtin_max_operand", "2", "--eval_size", "2", "--steps", "2", "--prompts_per_step", "2",
              "--group_size", "4", "--max_new_tokens", "5", "--lr", "3e-2", "--micro_batch", "4", "--device", "cpu",
              "--save_every", "1", "--eval_every", "2", "--request_retries", "1", "--no-async", *extra]  # --async: later wins
     if nproc == 1:
-        return [sys.executable, os.path.join(HERE, "grpo_sglang.py"), *flags]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            f"--master_port={free_port()}", os.path.join(HERE, "grpo_sglang.py"), *flags]
+        return [sys.executable, script, *flags]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), f"--master_port={free_port()}",
+            script, *flags]
 
 
 def run(cmd, timeout=300):
@@ -627,15 +700,17 @@ def run_against(model_dir, tmp_path, fault, *flags):
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path, nproc):
+    from transformers import AutoTokenizer
     # step 1, then resume to step 2: after EACH step the server holds exactly the trainer's weights
     mb = ["--micro_batch", "2"] if nproc == 2 else []  # 2 ranks x 2 micro-batches: grads reduced once
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", *mb, nproc=nproc))
+    mb += ["--reward", "has_number"]  # a signal in every step, so that the weights move
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", *mb, nproc=nproc, rewards=True))
     assert code == 0, out
     assert len(server.pushes) == 2  # the initial push, then one per step
     assert_server_has(server.pushes[-1], ckpt_weights(tmp_path))
     assert not torch.equal(server.pushes[0]["model.layers.0.mlp.up_proj.weight"],
                            server.pushes[1]["model.layers.0.mlp.up_proj.weight"])  # training moved the weights
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "2", "--resume", *mb, nproc=nproc))
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "2", "--resume", *mb, nproc=nproc, rewards=True))
     assert code == 0, out
     assert "resumed from" in out and "at step 1" in out
     assert len(server.pushes) == 4
@@ -649,6 +724,8 @@ def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path,
     assert all(r["mismatch_mean"] < 0.05 for r in m)
     assert "batch: 2 prompts x 4 completions = 8 sequences per step" in out
     assert "weight sync: tensor (on the CPU: tensors shared through files)" in out
+    im_start = AutoTokenizer.from_pretrained(tiny_model).convert_tokens_to_ids("<|im_start|>")
+    assert "prompt format: chat" in out and all(p[0] == im_start for r in server.rollouts for p in r)  # auto: its template
     assert server.calls["/flush_cache"] == 0  # the cache is flushed by the last bucket's flush_cache flag
 
 
@@ -761,6 +838,67 @@ def test_tf32_head_computes_the_same_logprobs_and_grads_and_stays_scoped(arch, t
     assert inside == "high" and seen == ["highest", "highest"] and torch.get_float32_matmul_precision() == "highest"
 
 
+def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantage(tiny_model, monkeypatch):
+    """One step in-process, the way main() calls it (score -> micro_batches -> train_step), on a batch whose rewards
+    are known: the loss is the GRPO objective computed here sequence by sequence with each one's own group
+    advantage, its TIS weights (trainer over server, capped) and the temperature; the entropy is that of the
+    sampling distribution; a gradient step raises the rewarded completions against the others; with mu = 2 the
+    logged grad_norm is the mean over both updates."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False), init_device_mesh("cpu", (1,)), torch.bfloat16)
+        G, T, cap = 4, 0.8, 1.5
+        prompts = [[4, 5, 6, 8], [6, 7], [9, 4, 10]]
+        completions = [[11 + (k * 5 + j) % 13 for j in range(1 + k % 4)] + [3] for k in range(12)]  # lengths 2..5, EOS last
+        good = [0, 3, 5, 6, 9]  # rewarded; group 2 (8-11) has one rewarded, group 0 two, group 1 two
+        texts = {tuple(c): ("good" if k in good else "bad") for k, c in enumerate(completions)}
+
+        class Tok:
+            def decode(self, ids, skip_special_tokens):
+                return texts[tuple(ids)]
+        alone = lambda p, c, temp: g.completion_logprobs(model, *g.pad_batch([{"prompt": p, "completion": c}], 0, "cpu")[:2],
+                                                         len(p), temp)[0]
+        with torch.no_grad():  # the trainer's logprobs and entropies before the step; the server's differ by known amounts
+            before = [alone(prompts[k // G], c, T) for k, c in enumerate(completions)]
+            ent = sum(g.token_entropy(g.completion_logits(model, *g.pad_batch([{"prompt": prompts[k // G], "completion": c}],
+                                                                               0, "cpu")[:2], len(prompts[k // G])), T).sum()
+                      for k, c in enumerate(completions))
+        server = [(lp + (0.7 if k % 3 == 0 else -0.1)).tolist() for k, lp in enumerate(before)]  # TIS: capped, or 1.105
+        batch = {"rows": [{"ids": p, "answer": "1"} for p in prompts], "version": 0,
+                 "outs": [(c, lps, "stop") for c, lps in zip(completions, server)]}
+        reward = lambda c, a: float(c == "good")
+        samples, sums, _ = g.score(batch, Tok(), reward, reward, G, True)
+        mbs = g.micro_batches(samples, 3, 0, "cpu")  # groups straddle micro-batches
+        cfg = g.Config(temperature=T, tis_cap=cap, loss_agg="token", max_grad_norm=1e9)
+        n_tokens = sum(len(c) for c in completions)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        got, maxes = g.train_step(cfg, model, None, opt, mbs, len(samples), n_tokens, 1, lambda mbs, s, m: ({}, {}))
+        adv = g.group_advantages(torch.tensor([float(k in good) for k in range(12)]), G)
+        w = [torch.clamp(torch.exp(lp - torch.tensor(sv)), max=cap) for lp, sv in zip(before, server)]
+        assert got["loss"].item() == pytest.approx(-sum(a * wk.sum() for a, wk in zip(adv, w)).item() / n_tokens, rel=1e-4)
+        assert got["entropy"].item() == pytest.approx(ent.item(), rel=1e-4) and got["tokens"].item() == n_tokens
+        with torch.no_grad():
+            after = [alone(prompts[k // G], c, T) for k, c in enumerate(completions)]
+        gain = [(a - b).sum().item() for a, b in zip(after, before)]
+        for grp in range(3):  # in every group the rewarded completions rose against the others
+            ks = range(grp * G, (grp + 1) * G)
+            up = sum(gain[k] for k in ks if k in good) / sum(k in good for k in ks)
+            down = sum(gain[k] for k in ks if k not in good) / sum(k not in good for k in ks)
+            assert up > down, (grp, gain)
+        norms, clip = [], torch.nn.utils.clip_grad_norm_
+        monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: norms.append(clip(*a, **k)) or norms[-1])
+        got2, _ = g.train_step(dataclasses.replace(cfg, mu=2), model, None, opt, g.micro_batches(samples, 3, 0, "cpu"),
+                               len(samples), n_tokens, 1, lambda mbs, s, m: ({}, {}))
+        assert len(norms) == 2 and norms[0] != norms[1]
+        assert got2["grad_norm"].item() / 2 == pytest.approx((norms[0].item() + norms[1].item()) / 2, rel=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_the_default_process_group_is_not_bound_to_a_device():
     """A default group bound to a device (init_process_group(device_id=...)) makes torch build every later
     NCCL group by splitting it, so the trainer never met the server in the weight-update group: the server
@@ -795,23 +933,30 @@ def test_base_model_without_chat_template_gets_plain_prompts(tmp_path):
 
 
 def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
-    """The same rollouts on one rank or split over two give the same loss and gradient: the loss
-    normalisers count the whole batch and FSDP's gradient average is undone by the world size."""
+    """The same rollouts on one rank or split over two give the same step and the same metrics: each rank
+    takes its own prompts (no overlap, none left out), the loss normalisers count the whole batch, FSDP's
+    gradient average is undone by the world size, sums are summed and maxima maxed over ranks."""
     got = {}
     for nproc in (1, 2):
         s = StandIn(tiny_model)  # fresh weights: both runs sample the same completions
-        try:
-            code, out = run(train_cmd(tiny_model, s.url, tmp_path / str(nproc), "--steps", "1", "--micro_batch", "2",
-                                      "--loss_agg", "seq", nproc=nproc))
+        try:  # 2 prompts x 4 per rank in micro-batches of 3: groups straddle micro-batches
+            code, out = run(train_cmd(tiny_model, s.url, tmp_path / str(nproc), "--steps", "1", "--prompts_per_step", "4",
+                                      "--micro_batch", "3", "--loss_agg", "seq", "--beta", "0.1", "--reward", "has_number",
+                                      nproc=nproc, rewards=True))
             assert code == 0, out
-            got[nproc] = ([r for r in read_metrics(tmp_path / str(nproc)) if "loss" in r][0], s.generations)
+            got[nproc] = ([r for r in read_metrics(tmp_path / str(nproc)) if "loss" in r][0], s.generations, s.rollouts)
         finally:
             s.close()
-    (m1, gen1), (m2, gen2) = got[1], got[2]
+    (m1, gen1, asked1), (m2, gen2, asked2) = got[1], got[2]
+    assert len(asked1) == 1 and len(asked2) == 2  # one request per rank
+    prompts = [set(r) for r in asked2]
+    assert not prompts[0] & prompts[1] and prompts[0] | prompts[1] == set(asked1[0]) and len(asked1[0]) == 16
     assert sorted(map(str, gen1)) == sorted(map(str, gen2))  # identical rollouts, split differently
-    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-4, abs=1e-7)
-    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-4)
-    assert m2["reward_mean"] == m1["reward_mean"]
+    assert m1["kl"] > 0 and m1["mismatch_max"] > 0 and m1["loss"] != 0
+    for k in ("loss", "grad_norm", "reward_mean", "accuracy", "kl", "clip_frac", "entropy", "completion_len_mean",
+              "zero_std_groups_frac", "check_mismatch_mean", "check_mismatch_max", "mismatch_mean", "mismatch_max",
+              "mismatch_kl", "is_ratio_mean", "is_ratio_max", "is_truncated_frac"):
+        assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
 
 
 def test_kl_is_logged_once_with_mu_2(tiny_model, tmp_path):
@@ -848,6 +993,13 @@ def test_async_trains_one_step_off_and_never_updates_mid_generation(tiny_model, 
         s.close()
 
 
+def test_async_check_off_rescores_nothing(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "3", "--async", "--check_seqs", "0"))
+    assert code == 0 and "check - mismatch" in out, out
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert not server.rescores and [r["check_mismatch_mean"] is None for r in m] == [False, True, True]
+
+
 @pytest.mark.parametrize("temperature", ["1.0", "0.7"])
 def test_async_check_compares_the_same_weights_so_a_large_lr_does_not_stop_it(tiny_model, tmp_path, temperature):
     """At this toy lr one step moves the policy by ~0.3-0.8 nats: the batch mismatch (server θ_{s-1} vs trainer θ_s)
@@ -856,7 +1008,7 @@ def test_async_check_compares_the_same_weights_so_a_large_lr_does_not_stop_it(ti
     s = StandIn(tiny_model)
     try:
         code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "4", "--async", "--temperature", temperature,
-                                  "--check_seqs", "6"))
+                                  "--check_seqs", "6", "--reward", "has_number", rewards=True))
         assert code == 0, out
         m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
         assert max(r["mismatch_mean"] for r in m) > 0.2  # the old rule would have stopped this run
@@ -1109,7 +1261,7 @@ def test_splits_of_a_local_dataset_folder_a_typo_is_an_error_and_the_held_out_sh
     for split, part in (("train", rows[:30]), ("test", rows[30:])):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
     train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_size=5))  # a folder: no config name
-    assert len(train) == 30 and len(evals) == 5 and held_out == "from its 'test' split"
+    assert len(train) == 30 and len(evals) == 5 and held_out == "its 'test' split"
     with pytest.raises(g.UserError, match=re.escape("--eval_split: dataset " + repr(str(tmp_path)) + " has no split 'tset'")):
         g.load_splits(g.Config(dataset=str(tmp_path), eval_split="tset"))
     train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_split="", eval_size=200))
@@ -1224,7 +1376,7 @@ def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_mod
     ("--group_size", "1", "--group_size 1 is out of range: it must be >= 2"),
     ("--sync", "ib", "--sync 'ib' is out of range: it must be auto or tensor or nccl"),
     ("--nccl_port", "70000", "--nccl_port 70000 is out of range: it must be a TCP port, 1..65535 (0: a free one)"),
-    ("--check_seqs", "0", "--check_seqs 0 is out of range: it must be >= 1"),
+    ("--check_seqs", "-1", "--check_seqs -1 is out of range: it must be >= 0"),
     ("--server_url", "localhost:30000", "--server_url 'localhost:30000' is not a server address: it must look like http://"),
     ("--server_url", "http://", "--server_url 'http://' is not a server address"),
     ("--server_url", "http://127.0.0.1:99999", "--server_url 'http://127.0.0.1:99999' is not a server address")])
@@ -1283,13 +1435,36 @@ def test_resume_from_a_checkpoint_that_is_gone_or_half_copied_names_the_complete
 def test_a_new_reward_needs_no_test_edit_and_cannot_change_the_accuracy(tiny_model, server, tmp_path):
     """A user's reward registered the way reward_fns.py says (here a constant 1): the run trains on it, while
     `accuracy` and `eval_accuracy` still count the task's correctness check."""
-    wrapper = ("import reward_fns, runpy, sys; reward_fns.REWARD_FNS['always_1'] = lambda c, a: 1.0; "
-               "sys.argv = ['grpo_sglang.py'] + sys.argv[1:]; runpy.run_path('grpo_sglang.py', run_name='__main__')")
-    code, out = run([sys.executable, "-c", wrapper, *train_cmd(tiny_model, server.url, tmp_path, "--reward", "always_1")[2:]])
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--reward", "always_1", rewards=True))
     assert code == 0, out
     steps, evals = [r for r in read_metrics(tmp_path) if "reward_mean" in r], [r for r in read_metrics(tmp_path) if "eval_reward" in r]
     assert all(r["reward_mean"] == 1 and r["accuracy"] < 1 for r in steps) and len(steps) == 2
     assert all(r["eval_reward"] == 1 and r["eval_accuracy"] < 1 for r in evals) and len(evals) == 2
+
+
+def test_a_step_on_a_known_reward_raises_the_rewarded_completions(tiny_model, server, tmp_path):
+    """End to end, one step with a reward the test knows (1 if the completion holds the word 'number'): the
+    trained weights give the rewarded completions more probability against the others of their own group."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    flags = ("--reward", "has_number", "--steps", "1", "--prompts_per_step", "4", "--group_size", "8", "--max_new_tokens", "6",
+             "--lr", "1e-3", "--micro_batch", "5")
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, *flags, rewards=True))
+    assert code == 0, out
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    gens = server.generations  # step 1's rollout: 4 prompts x 8, in order
+    rewards = torch.tensor([float("number" in tok.decode(c, skip_special_tokens=True).split()) for _, c, _ in gens])
+    assert 0 < rewards.sum() < len(rewards) - 8, rewards  # signal in some groups
+    models = [AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), None]
+    models[1] = AutoModelForCausalLM.from_pretrained(g.latest_checkpoint(str(tmp_path)), dtype=torch.float32)
+    with torch.no_grad():
+        total = [torch.stack([g.completion_logprobs(m, *g.pad_batch([{"prompt": p, "completion": c}], 0, "cpu")[:2], len(p),
+                                                    1.0).sum() for p, c, _ in gens]) for m in models]
+    gain, adv = (total[1] - total[0]).view(4, 8), g.group_advantages(rewards, 8).view(4, 8)
+    for grp in range(4):
+        r = rewards.view(4, 8)[grp]
+        if 0 < r.sum() < 8:
+            assert gain[grp][r == 1].mean() > gain[grp][r == 0].mean(), (grp, gain[grp], r)
+    assert (adv * gain).sum() > 0
 
 
 def test_a_bad_flag_is_one_clear_line_not_a_traceback(tiny_model, tmp_path):

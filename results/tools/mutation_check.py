@@ -1,16 +1,20 @@
 """Break one line of grpo_sglang.py at a time, in a scratch copy of the repo, and run the tests that guard
-it: each must fail ("CAUGHT"). The mutations are the bugs issue 9 listed plus one per new safeguard (the TF32 head of
-c5458af and the checkpoint write error of 32cd255).
+it: each must fail ("CAUGHT"). The mutations: the bugs of the first sync-check work, one per safeguard added since
+(the TF32 head of c5458af, the checkpoint write error of 32cd255), the one-line bugs the exact-async-check issue put
+into a copy of the script (its part 4), and one per fix of that issue and of the layout issue (GSPO, entropy).
 
     python3 results/tools/mutation_check.py [name-substring ...]      # from the repo root, CPU only
+    python3 results/tools/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
 """
 import os, shutil, subprocess, sys, tempfile
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 M = [  # (name, file, old, new, -k expression)
  ("prompts right-padded", "grpo_sglang.py", "ids[i, P - len(p): P + len(c)] = torch.tensor(p + c)", "ids[i, : len(p) + len(c)] = torch.tensor(p + c)", "left_padding"),
- ("flush_cache never sent", "grpo_sglang.py", '"flush_cache": last, "weight_version": version if last else None}\n    answered = POOL.submit(post_update, cfg, "/update_weights_from_tensor"', '"flush_cache": False, "weight_version": version if last else None}\n    answered = POOL.submit(post_update, cfg, "/update_weights_from_tensor"', "several_buckets"),
- ("* world dropped", "grpo_sglang.py", "cfg.max_new_tokens) * world", "cfg.max_new_tokens)", "one_rank_and_two"),
- ("token count not all-reduced", "grpo_sglang.py", 'totals = all_reduce_named({"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}, dist.ReduceOp.SUM, device)', 'totals = {"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}', "one_rank_and_two"),
+ ("flush_cache never sent", "grpo_sglang.py", 'req = {"load_format": "flattened_bucket", "flush_cache": last,', 'req = {"load_format": "flattened_bucket", "flush_cache": False,', "several_buckets"),
+ ("flush_cache on every bucket", "grpo_sglang.py", 'req = {"load_format": "flattened_bucket", "flush_cache": last,', 'req = {"load_format": "flattened_bucket", "flush_cache": True,', "nccl_path_protocol or several_buckets"),
+ ("version on every bucket", "grpo_sglang.py", '"weight_version": version if last else None}', '"weight_version": version}', "several_buckets"),
+ ("* world dropped", "grpo_sglang.py", "(loss * world).backward()", "loss.backward()", "one_rank_and_two"),
+ ("token count not all-reduced", "grpo_sglang.py", 'totals = all_reduce_named({"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}, dist.ReduceOp.SUM, rt.device)', 'totals = {"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}', "one_rank_and_two"),
  ("kl_k3 args swapped", "grpo_sglang.py", "kl = kl_k3(logp, ref_logp) if", "kl = kl_k3(ref_logp, logp) if", "grpo_token_loss"),
  ("same order every epoch", "grpo_sglang.py", "manual_seed(seed + epoch)", "manual_seed(seed)", "epochs_are"),
  ("no fp32 cast at the head", "grpo_sglang.py", "y = TF32Matmul.apply(x.float(), head.weight)", "y = TF32Matmul.apply(x, head.weight)", "architectures and gemma3"),
@@ -22,20 +26,48 @@ M = [  # (name, file, old, new, -k expression)
  ("eval mode kept", "grpo_sglang.py", "dtype=torch.float32).to(device).train()", "dtype=torch.float32).to(device)", "training_mode"),
  ("dropout left on", "grpo_sglang.py", "            setattr(config, k, 0.0)", "            pass", "training_mode"),
  ("kl times mu", "grpo_sglang.py", '"kl": s["kl"] / s["trained_tokens"]', '"kl": s["kl"] / s["trained_tokens"] * cfg.mu', "mu_2"),
- ("no version check", "grpo_sglang.py", 'if str(meta.get("weight_version")) != version:', 'if False:', "skipped_push"),
- ("no mismatch check", "grpo_sglang.py", 'if mm["mismatch_abs"] / mm["tokens"] > cfg.mismatch_max:', 'if False:', "dropped_under"),
+ ("no version check", "grpo_sglang.py", 'if str(o["meta_info"].get("weight_version")) != version:', "if False:", "skipped_push"),
+ ("no sync check", "grpo_sglang.py", 'if mm["check_abs"] / mm["check_tokens"] > self.cfg.mismatch_max:', "if False:", "dropped_under"),
  ("temperature unchecked", "grpo_sglang.py", '("temperature", cfg.temperature > 0,', '("temperature", True,', "out_of_range or bad_flag"),
  ("ranks race rank 0 to the error file", "grpo_sglang.py", "time.sleep(3 if rank else 0)", "time.sleep(0)", "said_once"),
- ("async pushes mid-generation", "grpo_sglang.py", "        next_batch = on_all_ranks(pending.result) if pending else None\n        t_sync_start = time.time()\n        nbytes = sync_weights(step + 1)\n", "        t_sync_start = time.time()\n        nbytes = sync_weights(step + 1)\n        next_batch = on_all_ranks(pending.result) if pending else None\n", "async_trains"),
- ("nccl flushes every bucket", "grpo_sglang.py", '"group_name": link["group_name"], "load_format": "flattened_bucket", "flush_cache": last,', '"group_name": link["group_name"], "load_format": "flattened_bucket", "flush_cache": True,', "nccl_path_protocol"),
+ ("nccl send waited first, no timeout", "grpo_sglang.py", "    def wait():\n        try:\n            r = answered.result()", "    def wait():\n        sent and sent.result()\n        try:\n            r = answered.result()", "nccl_path_failures"),
  ("plain format ignored", "grpo_sglang.py", 'fmt = ("chat" if tok.chat_template else "plain") if', 'fmt = "chat" if', "base_model"),
- ("version on every bucket", "grpo_sglang.py", '"flush_cache": last, "weight_version": version if last else None}\n    answered = POOL', '"flush_cache": last, "weight_version": version}\n    answered = POOL', "several_buckets"),
- ("async resume keeps stale version", "grpo_sglang.py", "batch = next_batch or on_all_ranks(rollout, step, step)", "batch = next_batch or on_all_ranks(rollout, step, max(step - 1, 0) if async_ and step > 0 else step)", "async_resume"),
+ ("async resume keeps stale version", "grpo_sglang.py", "batch = next_batch or on_all_ranks(server.rollout, my_prompts(step), step)", "batch = next_batch or on_all_ranks(server.rollout, my_prompts(step), max(step - 1, 0) if cfg.async_ and step > 0 else step)", "async_resume"),
  ("no bf16 cast in recompute", "grpo_sglang.py", "            m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)\n", "", "recompute_in_bf16"),
  ("default group bound", "grpo_sglang.py", 'dist.init_process_group("nccl" if use_cuda else "gloo")', 'dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)', "not_bound"),
- ("nccl send waited first, no timeout", "grpo_sglang.py", "    def wait():\n        try:\n            answered.result()", "    def wait():\n        sent.result()\n        try:\n            answered.result()", "nccl_path_failures"),
+ # the exact-async-check issue, part 4: one-line bugs the suite missed before
+ ("TIS args swapped at the call site", "grpo_sglang.py", 'tis = tis_weights(old, b["server"], cfg.tis_cap)', 'tis = tis_weights(b["server"], old, cfg.tis_cap)', "policy_loss or train_step_is"),
+ ("clip_high on both sides", "grpo_sglang.py", 'b["mask"], cfg.clip_low, cfg.clip_high, cfg.ratio_level', 'b["mask"], cfg.clip_high, cfg.clip_high, cfg.ratio_level', "policy_loss"),
+ ("trainer logprobs at temperature 1", "grpo_sglang.py", 'logp = token_logprobs(logits, b["ids"][:, b["P"]:], T)', 'logp = token_logprobs(logits, b["ids"][:, b["P"]:], 1.0)', "train_step_is or async_check_compares"),
+ ("advantages shifted by one group", "grpo_sglang.py", "group_advantages(rewards, group_size, scale).tolist()", "group_advantages(rewards, group_size, scale).roll(group_size).tolist()", "score_counts or train_step_is or known_reward"),
+ ("advantages shifted in the micro-batches", "grpo_sglang.py", '"adv": torch.tensor([s["adv"] for s in part], device=device)', '"adv": torch.tensor([s["adv"] for s in part], device=device).roll(1)', "train_step_is or known_reward"),
+ ("rank slices overlap", "grpo_sglang.py", "[rt.rank * n: (rt.rank + 1) * n]", "[rt.rank * (n // 2): rt.rank * (n // 2) + n]", "one_rank_and_two"),
+ ("auto prompt format picks plain", "grpo_sglang.py", 'fmt = ("chat" if tok.chat_template else "plain") if', 'fmt = ("plain" if tok.chat_template else "plain") if', "trains_and_server_gets"),
+ ("maxima summed over ranks", "grpo_sglang.py", "mx = all_reduce_named(maxes, dist.ReduceOp.MAX, rt.device)", "mx = all_reduce_named(maxes, dist.ReduceOp.SUM, rt.device)", "one_rank_and_two"),
+ ("means from one rank's share", "grpo_sglang.py", "s = all_reduce_named({**sums, **train_sums}, dist.ReduceOp.SUM, rt.device)", "s = {k: float(v) for k, v in {**sums, **train_sums}.items()}", "one_rank_and_two"),
+ ("wait for the next batch before training", "grpo_sglang.py", "        train_sums, maxes = train_step(", "        next_batch = on_all_ranks(pending.result) if pending else None\n        train_sums, maxes = train_step(", "async_trains"),
+ ("async pushes mid-generation", "grpo_sglang.py", '        next_batch = on_all_ranks(pending.result) if pending else None\n        clock.lap("next_rollout_wait")\n        nbytes = server.push(model, step + 1)\n', '        nbytes = server.push(model, step + 1)\n        next_batch = on_all_ranks(pending.result) if pending else None\n        clock.lap("next_rollout_wait")\n', "async_trains"),
+ # the fixes of that issue, and of the layout issue
+ ("async check on the stale batch", "grpo_sglang.py", 'if batch["version"] == version:', "if True:", "async_check_compares"),
+ ("re-score misaligned by one token", "grpo_sglang.py", "logprob_start_len=[len(p) - 1 for p, _ in seqs]", "logprob_start_len=[len(p) for p, _ in seqs]", "async_check_compares"),
+ ("re-score compared at the sampling temperature", "grpo_sglang.py", "t1 = list(completion_logprobs(model, ids, attn, P, 1.0))", "t1 = list(completion_logprobs(model, ids, attn, P, cfg.temperature))", "async_check_compares"),
+ ("re-score version unchecked", "grpo_sglang.py", 'version, "re-scored the batch", "this check"', 'str(int(version) - 1), "re-scored the batch", "this check"', "async_a_skipped or async_check_compares"),
+ ("accuracy from the reward", "grpo_sglang.py", '"correct": reward_fns.safe_reward(correct_fn,', '"correct": reward_fns.safe_reward(reward_fn,', "score_counts or new_reward"),
+ ("eval accuracy from the reward", "grpo_sglang.py", "acc, reward = mean(correct_fn), mean(reward_fn)", "acc, reward = mean(reward_fn), mean(reward_fn)", "new_reward"),
+ ("metrics kept after the checkpoint", "grpo_sglang.py", 'keep = [r for r in rows if r["step"] < start or (r["step"] == start and "eval_accuracy" not in r)]', "keep = rows", "fresh_run"),
+ ("a fresh run into another run's folder", "grpo_sglang.py", "    if there and not cfg.resume:", "    if False:", "fresh_run"),
+ ("eval split typo held out", "grpo_sglang.py", "        if split and split not in ds:", '        if flag == "train_split" and split not in ds:', "splits_of"),
+ ("grad_norm of the last update only", "grpo_sglang.py", 'merge(sums, maxes, {"grad_norm": grad_norm / world, "nonfinite"', 'sums["grad_norm"] = cfg.mu * grad_norm / world; merge(sums, maxes, {"nonfinite"', "train_step_is"),
+ ("server_url unchecked", "grpo_sglang.py", 'if url.scheme not in ("http", "https") or not url.hostname or not port_ok(url):', "if False:", "out_of_range"),
+ ("nccl_port unbounded", "grpo_sglang.py", '("nccl_port", 0 <= cfg.nccl_port < 65536,', '("nccl_port", cfg.nccl_port >= 0,', "out_of_range"),
+ ("broken checkpoint resumed", "grpo_sglang.py", "    if d is None or complete(d):", "    if True:", "resume_from"),
+ ("bad JSONL line unnamed", "grpo_sglang.py", 'raise UserError(f"{path} line {n} is not valid JSON', 'raise UserError(f"{path} is not valid JSON', "bad_data"),
+ ("entropy at temperature 1", "grpo_sglang.py", '"entropy": (token_entropy(logits, T) * b["mask"]).sum()', '"entropy": (token_entropy(logits) * b["mask"]).sum()', "train_step_is"),
+ ("GSPO ratio per token", "grpo_sglang.py", '    if level == "sequence":\n        d = ', '    if level == "sequences":\n        d = ', "gspo"),
+ ("GSPO ratio counts padding", "grpo_sglang.py", "d = ((d * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(d)", "d = d.mean(1, keepdim=True).expand_as(d)", "gspo"),
 ]
-only = sys.argv[1:]
+full = "--full" in sys.argv
+only = [a for a in sys.argv[1:] if a != "--full"]
 for name, f, old, new, k in M:
     if only and not any(o in name for o in only):
         continue
@@ -46,7 +78,7 @@ for name, f, old, new, k in M:
     if old not in s:
         print(f"?? {name}: pattern not found"); continue
     open(p, "w").write(s.replace(old, new, 1))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "test_smoke.py", "-k", k], cwd=d,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "test_smoke.py"] + ([] if full else ["-k", k]), cwd=d,
+                       capture_output=True, text=True, timeout=1800)
     last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-200:]
-    print(f"{'CAUGHT' if r.returncode else 'MISSED'}  {name:35s} [{k}] {last}", flush=True)
+    print(f"{'CAUGHT' if r.returncode else 'MISSED'}  {name:45s} [{'all' if full else k}] {last}", flush=True)
