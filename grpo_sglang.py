@@ -8,11 +8,9 @@ GRPO in one file, with rollouts from an SGLang server.
 
 Each step: the training ranks send their prompts to the SGLang server (`/generate`, token ids in, token ids +
 logprobs out), score the completions with a reward function, turn rewards into group-relative advantages,
-take `mu` optimizer steps on the clipped GRPO loss, and push the new weights to the server.
-
-Read it top to bottom: Config, the GRPO math, data, one training step, main() and its loop. Below main() a
-fence; under it the plumbing (the SGLang server, weight sync, FSDP, checkpoints), which you should not need
-to read to change GRPO. The README's "Hacking guide" says where to change what.
+take `mu` optimizer steps on the clipped GRPO loss, and push the new weights to the server. Read it top to
+bottom: Config, the GRPO math, data, one training step, main() and its loop; the plumbing below the fence
+you should not need to read to change GRPO (the README's "Hacking guide" says where to change what).
 
 The GRPO choices this file makes (each a flag):
   advantages   (r - mean(group)) / std(group), or without the std (Dr. GRPO, --no-scale_rewards)
@@ -26,15 +24,13 @@ The GRPO choices this file makes (each a flag):
   TIS          truncated importance weight min(π_trainer / π_server, --tis_cap) on every token: it
                corrects for the server's kernels and, with --async, for the one step of staleness
                (decoupled PPO: the trust region is around the trainer's own policy)
-  --async      (default; --no-async is on-policy) one step off-policy: while the trainer trains step s on a
-               batch sampled from θ_{s-1}, the server samples step s+1's from θ_s. Weights are only ever
-               pushed between generations.
-Every push is tagged with a version and every rollout must come from exactly the version it should, or we
-stop. Every step also compares trainer and server logprobs on the same tokens under the same weights (with
---async, a few sequences of the batch that the server re-scores with the new weights): a server that does
-not hold what it was sent stops the run, even if its tag is right.
-Note: the loss value is not a progress signal in GRPO (it is ~0 by construction when advantages are
-centred); watch the reward.
+  --async      (default; --no-async is on-policy) one step off-policy: the trainer trains step s on a batch
+               sampled from θ_{s-1} while the server samples step s+1's from θ_s, never pushed mid-generation
+Every push is tagged with a version and every rollout must come from that version, or we stop. Every step
+also compares trainer and server logprobs on the same tokens under the same weights (with --async: a few
+sequences that the server re-scores with the new weights), so a server that does not hold what it was sent
+stops the run even if its tag is right. The loss value is not a progress signal in GRPO (it is ~0 by
+construction when advantages are centred): watch the reward.
 """
 import concurrent.futures
 import contextlib
@@ -407,7 +403,6 @@ def train_step(cfg, model, ref, opt, mbs, n_seqs, n_tokens, world, check):
             opt.step()
         opt.zero_grad(set_to_none=True)
     return sums, maxes
-
 
 
 # ----------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ stop() { PIDFILE="/tmp/serve_$1.pid" bash serve.sh stop >> "$RES/pipeline.log" 2
 train() { # log-name out-dir timeout, then flags (CUDA_VISIBLE_DEVICES from the caller's environment)
   local name=$1 out=$2 t=$3; shift 3
   log "train $name: $*"
+  rm -rf "$out"  # a run never writes into another run's folder
   timeout "$t" python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) \
     grpo_sglang.py --out_dir "$out" "$@" > "$RES/$name.log" 2>&1
   log "train $name: exit $? ($(tail -n 1 "$RES/$name.log" | cut -c1-160))"
@@ -203,19 +204,51 @@ tf32_7b() {
   log "tf32_7b done"
 }
 
-if [ "${PHASES:-all}" = tf32 ]; then
-  tf32
-elif [ "${PHASES:-all}" = tf32_7b ]; then
-  tf32_7b
-elif [ "${PHASES:-all}" = nccl_big_models ]; then
-  nccl_big_models
-elif [ "${PHASES:-all}" = memory_steps_7b ]; then
-  memory_steps_7b
-else
+# PHASES=check_async: the exact sync check in async mode (results/x2/check_async/). Trainer GPU 0, servers GPU 1.
+# SmolLM2 at --lr 5e-5, where one step of policy change crosses the old rule's 0.1 (the batch mismatch, server θ_{s-1}
+# vs trainer θ_s), 120 async steps under the new rule (re-scored rows, the same weights on both sides); if that run
+# never crosses 0.1, the same at --lr 1e-4. The three negative controls in async mode at the same lr. The 1.5B-shaped
+# model, async, with and without re-scoring (--check_seqs 0), side by side.
+check_async() {
+  make_model qwen2.5-1.5b-random 300 make_models.log & MK=$!  # GPU 0 builds it while GPU 1 starts SmolLM2's server
+  serve_dedicated 0.15
+  wait $MK
+  serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3 & Q15=$!     # loads while the SmolLM2 runs go on
+  local U=(--server_url http://127.0.0.1:30010 --server_gpu 1 --async --lr 5e-5)
+  train async_lr5e-5 /tmp/r/ca 400 "${SMOL[@]}" "${U[@]}" --steps 120 --eval_every 40
+  if ! python3 -c "import json, sys; sys.exit(not any(r.get('mismatch_mean', 0) > 0.1 for r in map(json.loads, open('$RES/async_lr5e-5.metrics.jsonl'))))"; then
+    train async_lr1e-4 /tmp/r/ca4 400 "${SMOL[@]}" "${U[@]}" --lr 1e-4 --steps 120 --eval_every 40
+  fi
+  train neg_async_skip_one /tmp/r/n1 200 "${SMOL[@]}" "${U[@]}" --steps 12 --eval_every 0 --debug_skip_sync 6
+  train neg_async_stop_syncing /tmp/r/n2 200 "${SMOL[@]}" "${U[@]}" --steps 40 --eval_every 0 --debug_skip_sync 4-40
+  train neg_async_dropped_tagged /tmp/r/n3 300 "${SMOL[@]}" "${U[@]}" --steps 120 --eval_every 0 --debug_skip_sync 4-120 \
+    --debug_tag_skipped
+  wait $Q15
+  for c in 32 0; do
+    train x2_q15_async_check$c /tmp/r/q15c$c 300 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 \
+      "${BIG[@]}" --steps 12 --micro_batch 32 --async --check_seqs $c
+  done
+  stop q15
+  log "check_async done"
+}
+
+# PHASES=layout: the guard of the student-first layout (results/x2/layout/): SmolLM2 async, 100 steps, the flags of the
+# recorded run (x2/async/x2_smol_async at c5458af), and the GPU tests, against the dedicated server on GPU 1.
+layout() {
+  serve_dedicated 0.15  # already up after check_async
+  train x2_smol_async /tmp/r/lay 400 "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 --steps 100 \
+    --eval_every 50 --async
+  gpu_tests 500
+  log "layout done"
+}
+
+if [ "${PHASES:-all}" = all ]; then
   phase_a & A=$!
   phase_b & B=$!
   wait $A $B
   phase_c
   phase_d
+else
+  for p in $PHASES; do "$p"; done  # one or more of the functions above, e.g. PHASES="check_async layout"
 fi
 log "all done"
