@@ -988,6 +988,8 @@ def test_async_trains_one_step_off_and_never_updates_mid_generation(tiny_model, 
         for prev, nxt in zip(m, m[1:]):  # step s+1's batch was sampled while step s trained, and before its push
             assert nxt["span_rollout"][0] < prev["span_train"][1] and nxt["span_rollout"][1] > prev["span_train"][0], (prev, nxt)
             assert nxt["span_rollout"][1] <= prev["span_sync"][0] + 0.05
+            # the trainer trained first and only then waited for the rest of the 1-second generation
+            assert prev["time_next_rollout_wait"] > 0.3 and prev["time_train"] < 0.9, prev
         assert len(s.pushed_during_generation) == 4 and not any(s.pushed_during_generation)
     finally:
         s.close()
@@ -1485,29 +1487,31 @@ def test_one_error_said_once_under_torchrun_and_last(tiny_model, tmp_path, flags
 
 
 def test_sync_check_replayed_on_the_recorded_gpu_runs():
-    """The stop rule (each rollout from exactly its version; mean |trainer - server| logprob of the sampled
-    tokens <= --mismatch_max) replayed over every recorded GPU run that carries the batch statistic: no
-    correct push stops a run, and the negative controls stop exactly where they did on the GPU."""
+    """The stop rule (each rollout from exactly its version; trainer and server under the same weights within
+    --mismatch_max: the batch mismatch where a run logged nothing else, the re-scored check where it did) replayed
+    over every recorded GPU run: no correct push stops a run, and the negative controls stop exactly where they did
+    on the GPU. The async run at lr 5e-5 is one the rule before the re-scored check (the batch mismatch) stopped."""
     import glob
     limit = g.Config.mismatch_max
 
-    def replay(path):
+    def replay(path, old_rule=False):
         """-> the first step that the rule stops, or None."""
         rows = [r for r in map(json.loads, open(path)) if "reward_mean" in r]
         async_run = "async" in os.path.basename(path) or "nccl_hidden" in path
         for r in rows:
             want = max(r["step"] - 2, 0) if async_run else r["step"] - 1
-            if r["sampled_from_version"] != want or r["mismatch_mean"] > limit:
+            seen = r["mismatch_mean"] if old_rule else r.get("check_mismatch_mean", r["mismatch_mean"])
+            if r["sampled_from_version"] != want or (seen is not None and seen > limit):
                 return r["step"]
         log = open(path.replace(".metrics.jsonl", ".log")).read()  # the step that stopped, never logged as a row
         m = re.search(r"by ([\d.]+) nats on average", log)
         if m and float(m.group(1)) > limit:
             return rows[-1]["step"] + 1
-        m = re.search(r"sampled with weights of version '(\d+)', but this rollout must come from version '(\d+)'", log)
+        m = re.search(r"with weights of version '(\d+)', but this (?:rollout|check) must come from version '(\d+)'", log)
         return int(m.group(2)) + 1 if m else None
-    good = [p for p in glob.glob(os.path.join(HERE, "results", "**", "*.metrics.jsonl"), recursive=True) if "check_v2_" not in p
-            or "check_v2_main" in p]
-    assert len(good) >= 7, good
+    runs = glob.glob(os.path.join(HERE, "results", "**", "*.metrics.jsonl"), recursive=True)
+    good = [p for p in runs if not os.path.basename(p).startswith(("check_v2_", "neg_")) or "check_v2_main" in p]
+    assert len(good) >= 10, good
     for path in good:
         assert replay(path) is None, path
     check = os.path.join(HERE, "results", "h200", "check_v2")
@@ -1516,6 +1520,10 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
     assert replay(os.path.join(check, "check_v2_dropped_tagged.metrics.jsonl")) == 18  # tag kept, weights dropped
     main = [r["mismatch_mean"] for r in map(json.loads, open(os.path.join(check, "check_v2_main.metrics.jsonl"))) if "mismatch_mean" in r]
     assert len(main) == 300 and max(main) < limit / 3  # the limit is over 3x the worst correct step of 300
+    ca = os.path.join(HERE, "results", "x2", "check_async")  # async, lr 5e-5: the same controls, and the old rule's false alarm
+    assert [replay(os.path.join(ca, f"neg_async_{n}.metrics.jsonl")) for n in ("skip_one", "stop_syncing", "dropped_tagged")] == [7, 5, 6]
+    assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl")) is None
+    assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl"), old_rule=True) == 4
 
 
 def test_serve_sh_binds_loopback_passes_api_key_waits_and_stops(tmp_path):

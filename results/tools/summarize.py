@@ -15,6 +15,7 @@ COMMIT = "9c31301"  # 2026-11-29, phases A-D (PHASES unset)
 COMMIT_NCCL = "91659bc"  # 2026-11-30, PHASES=nccl_big_models (and the GPU tests, run by hand right after it)
 COMMIT_7B = "17e375e"  # 2026-11-30, PHASES=memory_steps_7b (fused AdamW)
 COMMIT_TF32 = "c5458af"  # 2026-11-30, PHASES=tf32 and tf32_7b (the LM head on TF32)
+COMMIT_CHECK = "7547a64"  # 2026-11-30, PHASES="check_async layout" (the exact async check, the student-first layout)
 
 
 def steps_of(path):
@@ -43,8 +44,8 @@ def caught_at(path):
     """The step at which a negative control stopped, from its error message."""
     log = open(path + ".log").read()
     m = re.search(r"must come from version '(\d+)'", log)
-    if m:
-        return int(m.group(1)) + 1  # the rollout of step v+1 must come from the weights after step v
+    if m:  # the rollout (or, async, the re-score) of step v+1 must come from the weights after step v
+        return int(m.group(1)) + 1
     m = re.search(r"weight sync check failed at step (\d+)", log)
     return int(m.group(1)) if m else None
 
@@ -186,6 +187,72 @@ def memory():
     return out
 
 
+def check_async():
+    """The exact async check (results/x2/check_async/): SmolLM2 at lr 5e-5, negative controls, the 1.5B shape."""
+    d = "results/x2/check_async/"
+    main, _ = steps_of(d + "async_lr5e-5")
+    stale = lambda rows: [r["check_mismatch_mean"] for r in rows if r.get("staleness_mean") is not None]
+    q, q0 = (steps_of(d + f"x2_q15_async_check{c}")[0] for c in (32, 0))
+    ev = {r["step"]: r["eval_accuracy"] for r in map(json.loads, open(d + "async_lr5e-5.metrics.jsonl")) if "eval_accuracy" in r}
+    out = {"model": "SmolLM2-135M-Instruct (the GPU kit's), built-in task, 16 prompts x 8, 128 new tokens, beta 0.04",
+           "lr": 5e-5, "steps": len(main),
+           "false_alarms": 0 if len(main) == 120 and "error:" not in open(d + "async_lr5e-5.log").read() else None,
+           "old_rule_stopped_at": next((r["step"] for r in main if r["mismatch_mean"] > 0.1), None),
+           "skip_one_step": 6, "skip_one_caught_at": caught_at(d + "neg_async_skip_one"),
+           "stop_syncing_after": 3, "stop_syncing_caught_at": caught_at(d + "neg_async_stop_syncing"),
+           "dropped_tagged_after": 3, "dropped_tagged_caught_at": caught_at(d + "neg_async_dropped_tagged"),
+           "rescored_mismatch_median": {"smollm2": round(statistics.median(stale(main)), 4),
+                                        "qwen2.5_1.5b_shape": round(statistics.median(stale(q)), 4)},
+           "rescored_mismatch_max": {"smollm2": round(max(stale(main)), 4), "qwen2.5_1.5b_shape": round(max(stale(q)), 4)},
+           "step_s_with_rescore": med(q, "time_step"), "step_s_without_rescore": med(q0, "time_step"),
+           "notes": {"old_rule": "the first step whose batch mismatch (server at θ_{s-1} vs trainer at θ_s) exceeds 0.1: "
+                                 "the rule before this change would have stopped the run there",
+                     "steps_over_old_limit": sum(r["mismatch_mean"] > 0.1 for r in main),
+                     "batch_mismatch_median_max": [round(statistics.median(r["mismatch_mean"] for r in main), 4),
+                                                   round(max(r["mismatch_mean"] for r in main), 4)],
+                     "staleness_median_max": [round(statistics.median(r["staleness_mean"] for r in main if r["staleness_mean"]), 4),
+                                              round(max(r["staleness_mean"] for r in main if r["staleness_mean"]), 4)],
+                     "rescored_mismatch": "check_mismatch_mean of the steps whose batch was one step old (re-scored rows)",
+                     "reward_first10_last10": [round(statistics.mean(r["reward_mean"] for r in main[:10]), 3),
+                                               round(statistics.mean(r["reward_mean"] for r in main[-10:]), 3)],
+                     "eval_by_step": ev,
+                     "dropped_tagged": "the pushes after step 3 were skipped but tagged; the server held θ_3; steps 5 "
+                                       "and 6 were the first whose check compared against a newer trainer",
+                     "step_s": "medians of steps 4-12 (1.5B shape, 24 x 8, 128 tokens, async, x2 layout), the two runs "
+                               "back to back on one server; --check_seqs 32 (default) vs 0"},
+           "commit": COMMIT_CHECK, "commands": "results/run_x2.sh, PHASES=check_async (results/x2/pipeline_check_async_layout_at-7547a64.log)"}
+    json.dump(out, open(d + "summary.json", "w"), indent=1)
+    return out
+
+
+def layout():
+    """The guard of the student-first layout (results/x2/layout/): SmolLM2 async, 100 steps, and the GPU tests."""
+    d = "results/x2/layout/"
+    rows, _ = steps_of(d + "x2_smol_async")
+    ev = {r["step"]: r["eval_accuracy"] for r in map(json.loads, open(d + "x2_smol_async.metrics.jsonl")) if "eval_accuracy" in r}
+    train = statistics.median([r["time_score"] + r["time_train"] for r in rows[3:]])
+    bound = max(med(rows, "time_rollout"), train + med(rows, "time_sync"))
+    per = [max(b["time_rollout"], a["time_score"] + a["time_train"] + a["time_sync"]) for a, b in zip(rows[3:], rows[4:])]
+    src = subprocess.run(["git", "show", f"{COMMIT_CHECK}:grpo_sglang.py"], capture_output=True, text=True).stdout.splitlines()
+    out = {"smol_async_step_s": med(rows, "time_step"), "smol_own_bound_s": round(bound, 4),
+           "eval_final": ev[100], "lines_total": len(src),
+           "fence_line": next(i + 1 for i, l in enumerate(src) if l.startswith("# ---- Plumbing below")),
+           "notes": {"bound": "max(rollout, score + train + sync) of this run, medians over steps 4-100; the step waits for the "
+                              "slower of the next batch's rollout and its own training and push",
+                     "step_over_bound": round(med(rows, "time_step") / bound, 3),
+                     "step_over_median_per_step_bound": round(med(rows, "time_step") / statistics.median(per), 3),
+                     "between_steps_s_median": round(statistics.median(b["span_step"][0] - a["span_step"][1]
+                                                                       for a, b in zip(rows, rows[1:])), 4),
+                     "overhead": "time_step is the sum of its five timed phases; between steps (reductions, logging) "
+                                 "1 ms; the 0.1 s 'outside the phases' at c5458af was the sum of the parts' medians "
+                                 "against the median of their sum (0.46 vs 0.53 s per step there)",
+                     "recorded_eval_final": 0.9273, "recorded_at": "x2/async/x2_smol_async at c5458af (0.5589 s/step)",
+                     "eval_by_step": ev, "gpu_tests": open(d + "gpu_tests.log").read().strip().splitlines()[-1]},
+           "commit": COMMIT_CHECK, "commands": "results/run_x2.sh, PHASES=layout (results/x2/pipeline_check_async_layout_at-7547a64.log)"}
+    json.dump(out, open(d + "summary.json", "w"), indent=1)
+    return out
+
+
 if __name__ == "__main__":
-    for f in (check_v2, asynchronous, tf32_head, sync, nccl_run, memory):
+    for f in (check_v2, asynchronous, tf32_head, sync, nccl_run, memory, check_async, layout):
         print(f.__name__, json.dumps(f(), indent=1)[:2500])
