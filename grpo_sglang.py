@@ -144,11 +144,15 @@ def token_logprobs(logits, targets, temperature=1.0):
 
 
 @torch.no_grad()
-def token_entropy(logits, temperature=1.0):
+def token_entropy(logits, temperature=1.0, rows=4):
     """(B, T, V) logits -> (B, T) entropy of the distribution each token was sampled from, logsumexp(z) - Σ p·z.
-    A metric (it falls when the policy collapses): no gradient, and one sequence at a time, so that no second
-    (B, T, V) temporary is made."""
-    return torch.stack([torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1) for z in (x.float() / temperature for x in logits)])
+    A metric (it falls when the policy collapses): no gradient, and a few sequences at a time, so that no second
+    (B, T, V) temporary is made; the dot product of p and z over V is one batched GEMV, not a product tensor."""
+    out = []
+    for z in logits.split(rows):
+        z = z.float() / temperature if temperature != 1 else z.float()
+        out.append(torch.logsumexp(z, -1) - torch.einsum("btv,btv->bt", torch.softmax(z, -1), z))
+    return torch.cat(out)
 
 
 def kl_k3(logp, ref_logp):
@@ -384,15 +388,16 @@ def train_step(cfg, model, ref, opt, mbs, n_seqs, n_tokens, world, check):
             logits = completion_logits(model, b["ids"], b["attn"], b["P"])  # (B, C, V)
             logp = token_logprobs(logits, b["ids"][:, b["P"]:], T)
             old = b["old"] if cfg.mu > 1 else logp.detach()
-            loss, clipped, kl = policy_loss(cfg, b, logp, old)
-            loss = aggregate(loss, b["mask"], cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
-            (loss * world).backward()  # FSDP averages gradients over ranks: * world gives the batch's gradient
-            merge(sums, maxes, {"loss": loss.detach(), "clipped": (clipped * b["mask"]).sum(), "trained_tokens": b["mask"].sum(),
-                                "kl": (kl.detach() * b["mask"]).sum() if kl is not None else 0})
             if update == 0:  # the weights the server holds: keep their logprobs for the check, compare with the server's
                 b["lp0"] = old
                 merge(sums, maxes, {"entropy": (token_entropy(logits, T) * b["mask"]).sum()})
                 merge(sums, maxes, *mismatch_stats(old, b["server"], b["mask"], cfg.tis_cap))
+            loss, clipped, kl = policy_loss(cfg, b, logp, old)
+            loss = aggregate(loss, b["mask"], cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
+            del logits  # logits-sized: let the backward free it as soon as it can
+            (loss * world).backward()  # FSDP averages gradients over ranks: * world gives the batch's gradient
+            merge(sums, maxes, {"loss": loss.detach(), "clipped": (clipped * b["mask"]).sum(), "trained_tokens": b["mask"].sum(),
+                                "kl": (kl.detach() * b["mask"]).sum() if kl is not None else 0})
         if update == 0:
             merge(sums, maxes, *check(mbs, sums, maxes))
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
