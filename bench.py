@@ -203,7 +203,7 @@ def connect(ctx):
     """Before the nccl method, not timed: the 2-rank group with the server, as the trainer forms it at start."""
     import grpo_sglang as g
     t0 = time.perf_counter()
-    ctx.links["nccl"] = dict(g.connect_nccl(ctx.cfg, DEV), begin_end=ctx.begin_end)
+    ctx.links["nccl"] = g.connect_nccl(ctx.cfg, DEV, [{"url": ctx.url, "tp": 1, "begin_end": ctx.begin_end}])
     ctx.out["nccl_connect_s"] = time.perf_counter() - t0
 
 
@@ -213,7 +213,7 @@ def disconnect(ctx):
     import torch.distributed as dist
     import grpo_sglang as g
     link = ctx.links.pop("nccl")
-    left = g.POOL.submit(g.call, ctx.cfg, "/destroy_weights_update_group", {"group_name": link["group_name"]},
+    left = g.POOL.submit(g.call, ctx.cfg, ctx.url, "/destroy_weights_update_group", {"group_name": link["group_name"]},
                          timeout=60, retries=0)
     gone = g.POOL.submit(dist.destroy_process_group, link["group"])
     g.waited(gone, SYNC_TIMEOUT, "leaving the NCCL group")
@@ -400,18 +400,19 @@ def bench_model(args, name, path, url, load, server_dev, ids):
             url = f"http://127.0.0.1:{args.large_port}"
         cfg = g.Config(model=path, server_url=url.rstrip("/"), api_key=os.environ.get("SGLANG_API_KEY", ""),
                        request_timeout=SYNC_TIMEOUT, request_retries=1)
-        begin_end = g.check_server(cfg)  # up, serves `path` with tp 1; the update API it has
+        begin_end, _ = g.check_server(cfg, cfg.server_url)  # up, serves `path`; the update API it has
         ctx = SimpleNamespace(url=cfg.server_url, cfg=cfg, begin_end=begin_end, model=model, tmp=args.tmp_dir,
                               ids=probe_ids(path, ids, model.config.vocab_size), trash=[], out=out, pushes=0, links={},
                               nbytes=sum(p.numel() for p in model.parameters()) * 2)  # bf16; tied embeddings once
         methods = [("disk", push_disk, None)]
         if args.layout == "x2":
-            ctx.links["tensor"] = ({"kind": "tensor", "device": server_dev, "begin_end": begin_end}
-                                   if isinstance(server_dev, torch.device) else server_dev)
+            ctx.links["tensor"] = ({"kind": "tensor", "device": server_dev, "servers": [{"url": ctx.url, "tp": 1, "begin_end":
+                                    begin_end, "device": server_dev}]} if isinstance(server_dev, torch.device) else server_dev)
             methods += [("tensor", push_link("tensor", args.x2_bucket_mb), None),
                         ("nccl", push_link("nccl", args.x2_bucket_mb), connect)]  # last: a stuck NCCL group
         else:                                                                    # can hold up the server
-            ctx.links["tensor"] = {"kind": "tensor", "device": DEV, "begin_end": begin_end}
+            ctx.links["tensor"] = {"kind": "tensor", "device": DEV, "servers": [{"url": ctx.url, "tp": 1, "begin_end": begin_end,
+                                                                                  "device": DEV}]}
             methods += [("tensor", push_tensor, None)]
             methods += [(f"bucket_{mb}", push_link("tensor", mb), None) for mb in args.bucket_mb]
         sync_model(args, ctx, methods, server_dev)
@@ -462,13 +463,14 @@ def part_sync(args, res):
                                                      "TORCH_NCCL_ASYNC_ERROR_HANDLING", "MEM_FRACTION")}
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if DEV.type == "cuda":  # the server's GPU as we index it (None: hidden from us), as the trainer finds it
-            _, idx = g.gpu_layout(args.server_gpu, False, 0, 1, visible, torch.cuda.device_count())
+            servers = [(args.server_url or "http://127.0.0.1:1", [int(args.server_gpu)])]
+            _, (idx,) = g.gpu_layout(servers, False, 0, 1, visible, torch.cuda.device_count())
             server_dev = torch.device("cuda", idx) if idx is not None else None
         else:
             server_dev = DEV  # a CPU dry run against a stand-in server (no GPU)
         if server_dev is None:  # the tensor method and the raw copy fail with the trainer's own explanation
             try:
-                g.pick_sync(g.Config(sync="tensor", server_gpu=args.server_gpu), None, visible)
+                g.pick_sync(g.Config(sync="tensor", server_gpu=str(args.server_gpu)), servers, [None], visible)
             except g.UserError as e:
                 server_dev = str(e)
         out["server_gpu"], out["server_device"] = args.server_gpu, str(server_dev)

@@ -101,9 +101,9 @@ class Config:
     device: str = arg("auto", "'cuda', 'cpu' (tests) or 'auto'")
     seed: int = arg(0, "seed for data order and torch")
     # the server and weight sync
-    server_url: str = arg("http://127.0.0.1:30000", "SGLang server started by serve.sh")
+    server_url: str = arg("http://127.0.0.1:30000", "SGLang server(s) started by serve.sh, comma-separated")
     api_key: str = arg("", "server API key (default: $SGLANG_API_KEY), sent as a Bearer token")
-    server_gpu: int = arg(3, "GPU the server runs on (serve.sh's GPU); training ranks never use it")
+    server_gpu: str = arg("3", "each server's GPU (serve.sh's GPU), comma-separated; '+' joins a TP server's: 2+3")
     colocate: bool = arg(False, "the server shares rank 0's GPU on purpose (one-GPU machines)")
     request_timeout: float = arg(300.0, "seconds before one request to the server (or one NCCL send) is given up")
     request_retries: int = arg(3, "retries (with backoff) for a failed request before stopping")
@@ -139,7 +139,7 @@ def group_advantages(rewards, group_size, scale=True, eps=1e-4):
 
 def token_logprobs(logits, targets, temperature=1.0):
     """(B, T, V) logits, (B, T) targets -> (B, T) log p(target), in fp32."""
-    logits = logits.float() / temperature
+    logits = logits.float() / temperature if temperature != 1 else logits.float()  # no logits-sized copy at 1
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
@@ -618,7 +618,7 @@ def check_config(cfg, world):
              ("group_size", cfg.group_size >= 2, ">= 2 (advantages compare completions of the same prompt)")]
     rules += [(f, getattr(cfg, f) >= 1, ">= 1") for f in ("steps", "prompts_per_step", "max_new_tokens", "mu", "micro_batch",
                                                           "max_nonfinite_steps", "eval_size", "max_prompt_tokens", "builtin_max_operand")]
-    rules += [(f, getattr(cfg, f) >= 0, ">= 0") for f in ("eval_every", "save_every", "sample_every", "server_gpu")]
+    rules += [(f, getattr(cfg, f) >= 0, ">= 0") for f in ("eval_every", "save_every", "sample_every")]
     rules += [("nccl_port", 0 <= cfg.nccl_port < 65536, "a TCP port, 1..65535 (0: a free one)")]
     rules += [(f, getattr(cfg, f) in allowed, " or ".join(allowed)) for f, allowed in (
         ("loss_agg", ("token", "seq", "constant")), ("ratio_level", ("token", "sequence")), ("prompt_format", ("auto", "chat", "plain")),
@@ -633,15 +633,29 @@ def check_config(cfg, world):
     if cfg.colocate and cfg.sync == "nccl":
         raise UserError("--sync nccl needs the server on another GPU than rank 0 (NCCL allows one rank per GPU); "
                         "drop --colocate or use --sync tensor")
-    url = urlparse(cfg.server_url)
-    if url.scheme not in ("http", "https") or not url.hostname or not port_ok(url):
-        raise UserError(f"--server_url {cfg.server_url!r} is not a server address: it must look like http://127.0.0.1:30000")
+    servers = parse_servers(cfg)
     try:
         os.makedirs(cfg.out_dir, exist_ok=True)
     except OSError as e:
         raise UserError(f"--out_dir {cfg.out_dir!r} cannot be created: {e.strerror}") from None
     check_out_dir(cfg)
-    return step_set(cfg.debug_skip_sync)
+    return step_set(cfg.debug_skip_sync), servers
+
+
+def parse_servers(cfg):
+    """--server_url, --server_gpu -> [(url, [its GPUs])], one per server (one --server_gpu entry serves them all)."""
+    urls, gpus = [u.strip() for u in cfg.server_url.split(",")], str(cfg.server_gpu).split(",")
+    for u in urls:
+        p = urlparse(u)
+        if p.scheme not in ("http", "https") or not p.hostname or not port_ok(p):
+            raise UserError(f"--server_url {u!r} is not a server address: it must look like http://127.0.0.1:30000")
+    urls = [u.rstrip("/") for u in urls]
+    gpus = gpus * len(urls) if len(gpus) == 1 else gpus
+    if len(gpus) != len(urls) or not all(x.strip().isdigit() for g in gpus for x in g.split("+")) or len(set(urls)) < len(urls):
+        raise UserError(f"--server_gpu {cfg.server_gpu!r} must name the GPU of each --server_url ({len(urls)} distinct), as "
+                        f"serve.sh's GPU: one entry per server (comma-separated; '+' joins a tensor-parallel server's GPUs, "
+                        f"e.g. 2+3), or one entry for all")
+    return [(u, [int(x) for x in g.split("+")]) for u, g in zip(urls, gpus)]
 
 
 def port_ok(url):
@@ -653,22 +667,22 @@ def port_ok(url):
 
 def setup(cfg):
     """Ranks, flags, the GPU layout and the process group, all checked before anything heavy is loaded.
-    -> rank, world, master, device, mesh, how weights reach the server (sync, why, server_idx), ckpt, skip."""
+    -> rank, world, master, device, mesh, the servers and how weights reach them (sync, why, server_idx), ckpt, skip."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    cfg.api_key, cfg.server_url = cfg.api_key or os.environ.get("SGLANG_API_KEY", ""), cfg.server_url.rstrip("/")
-    skip = check_config(cfg, world)
+    cfg.api_key = cfg.api_key or os.environ.get("SGLANG_API_KEY", "")
+    skip, servers = check_config(cfg, world)
     ckpt = checkpoint_to_resume(cfg.out_dir) if cfg.resume else None
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if use_cuda:
-        dev_idx, server_idx = gpu_layout(cfg.server_gpu, cfg.colocate, local_rank, local_world, visible, torch.cuda.device_count())
+        dev_idx, server_idx = gpu_layout(servers, cfg.colocate, local_rank, local_world, visible, torch.cuda.device_count())
         device = torch.device("cuda", dev_idx)
         torch.cuda.set_device(device)
     else:
-        device, server_idx = torch.device("cpu"), "cpu"
+        device, server_idx = torch.device("cpu"), ["cpu"] * len(servers)
         torch.multiprocessing.set_sharing_strategy("file_system")  # CPU tensors by file name (tests)
-    sync, why = pick_sync(cfg, server_idx, visible)
+    sync, why = pick_sync(cfg, servers, server_idx, visible)
     if sync == "nccl":  # SGLang's server runs NCCL with cuMem off unless told otherwise: both ends must agree
         os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
     if "RANK" not in os.environ:  # plain `python grpo_sglang.py`: a world of one
@@ -682,7 +696,7 @@ def setup(cfg):
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         monkey_patch_torch_reductions()
     return SimpleNamespace(rank=rank, world=world, master=rank == 0, device=device, mesh=init_device_mesh(device.type, (world,)),
-                           sync=sync, why=why, server_idx=server_idx, ckpt=ckpt, skip=skip)
+                           sync=sync, why=why, servers=servers, server_idx=server_idx, ckpt=ckpt, skip=skip)
 
 
 def load_data(cfg):
@@ -783,51 +797,58 @@ def load_models(cfg, rt):
 # The SGLang server, through its public HTTP API only.
 
 class Server:
-    """Rollouts, the sync check and weight pushes. Every wait on the server has a timeout (--request_timeout)
-    that ends in one clear message, never a hang."""
+    """The SGLang servers: rollouts, the sync check and weight pushes. Every wait on a server has a timeout
+    (--request_timeout) that ends in one clear message that names it, never a hang."""
 
     def __init__(self, cfg, rt):
-        self.cfg, self.rt = cfg, rt
-        begin_end = on_all_ranks(lambda: rt.master and check_server(cfg))  # every rank stops if it is not right
-        self.link = None  # rank 0's way to the server's weights
+        self.cfg, self.rt, self.urls = cfg, rt, [u for u, _ in rt.servers]
+        info = on_all_ranks(lambda: rt.master and [check_server(cfg, u) for u in self.urls])  # every rank stops on a bad one
+        self.link, servers = None, [{"url": u, "begin_end": be, "tp": tp, "device": torch.device("cuda", i) if rt.device.type
+                                     == "cuda" and i is not None else rt.device}  # rank 0's way to each server's weights
+                                    for u, (be, tp), i in zip(self.urls, info or [(0, 1)] * len(self.urls), rt.server_idx)]
         if rt.master and rt.sync == "tensor":
-            self.link = {"kind": "tensor", "device": torch.device("cuda", rt.server_idx) if rt.device.type == "cuda" else rt.device}
-        self.link = on_all_ranks(lambda: connect_nccl(cfg, rt.device) if rt.master and rt.sync == "nccl" else self.link)
-        if self.link:
-            self.link["begin_end"] = begin_end
+            self.link = {"kind": "tensor", "servers": servers, "device": servers[0]["device"]}
+        self.link = on_all_ranks(lambda: connect_nccl(cfg, rt.device, servers) if rt.master and rt.sync == "nccl" else self.link)
         where = f", NCCL group at {self.link['where']}" if self.link and "where" in self.link else ""
-        print0(f"layout: training on {rt.device} x {rt.world}{' (server colocated)' if cfg.colocate else ''}; server at "
-               f"{cfg.server_url}; weight sync: {rt.sync} ({rt.why}{where})")
+        print0(f"layout: training on {rt.device} x {rt.world}{' (server colocated)' if cfg.colocate else ''}; server"
+               f"{'s' if len(self.urls) > 1 else ''} at {', '.join(self.urls)}" + (f" (tensor parallel: {[s['tp'] for s in servers]})"
+               if info and max(s["tp"] for s in servers) > 1 else "") + f"; weight sync: {rt.sync} ({rt.why}{where})")
 
     def rollout(self, rows, version, greedy=False):
         """group_size completions of each prompt row (one, greedy, to evaluate), which must come from θ_version.
-        -> the batch: rows, outs = [(completion ids, the server's logprobs of them, finish reason)], version, span."""
-        cfg, t0 = self.cfg, time.time()
+        Prompt j of this rank's share goes to server (rank * len(rows) + j) % servers: a pure function of the step,
+        and a group never straddles two servers. -> the batch: rows, outs = [(completion ids, the server's logprobs
+        of them, finish reason)], srv (each completion's server), version, span."""
+        cfg, t0, n = self.cfg, time.time(), 1 if greedy else self.cfg.group_size
         sp = {"max_new_tokens": cfg.max_new_tokens, "temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
               "top_k": cfg.top_k}
-        ids = [r["ids"] for r in rows for _ in range(1 if greedy else cfg.group_size)]
-        outs = []
-        for o in generate(cfg, ids, str(version), "sampled", "this rollout", sampling_params=sp):
+        srv = [(self.rt.rank * len(rows) + j) % len(self.urls) for j in range(len(rows)) for _ in range(n)]
+        asked = {k: POOL.submit(generate, cfg, url, [r["ids"] for j, r in enumerate(rows) for _ in range(n) if srv[j * n] == k],
+                                str(version), "sampled", "this rollout", sampling_params=sp) for k, url in enumerate(self.urls) if k in srv}
+        got, outs = {k: iter(f.result()) for k, f in asked.items()}, []  # each request has its own timeout
+        for k in srv:
+            o = next(got[k])
             lps = [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]  # SGLang keeps EOS (and its logprob) in
             if len(lps) != len(o["output_ids"]):                             # output_ids: the policy must learn to stop
                 raise UserError(f"/generate returned {len(o['output_ids'])} tokens but {len(lps)} logprobs: unexpected server version?")
             outs.append((o["output_ids"], lps, (o["meta_info"].get("finish_reason") or {}).get("type", "?")))
-        return {"rows": rows, "outs": outs, "version": version, "span": (t0, time.time())}
+        return {"rows": rows, "outs": outs, "srv": srv, "version": version, "span": (t0, time.time())}
 
     def check(self, batch, version, model, pad_id):
         """-> check(mbs, sums, maxes), which train_step calls before its first update: the sync check of training
-        on `batch` with θ_version. It compares trainer and server logprobs on the same tokens under the same weights:
-        the batch's own if it was sampled from θ_version; else (--async: the batch is one step older) those of a few
-        of its sequences, which the server re-scores with θ_version now, while the trainer scores the batch."""
-        cfg = self.cfg
+        on `batch` with θ_version, for every server. It compares trainer and server logprobs on the same tokens under
+        the same weights: the batch's own if it was sampled from θ_version; else (--async: the batch is one step
+        older) those of a few of its sequences, which their server re-scores with θ_version now, while we train."""
+        cfg, srv = self.cfg, batch["srv"]
         if batch["version"] == version:
-            return lambda mbs, sums, maxes: self.verdict(version, {"check_abs": sums["mismatch_abs"], "check_tokens":
-                                                                   sums["tokens"]}, {"check_max": maxes["mismatch_max"]})
+            return lambda mbs, sums, maxes: self.verdict(version, [r for b in mbs for r in row_stats(b)], srv)
         if not cfg.check_seqs:  # --check_seqs 0: batches one step old go unchecked (the version check stays)
             return lambda mbs, sums, maxes: ({"check_tokens": 0}, {})
         rows = spread(len(batch["outs"]), -(-cfg.check_seqs // self.rt.world))
         seqs = [(batch["rows"][i // cfg.group_size]["ids"], batch["outs"][i][0]) for i in rows]
-        rescored, t1 = POOL.submit(rescore, cfg, seqs, str(version)), None
+        asked = {k: POOL.submit(rescore, cfg, url, [q for q, i in zip(seqs, rows) if srv[i] == k], str(version))
+                 for k, url in enumerate(self.urls) if k in {srv[i] for i in rows}}
+        t1 = None
         if cfg.temperature != 1:  # SGLang re-scores at temperature 1, so must we. Now, before any backward: a no-grad
             ids, attn, _, P = pad_batch([{"prompt": p, "completion": c} for p, c in seqs], pad_id, self.rt.device)
             with torch.no_grad():  # forward after one leaves FSDP's root gathered, and the next step would use its
@@ -835,55 +856,84 @@ class Server:
 
         def check(mbs, sums, maxes):
             lps = t1 or [mbs[i // cfg.micro_batch]["lp0"][i % cfg.micro_batch] for i in rows]
-            now = on_all_ranks(waited, rescored, cfg.request_timeout, "re-scoring a batch for the sync check")
-            return self.verdict(version, *rescored_check([batch["outs"][i][1] for i in rows], now, lps))
+            now = on_all_ranks(lambda: {k: iter(waited(f, cfg.request_timeout, "re-scoring a batch for the sync check"))
+                                        for k, f in asked.items()})
+            return self.verdict(version, [rescored_stats(t, next(now[srv[i]]), batch["outs"][i][1]) for t, i in zip(lps, rows)],
+                                [srv[i] for i in rows])
         return check
 
-    def verdict(self, version, sums, maxes):
-        """Stop (every rank) unless trainer and server agree on θ_version to within kernel noise."""
-        mm = all_reduce_named({k: sums[k] for k in ("check_abs", "check_tokens")}, dist.ReduceOp.SUM, self.rt.device)
-        if mm["check_abs"] / mm["check_tokens"] > self.cfg.mismatch_max:
-            raise UserError(f"weight sync check failed at step {version + 1}: its version tag was right (the weights after "
-                            f"step {version}), but on {mm['check_tokens']:.0f} sampled tokens the server's logprobs differ from "
-                            f"the trainer's, under those weights, by {mm['check_abs'] / mm['check_tokens']:.3f} nats on average "
-                            f"(--mismatch_max {self.cfg.mismatch_max}; kernel noise is ~0.01-0.03): the server does not "
-                            f"generate with the weights it was sent.")
+    def verdict(self, version, stats, srv):
+        """stats: per sequence (|Δ| sum, tokens, |Δ| max[, stale sum, stale max]) of trainer vs server `srv[i]` under
+        θ_version. Stop (every rank) unless every server agrees with the trainer to within kernel noise.
+        -> this rank's (named sums, maxima) for the metrics."""
+        per = torch.zeros(len(self.urls), 2, dtype=torch.float64)
+        for st, k in zip(stats, srv):
+            per[k] += torch.tensor(st[:2], dtype=torch.float64)
+        total = per.to(self.rt.device)
+        dist.all_reduce(total)
+        for k, (d, n) in enumerate(total.tolist()):
+            if n and d / n > self.cfg.mismatch_max:
+                raise UserError(f"weight sync check failed at step {version + 1}: the server at {self.urls[k]} had the right "
+                                f"version tag (the weights after step {version}), but on {n:.0f} sampled tokens its logprobs differ "
+                                f"from the trainer's, under those weights, by {d / n:.3f} nats on average (--mismatch_max "
+                                f"{self.cfg.mismatch_max}; kernel noise is ~0.01-0.03): it does not generate with the weights "
+                                f"it was sent.")
+        col = lambda j, f: f(st[j] for st in stats) if stats else 0.0
+        sums, maxes = {"check_abs": col(0, sum), "check_tokens": col(1, sum)}, {"check_max": col(2, max)}
+        if stats and len(stats[0]) > 3:  # re-scored: the staleness on the same tokens too
+            sums["stale_abs"], maxes["stale_max"] = col(3, sum), col(4, max)
         return sums, maxes
 
     def push(self, model, version):
-        """θ_version (the weights after `version` steps) to the server, tagged `version`. -> bytes sent (rank 0)."""
+        """θ_version (the weights after `version` steps) to every server, tagged `version`. -> bytes sent (rank 0)."""
         if version not in self.rt.skip:
             return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
-        if self.cfg.debug_tag_skipped:  # negative control: a server that drops the weights but not the tag
-            on_all_ranks(lambda: self.rt.master and call(self.cfg, "/update_weight_version", {
-                "new_version": str(version), "abort_all_requests": False}))
+        if self.cfg.debug_tag_skipped:  # negative control: servers that drop the weights but not the tag
+            on_all_ranks(lambda: self.rt.master and [call(self.cfg, u, "/update_weight_version", {
+                "new_version": str(version), "abort_all_requests": False}) for u in self.urls])
         return 0
 
     def close(self):
         if self.link and self.link["kind"] == "nccl":
-            call(self.cfg, "/destroy_weights_update_group", {"group_name": self.link["group_name"]}, timeout=30, retries=0)
+            for u in self.urls:
+                call(self.cfg, u, "/destroy_weights_update_group", {"group_name": self.link["group_name"]}, timeout=30, retries=0)
 
 
-def call(cfg, path, payload=None, timeout=None, retries=None):
-    """POST (or GET without payload) with timeout, retries and backoff. -> parsed JSON or text."""
+def row_stats(b):
+    """A micro-batch -> per sequence (|Δ| sum, tokens, |Δ| max) of the trainer's first-pass logprobs against the
+    server's that sampled it."""
+    d = (b["lp0"] - b["server"]).abs() * b["mask"]
+    return torch.stack([d.sum(1), b["mask"].sum(1), d.max(1).values], 1).tolist()
+
+
+def rescored_stats(trainer, now, then):
+    """One re-scored sequence: trainer (C,) vs the server now (same weights: kernel noise only, whatever the lr), and
+    the server when it sampled, one step older, vs now (the pure staleness) -> (|Δ| sum, tokens, max, stale sum, max)."""
+    now = trainer.new_tensor(now)
+    d, stale = (trainer[: len(now)] - now).abs(), (trainer.new_tensor(then) - now).abs()
+    return d.sum().item(), len(now), d.max().item(), stale.sum().item(), stale.max().item()
+
+
+def call(cfg, url, path, payload=None, timeout=None, retries=None):
+    """POST (or GET without payload) to the server at `url`, with timeout, retries and backoff. -> parsed JSON or text."""
     retries = cfg.request_retries if retries is None else retries
     for attempt in range(retries + 1):
         try:
-            r = requests.request("GET" if payload is None else "POST", cfg.server_url + path, json=payload,
+            r = requests.request("GET" if payload is None else "POST", url + path, json=payload,
                                  headers=auth(cfg), timeout=timeout or cfg.request_timeout)
             if r.status_code in (401, 403):
-                raise UserError(f"the server refused {path} (HTTP {r.status_code}): wrong or missing --api_key")
+                raise UserError(f"the server at {url} refused {path} (HTTP {r.status_code}): wrong or missing --api_key")
             if r.status_code >= 500 and attempt < retries:  # overloaded or restarting: try again
                 raise requests.ConnectionError(f"HTTP {r.status_code}: {r.text[:200]}")
             if r.status_code >= 400:
-                raise UserError(f"the server answered {path} with HTTP {r.status_code}: {r.text[:500]}")
+                raise UserError(f"the server at {url} answered {path} with HTTP {r.status_code}: {r.text[:500]}")
             try:
                 return r.json()
             except ValueError:
                 return r.text  # /flush_cache answers plain text
         except (requests.ConnectionError, requests.Timeout) as e:
             if attempt == retries:
-                raise UserError(f"no answer from the SGLang server at {cfg.server_url}{path} after "
+                raise UserError(f"no answer from the SGLang server at {url}{path} after "
                                 f"{retries + 1} tries ({type(e).__name__}: {str(e)[:200]}).\n"
                                 f"Is it running? Start it with: bash serve.sh   (see serve.log)") from None
             time.sleep(min(2 ** attempt, 30))
@@ -893,49 +943,49 @@ def auth(cfg):
     return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
 
 
-def check_server(cfg):
-    """Before anything heavy: is the server up, and does it serve our model? -> whether it has /begin_weight_update."""
-    call(cfg, "/health", timeout=10, retries=1)
-    info = call(cfg, "/model_info", timeout=30)
+def check_server(cfg, url):
+    """Before anything heavy: is the server up, and does it serve our model? -> (whether it has
+    /begin_weight_update, its tensor-parallel size)."""
+    call(cfg, url, "/health", timeout=10, retries=1)
+    info = call(cfg, url, "/model_info", timeout=30)
     if not isinstance(info, dict):
-        raise UserError(f"{cfg.server_url} does not answer like an SGLang server (/model_info: {str(info)[:100]!r})")
+        raise UserError(f"{url} does not answer like an SGLang server (/model_info: {str(info)[:100]!r})")
     served = str(info.get("model_path", ""))
     same = served == cfg.model or (os.path.exists(cfg.model) and os.path.realpath(served) == os.path.realpath(cfg.model))
     if not same:
-        raise UserError(f"the server serves {served!r} but the trainer trains {cfg.model!r}.\n"
+        raise UserError(f"the server at {url} serves {served!r} but the trainer trains {cfg.model!r}.\n"
                         f"Restart it with the same model: bash serve.sh stop && MODEL={cfg.model} bash serve.sh")
-    server_info = call(cfg, "/server_info", timeout=30)
-    if isinstance(server_info, dict) and int(server_info.get("tp_size", 1) or 1) != 1:
-        raise UserError("the server runs with tensor parallelism > 1; this trainer pushes weights to one GPU (tp_size 1)")
+    server_info = call(cfg, url, "/server_info", timeout=30)
+    tp = int(server_info.get("tp_size", 1) or 1) if isinstance(server_info, dict) else 1
     # SGLang >= 0.5.21 refuses weight updates outside a /begin_weight_update ... /end_weight_update
     # session; 0.5.16 has neither route. A GET on a POST-only route answers 405 where it exists.
     try:
-        r = requests.get(cfg.server_url + "/begin_weight_update", headers=auth(cfg), timeout=cfg.request_timeout)
+        r = requests.get(url + "/begin_weight_update", headers=auth(cfg), timeout=cfg.request_timeout)
     except requests.RequestException as e:
-        raise UserError(f"the SGLang server at {cfg.server_url} stopped answering ({e})") from None
-    return r.status_code == 405  # -> whether to open and close a weight-update session around each push
+        raise UserError(f"the SGLang server at {url} stopped answering ({e})") from None
+    return r.status_code == 405, tp
 
 
-def generate(cfg, input_ids, version, did, what, **req):
+def generate(cfg, url, input_ids, version, did, what, **req):
     """One batched /generate (the server schedules all of it, and every rank's, together) -> its answers. Every
     answer must come from weights `version` (the tag of the last push), or we stop: a push was lost."""
-    out = call(cfg, "/generate", {"input_ids": input_ids, "return_logprob": True, **req})
+    out = call(cfg, url, "/generate", {"input_ids": input_ids, "return_logprob": True, **req})
     if not isinstance(out, list) or len(out) != len(input_ids):
         raise UserError(f"/generate returned {type(out).__name__} of unexpected size (wanted {len(input_ids)} items)")
     for o in out:
         if str(o["meta_info"].get("weight_version")) != version:
-            raise UserError(f"the server {did} with weights of version {o['meta_info'].get('weight_version')!r}, but {what} "
+            raise UserError(f"the server at {url} {did} with weights of version {o['meta_info'].get('weight_version')!r}, but {what} "
                             f"must come from version {version!r} (the trainer's weights after step {version}). A weight push "
                             f"was skipped, rejected or reordered, or another client changed the server's weights. Stopping "
                             f"rather than training on another policy's samples.")
     return out
 
 
-def rescore(cfg, seqs, version):
+def rescore(cfg, url, seqs, version):
     """[(prompt ids, completion ids)] -> the server's logprobs of each completion under its current weights,
     which must be `version`: a prefill only (max_new_tokens 0). SGLang's input logprobs are those of the
     raw logits (temperature 1) and start with None for the token at logprob_start_len: we start one early."""
-    out = generate(cfg, [p + c for p, c in seqs], version, "re-scored the batch", "this check", sampling_params={
+    out = generate(cfg, url, [p + c for p, c in seqs], version, "re-scored the batch", "this check", sampling_params={
         "max_new_tokens": 0}, logprob_start_len=[len(p) - 1 for p, _ in seqs])
     lps = [o["meta_info"]["input_token_logprobs"][-len(c):] for o, (_, c) in zip(out, seqs)]
     if any([t for _, t, *_ in got] != list(c) or any(lp is None for lp, *_ in got) for got, (_, c) in zip(lps, seqs)):
@@ -948,21 +998,7 @@ def spread(n, k):
     return list(range(n)) if k >= n else [i * n // k for i in range(k)]
 
 
-def rescored_check(sampled, rescored, trainer):
-    """The async check on the sequences the server re-scored, one (C,) list or tensor of logprobs per sequence for
-    each argument -> (sums, maxima) of |trainer - server now| (check_*: the same weights, so kernel noise only,
-    whatever the lr) and |server when it sampled, one step older - server now| (stale_*: the pure staleness)."""
-    zero = lambda: trainer[0].new_zeros((), dtype=torch.float64)
-    sums, maxes = defaultdict(zero), defaultdict(zero)
-    for then, now, t in zip(sampled, rescored, trainer):
-        now, then = t.new_tensor(now), t.new_tensor(then)
-        d, stale = (t[: len(now)] - now).abs(), (then - now).abs()
-        merge(sums, maxes, {"check_abs": d.sum(), "check_tokens": len(now), "stale_abs": stale.sum()},
-              {"check_max": d.max(), "stale_max": stale.max()})
-    return sums, maxes
-
-
-POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8)  # requests, NCCL sends and rollouts in flight
+POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64)  # requests (to every server), NCCL sends, rollouts
 
 
 def waited(future, timeout, what):
@@ -999,37 +1035,40 @@ def on_all_ranks(fn, *args):
 #   nccl    Rank 0 and the server form a 2-rank process group; rank 0 broadcasts each bucket while
 #           the server's /update_weights_from_distributed request receives it. Works across hosts.
 
-def gpu_layout(server_gpu, colocate, local_rank, local_world, visible, n_devices):
-    """-> (this rank's CUDA index, the server's GPU as this process indexes it, or None if hidden).
-    `visible` is CUDA_VISIBLE_DEVICES (None if unset). Raises UserError on impossible layouts."""
+def gpu_layout(servers, colocate, local_rank, local_world, visible, n_devices):
+    """-> (this rank's CUDA index, for each server its first GPU as this process indexes it, or None if hidden).
+    `visible` is CUDA_VISIBLE_DEVICES (None if unset). With --colocate one server shares rank 0's GPU (whatever
+    --server_gpu says), several may share training GPUs. Raises UserError on impossible layouts."""
     if local_world > n_devices:
         raise UserError(f"{local_world} training ranks but only {n_devices} visible GPUs")
-    if colocate:
-        return local_rank, 0  # the server shares rank 0's GPU
-    ids = [s.strip() for s in visible.split(",")] if visible is not None else [str(i) for i in range(n_devices)]
-    if str(server_gpu) not in ids:
-        return local_rank, None
-    stage = ids.index(str(server_gpu))
-    if stage < local_world:
-        raise UserError(f"training rank {stage} would run on GPU {server_gpu}, which the SGLang server uses. "
-                        f"Ranks take the visible GPUs 0..n-1 in order: use fewer ranks or list the server's GPU last "
-                        f"in CUDA_VISIBLE_DEVICES, move the server "
-                        f"(GPU=<id> bash serve.sh, --server_gpu <id>), or pass --colocate to share it on purpose.")
-    return local_rank, stage
+    if colocate and len(servers) == 1:
+        return local_rank, [0]
+    ids, firsts = [s.strip() for s in visible.split(",")] if visible is not None else [str(i) for i in range(n_devices)], []
+    for url, gpus in servers:
+        stages = [ids.index(str(g)) if str(g) in ids else None for g in gpus]
+        for gpu, stage in zip(gpus, stages):
+            if stage is not None and stage < local_world and not colocate:
+                raise UserError(f"training rank {stage} would run on GPU {gpu}, which the SGLang server at {url} uses. Ranks "
+                                f"take the visible GPUs 0..n-1 in order: use fewer ranks or list the server's GPU last in "
+                                f"CUDA_VISIBLE_DEVICES, move the server (GPU=<id> bash serve.sh, --server_gpu <id>), or pass "
+                                f"--colocate to share it on purpose.")
+        firsts.append(stages[0])
+    return local_rank, firsts
 
 
-def pick_sync(cfg, server_idx, visible):
-    """-> ('tensor' or 'nccl', why). The tensor path needs rank 0 to see the server's GPU on this host."""
-    host = urlparse(cfg.server_url).hostname or ""
-    here = host in ("localhost", "127.0.0.1", "::1", socket.gethostname()) or host == local_address(host)
+def pick_sync(cfg, servers, server_idx, visible):
+    """-> ('tensor' or 'nccl', why). The tensor path needs rank 0 to see every server's GPU on this host."""
+    hosts = [urlparse(u).hostname or "" for u, _ in servers]
+    away = [h for h in hosts if h not in ("localhost", "127.0.0.1", "::1", socket.gethostname()) and h != local_address(h)]
     if cfg.sync == "nccl":
         return "nccl", "--sync nccl"
-    if here and server_idx is not None:
-        return "tensor", ("on the CPU: tensors shared through files" if server_idx == "cpu" else "the server shares rank 0's "
-                          "GPU" if cfg.colocate else f"rank 0 sees the server's GPU {cfg.server_gpu}")
-    why = (f"the server's GPU {cfg.server_gpu} (--server_gpu) is not visible to the trainer "
+    if not away and None not in server_idx:
+        return "tensor", ("on the CPU: tensors shared through files" if server_idx[0] == "cpu" else "the server shares rank 0's "
+                          "GPU" if cfg.colocate and len(servers) == 1 else f"rank 0 sees the servers' GPU {cfg.server_gpu}")
+    hidden = [gpus[0] for (_, gpus), i in zip(servers, server_idx) if i is None]
+    why = (f"the server's GPU {hidden[0]} (--server_gpu) is not visible to the trainer "
            f"({f'CUDA_VISIBLE_DEVICES={visible}' if visible is not None else 'no such GPU here'})"
-           if here else f"the server ({host}) is on another host")
+           if not away else f"the server ({away[0]}) is on another host")
     if cfg.sync == "tensor":
         raise UserError(f"--sync tensor needs rank 0 to see the server's GPU on the same host, but {why}. Use "
                         f"--sync nccl (or auto), or fix the layout: --server_gpu <id>, or unset CUDA_VISIBLE_DEVICES.")
@@ -1084,29 +1123,39 @@ def pack(named, device):
 
 
 def send_bucket(cfg, link, flat, meta, last, version):
-    """POST one bucket's update; the last one flushes the server's prefix cache and sets the version tag. -> wait().
-    tensor: the request carries the bucket's CUDA-IPC handle (SGLang's serializer), so `flat` must stay alive until
-    the server has answered. nccl: the server posts its receive when the request reaches it, so the request is in
-    flight before our broadcast is waited on (a blocking request first would deadlock); the broadcast runs on a
-    side thread and both are waited on with --request_timeout: a dead server is an error, never an NCCL hang."""
-    req = {"load_format": "flattened_bucket", "flush_cache": last, "weight_version": version if last else None}
+    """POST one bucket's update to every server; the last one flushes their prefix caches and sets the version tag.
+    -> wait(). tensor: a copy of the bucket on each server's GPU (a server sees its own GPUs only), its CUDA-IPC
+    handle (SGLang's serializer) once per TP rank; `flat` must stay alive until the servers have answered.
+    nccl: every server posts its receive when the request reaches it, so all requests are in flight before our one
+    broadcast is waited on (a blocking request first would deadlock); the broadcast runs on a side thread and all
+    are waited on with --request_timeout: a dead server is an error, never an NCCL hang."""
+    req, flats = {"load_format": "flattened_bucket", "flush_cache": last, "weight_version": version if last else None}, {}
     if link["kind"] == "tensor":
-        req["serialized_named_tensors"] = [serialize_bucket(flat, meta)]
+        for d in {srv["device"] for srv in link["servers"]}:
+            flats[d] = flat.to(d)  # the same tensor where it already is
+            if flat.is_cuda:
+                torch.cuda.synchronize(d)
+        handles = {d: serialize_bucket(f, meta) for d, f in flats.items()}
+        posts = [POOL.submit(call, cfg, s["url"], "/update_weights_from_tensor", {
+            **req, "serialized_named_tensors": [handles[s["device"]]] * s["tp"]}) for s in link["servers"]]
+        sent = None
     else:
         req.update(names=[m.name for m in meta], dtypes=["bfloat16"] * len(meta), shapes=[list(m.shape) for m in meta],
                    group_name=link["group_name"])
-    path = "/update_weights_from_" + ("tensor" if link["kind"] == "tensor" else "distributed")
-    answered = POOL.submit(call, cfg, path, req, retries=None if link["kind"] == "tensor" else 0)  # a retry would
-    sent = POOL.submit(broadcast, flat, link["group"]) if link["kind"] == "nccl" else None          # expect a 2nd send
+        posts = [POOL.submit(call, cfg, s["url"], "/update_weights_from_distributed", req, retries=0)  # a retry would
+                 for s in link["servers"]]                                                          # expect a 2nd send
+        sent = POOL.submit(broadcast, flat, link["group"])
 
     def wait():
-        try:
-            r = answered.result()  # raises if the server refused or did not answer in time: nothing waits on NCCL
-        except UserError as e:
-            raise UserError(f"{e}\nThe NCCL broadcast of a weight bucket did not complete. If the server is alive, NCCL could "
-                            f"not connect the two ends: run both with NCCL_DEBUG=INFO (see the README).") if sent else e from None
-        if not (isinstance(r, dict) and r.get("success")):
-            raise UserError(f"the server rejected the weight update: {r}. Training on would sample from stale weights, so we stop.")
+        for srv, answered in zip(link["servers"], posts):
+            try:
+                r = answered.result()  # raises if the server refused or did not answer in time: nothing waits on NCCL
+            except UserError as e:
+                raise UserError(f"{e}\nThe NCCL broadcast of a weight bucket did not complete. If the servers are alive, NCCL "
+                                f"could not connect the ends: run both sides with NCCL_DEBUG=INFO (see the README).") if sent else e from None
+            if not (isinstance(r, dict) and r.get("success")):
+                raise UserError(f"the server at {srv['url']} rejected the weight update: {r}. Training on would sample from "
+                                f"stale weights, so we stop.")
         if sent:
             waited(sent, cfg.request_timeout, "the NCCL send of a weight bucket")
         return flat.numel()
@@ -1126,12 +1175,13 @@ def broadcast(flat, group):
         torch.cuda.synchronize(flat.device)
 
 
-def connect_nccl(cfg, device):
-    """Rank 0: form the 2-rank group (us rank 0, the server rank 1) with SGLang's own helper and the same
-    group name on both sides. Both block until the other joins, so the request runs on a side thread."""
+def connect_nccl(cfg, device, servers):
+    """Rank 0: form one group with every server's ranks (us rank 0, server k's TP ranks from the offset 1 + the
+    TP sizes before it), with SGLang's own helper and the same group name on all sides: one broadcast then reaches
+    every server. Everyone blocks until all have joined, so the requests run on side threads."""
     from datetime import timedelta
     from sglang.srt.utils import init_custom_process_group
-    addr = cfg.nccl_master_addr or local_address(urlparse(cfg.server_url).hostname or "127.0.0.1")
+    addr = cfg.nccl_master_addr or local_address(urlparse(servers[0]["url"]).hostname or "127.0.0.1")
     port = cfg.nccl_port
     if not port:
         with socket.socket() as s:
@@ -1140,20 +1190,23 @@ def connect_nccl(cfg, device):
     name, backend = f"grpo_sglang_{socket.gethostname()}_{os.getpid()}", "nccl" if device.type == "cuda" else "gloo"
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # under torchrun, tcp:// rendezvous would only be a
     #                                                       client of torchrun's store; we must host this one
-    joined = POOL.submit(call, cfg, "/init_weights_update_group", {
-        "master_address": addr, "master_port": port, "rank_offset": 1, "world_size": 2, "group_name": name,
-        "backend": backend}, retries=0)
-    group = POOL.submit(init_custom_process_group, backend=backend, init_method=f"tcp://{addr}:{port}", world_size=2,
-                          rank=0, group_name=name, timeout=timedelta(seconds=cfg.request_timeout))
-    try:
-        r = joined.result()
-    except UserError as e:
-        raise UserError(f"{e}\nThe server did not join the NCCL group at {addr}:{port}: it must reach this address "
-                        f"and port (--nccl_master_addr, --nccl_port, firewall; NCCL_SOCKET_IFNAME picks the interface).") from None
-    if not (isinstance(r, dict) and r.get("success")):
-        raise UserError(f"the server could not join the NCCL weight-update group: {r}")
-    return {"kind": "nccl", "group": waited(group, cfg.request_timeout, "joining the NCCL group"), "group_name": name,
-            "device": device, "where": f"{addr}:{port}"}
+    world, offsets = 1 + sum(s["tp"] for s in servers), [1 + sum(s["tp"] for s in servers[:k]) for k in range(len(servers))]
+    joined = [POOL.submit(call, cfg, s["url"], "/init_weights_update_group", {
+        "master_address": addr, "master_port": port, "rank_offset": off, "world_size": world, "group_name": name,
+        "backend": backend}, retries=0) for s, off in zip(servers, offsets)]
+    group = POOL.submit(init_custom_process_group, backend=backend, init_method=f"tcp://{addr}:{port}", world_size=world,
+                        rank=0, group_name=name, timeout=timedelta(seconds=cfg.request_timeout))
+    for s, j in zip(servers, joined):
+        try:
+            r = j.result()
+        except UserError as e:
+            raise UserError(f"{e}\nThe server at {s['url']} did not join the NCCL group at {addr}:{port}: it must reach this "
+                            f"address and port (--nccl_master_addr, --nccl_port, firewall; NCCL_SOCKET_IFNAME picks the "
+                            f"interface).") from None
+        if not (isinstance(r, dict) and r.get("success")):
+            raise UserError(f"the server at {s['url']} could not join the NCCL weight-update group: {r}")
+    return {"kind": "nccl", "servers": servers, "group": waited(group, cfg.request_timeout, "joining the NCCL group"),
+            "group_name": name, "device": device, "where": f"{addr}:{port}"}
 
 
 def push_weights(cfg, model, link, version):
@@ -1163,8 +1216,9 @@ def push_weights(cfg, model, link, version):
     the sends deadlocked TRL. The last bucket flushes the server's prefix cache (cached prompts hold
     activations of the old weights) and tags the weights `version`. -> bytes sent (rank 0)."""
     serial = link and link["kind"] == "nccl" and dist.get_world_size() > 1
-    if link and link["begin_end"]:
-        call(cfg, "/begin_weight_update", {"selector": "all"})
+    for srv in link["servers"] if link else []:
+        if srv["begin_end"]:
+            call(cfg, srv["url"], "/begin_weight_update", {"selector": "all"})
     sent, in_flight = 0, None
     for bucket, last in weight_buckets(model, cfg.sync_bucket_mb * 2**20, keep=link is not None):
         if not link:
@@ -1175,8 +1229,9 @@ def push_weights(cfg, model, link, version):
         if serial:
             sent, in_flight = sent + in_flight(), None
     sent += in_flight() if in_flight else 0
-    if link and link["begin_end"]:
-        call(cfg, "/end_weight_update", {})
+    for srv in link["servers"] if link else []:
+        if srv["begin_end"]:
+            call(cfg, srv["url"], "/end_weight_update", {})
     return sent
 
 
@@ -1364,7 +1419,7 @@ def merge(sums, maxes, more_sums, more_maxes=None):
     for k, v in more_sums.items():
         sums[k] = sums[k] + v
     for k, v in (more_maxes or {}).items():
-        maxes[k] = torch.maximum(maxes[k], v)
+        maxes[k] = torch.maximum(maxes[k], torch.as_tensor(v).to(maxes[k]))
 
 
 def exit_now(code, message=None):

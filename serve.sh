@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# Start the SGLang server that grpo_sglang.py trains against, on its own GPU; wait until it
-# really answers; return. Then: torchrun --nproc_per_node 3 grpo_sglang.py
+# Start the SGLang server(s) that grpo_sglang.py trains against, on their own GPUs; wait until they
+# really answer; return. Then: torchrun --nproc_per_node 3 grpo_sglang.py
 #
 #   bash serve.sh                        # GPU 3, Qwen/Qwen2.5-0.5B-Instruct, 127.0.0.1:30000
 #   GPU=0 MEM_FRACTION=0.3 bash serve.sh # one GPU shared with the trainer (then: grpo_sglang.py --colocate)
+#   GPU=2,3 TP=2 bash serve.sh           # one tensor-parallel server on GPUs 2 and 3 (--server_gpu 2+3)
+#   GPU=2,3 SERVERS=2 bash serve.sh      # two servers, GPU 2 on port 30000 and GPU 3 on 30001
+#   GPU=1 SERVERS=2 MEM_FRACTION=0.4 bash serve.sh   # two servers sharing GPU 1
 #   MODEL=/path/to/model bash serve.sh -- --context-length 4096   # anything after -- goes to SGLang
-#   bash serve.sh stop
+#   bash serve.sh stop                   # stops every server this PIDFILE started
 #
-# Settings (environment): MODEL, GPU, HOST, PORT, MEM_FRACTION, ATTENTION_BACKEND, DTYPE, SEED, FP32_LM_HEAD,
-# SGLANG_API_KEY, EXTRA_ARGS, TIMEOUT (seconds to wait), LOG, PIDFILE, PYTHON.
-# The trainer's --model and --server_url must name the same model and port.
+# Settings (environment): MODEL, GPU, TP, SERVERS, HOST, PORT, MEM_FRACTION, ATTENTION_BACKEND, DTYPE, SEED,
+# FP32_LM_HEAD, SGLANG_API_KEY, EXTRA_ARGS, TIMEOUT (seconds to wait), LOG, PIDFILE, PYTHON.
+# Server k takes TP GPUs of the GPU list from position k*TP (wrapping around, so that servers can share GPUs) and
+# port PORT+k. At the end it prints the trainer's --server_url and --server_gpu for them.
 set -euo pipefail
 
 MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
 GPU=${GPU:-3}
+TP=${TP:-1}                        # GPUs per server (SGLang's --tp-size)
+SERVERS=${SERVERS:-1}
 HOST=${HOST:-127.0.0.1}            # loopback only: the weight-update endpoints must not face a network
 PORT=${PORT:-30000}
-MEM_FRACTION=${MEM_FRACTION:-0.85} # of the GPU for weights + KV cache; lower it when colocated
+MEM_FRACTION=${MEM_FRACTION:-0.85} # of the GPU for weights + KV cache; lower it when colocated or shared
 ATTENTION_BACKEND=${ATTENTION_BACKEND:-}
 DTYPE=${DTYPE:-bfloat16}           # the trainer pushes bf16 weights
 SEED=${SEED:-0}
@@ -25,17 +31,21 @@ TIMEOUT=${TIMEOUT:-900}
 LOG=${LOG:-serve.log}
 PIDFILE=${PIDFILE:-serve.pid}
 PYTHON=${PYTHON:-python3}
-URL="http://$HOST:$PORT"
 
-alive() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+pids() { [ -f "$PIDFILE" ] && cat "$PIDFILE" || true; }
+alive() { local p; for p in $(pids); do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+log_of() { if [ "$1" = 0 ]; then echo "$LOG"; else echo "${LOG%.log}_$1.log"; fi; }
 
 if [ "${1:-}" = "stop" ]; then
   if alive; then
-    pid=$(cat "$PIDFILE")
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"   # the whole process group
-    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    echo "[serve.sh] stopped server (pid $pid)"
+    for pid in $(pids); do
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true   # the whole process group
+    done
+    for pid in $(pids); do
+      for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+      kill -KILL -- "-$pid" 2>/dev/null || true
+      echo "[serve.sh] stopped server (pid $pid)"
+    done
   else
     echo "[serve.sh] no server running (pid file $PIDFILE)"
   fi
@@ -43,10 +53,16 @@ if [ "${1:-}" = "stop" ]; then
   exit 0
 fi
 [ "${1:-}" = "--" ] && shift
+case "$TP$SERVERS" in *[!0-9]*) echo "[serve.sh] TP and SERVERS must be numbers (TP=$TP SERVERS=$SERVERS)" >&2; exit 1;; esac
+IFS=, read -ra GPUS <<< "$GPU"
+if [ "$TP" -lt 1 ] || [ "$SERVERS" -lt 1 ] || [ "${#GPUS[@]}" -lt "$TP" ]; then
+  echo "[serve.sh] TP=$TP needs at least $TP GPUs in GPU=$GPU (and TP, SERVERS >= 1)" >&2
+  exit 1
+fi
 
-# Asks /health_generate (a real forward pass), not just /health: the server is ready when it generates.
+# Asks /health_generate (a real forward pass), not just /health: a server is ready when it generates.
 healthy() {
-  "$PYTHON" - "$URL" <<'PY'
+  "$PYTHON" - "$1" <<'PY'
 import os, sys, urllib.request
 req = urllib.request.Request(sys.argv[1] + "/health_generate")
 if os.environ.get("SGLANG_API_KEY"):
@@ -58,39 +74,57 @@ except Exception:
 PY
 }
 
+URLS=() SGPUS=() FLAGS=() LOGS=()
+for k in $(seq 0 $((SERVERS - 1))); do
+  gpus=()
+  for j in $(seq 0 $((TP - 1))); do gpus+=("${GPUS[$(( (k * TP + j) % ${#GPUS[@]} ))]}"); done
+  URLS+=("http://$HOST:$((PORT + k))") SGPUS+=("$(IFS=,; echo "${gpus[*]}")") FLAGS+=("$(IFS=+; echo "${gpus[*]}")")
+  LOGS+=("$(log_of "$k")")
+done
+
 if alive; then
-  echo "[serve.sh] already running (pid $(cat "$PIDFILE")) at $URL; 'bash serve.sh stop' first to change it"
-  healthy && exit 0
+  echo "[serve.sh] already running (pid $(pids | tr '\n' ' ')) at ${URLS[*]}; 'bash serve.sh stop' first to change it"
+  all=1; for u in "${URLS[@]}"; do healthy "$u" || all=0; done
+  [ "$all" = 1 ] && exit 0
 fi
 
-args=(--model-path "$MODEL" --host "$HOST" --port "$PORT" --mem-fraction-static "$MEM_FRACTION"
-      --dtype "$DTYPE" --random-seed "$SEED")
-[ "$FP32_LM_HEAD" = 1 ] && args+=(--enable-fp32-lm-head)
-[ -n "$ATTENTION_BACKEND" ] && args+=(--attention-backend "$ATTENTION_BACKEND")
-[ -n "${SGLANG_API_KEY:-}" ] && args+=(--api-key "$SGLANG_API_KEY")
-# shellcheck disable=SC2206
-[ -n "${EXTRA_ARGS:-}" ] && args+=($EXTRA_ARGS)
-args+=("$@")
-
-shown="${args[*]}"; [ -n "${SGLANG_API_KEY:-}" ] && shown=${shown//"$SGLANG_API_KEY"/***}
-echo "[serve.sh] CUDA_VISIBLE_DEVICES=$GPU $PYTHON -m sglang.launch_server $shown > $LOG"
-# setsid: its own process group, so 'stop' ends the server and all its workers, and it outlives this shell
-CUDA_VISIBLE_DEVICES=$GPU setsid nohup "$PYTHON" -m sglang.launch_server "${args[@]}" > "$LOG" 2>&1 < /dev/null &
-echo $! > "$PIDFILE"
+: > "$PIDFILE"
+for k in "${!URLS[@]}"; do
+  args=(--model-path "$MODEL" --host "$HOST" --port "$((PORT + k))" --mem-fraction-static "$MEM_FRACTION"
+        --dtype "$DTYPE" --random-seed "$SEED")
+  [ "$TP" -gt 1 ] && args+=(--tp-size "$TP")
+  [ "$FP32_LM_HEAD" = 1 ] && args+=(--enable-fp32-lm-head)
+  [ -n "$ATTENTION_BACKEND" ] && args+=(--attention-backend "$ATTENTION_BACKEND")
+  [ -n "${SGLANG_API_KEY:-}" ] && args+=(--api-key "$SGLANG_API_KEY")
+  # shellcheck disable=SC2206
+  [ -n "${EXTRA_ARGS:-}" ] && args+=($EXTRA_ARGS)
+  args+=("$@")
+  shown="${args[*]}"; [ -n "${SGLANG_API_KEY:-}" ] && shown=${shown//"$SGLANG_API_KEY"/***}
+  echo "[serve.sh] CUDA_VISIBLE_DEVICES=${SGPUS[$k]} $PYTHON -m sglang.launch_server $shown > ${LOGS[$k]}"
+  # setsid: its own process group, so 'stop' ends the server and all its workers, and it outlives this shell
+  CUDA_VISIBLE_DEVICES=${SGPUS[$k]} setsid nohup "$PYTHON" -m sglang.launch_server "${args[@]}" > "${LOGS[$k]}" 2>&1 < /dev/null &
+  echo $! >> "$PIDFILE"
+done
 
 start=$(date +%s)
-until healthy; do
-  if ! alive; then
-    echo "[serve.sh] the server exited during start-up. Last lines of $LOG:" >&2
-    tail -n 30 "$LOG" >&2
-    rm -f "$PIDFILE"
-    exit 1
-  fi
-  if [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
-    echo "[serve.sh] not healthy after ${TIMEOUT}s (raise TIMEOUT?). Last lines of $LOG:" >&2
-    tail -n 30 "$LOG" >&2
-    exit 1
-  fi
-  sleep 3
+mapfile -t PIDS < "$PIDFILE"
+for k in "${!URLS[@]}"; do
+  until healthy "${URLS[$k]}"; do
+    if ! kill -0 "${PIDS[$k]}" 2>/dev/null; then
+      echo "[serve.sh] the server on GPU ${SGPUS[$k]} exited during start-up. Last lines of ${LOGS[$k]}:" >&2
+      tail -n 30 "${LOGS[$k]}" >&2
+      bash "${BASH_SOURCE[0]}" stop > /dev/null 2>&1 || true  # the others too
+      exit 1
+    fi
+    if [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
+      echo "[serve.sh] not healthy after ${TIMEOUT}s (raise TIMEOUT?). Last lines of ${LOGS[$k]}:" >&2
+      tail -n 30 "${LOGS[$k]}" >&2
+      exit 1
+    fi
+    sleep 3
+  done
+  echo "[serve.sh] healthy after $(( $(date +%s) - start ))s: ${URLS[$k]} serves $MODEL on GPU ${SGPUS[$k]} (pid ${PIDS[$k]}, log ${LOGS[$k]})"
 done
-echo "[serve.sh] healthy after $(( $(date +%s) - start ))s: $URL serves $MODEL on GPU $GPU (pid $(cat "$PIDFILE"), log $LOG)"
+if [ "$SERVERS" -gt 1 ] || [ "$TP" -gt 1 ]; then
+  echo "[serve.sh] trainer flags: --server_url $(IFS=,; echo "${URLS[*]}") --server_gpu $(IFS=,; echo "${FLAGS[*]}")"
+fi

@@ -242,6 +242,37 @@ layout() {
   log "layout done"
 }
 
+# PHASES=multi: rollouts from several servers (results/x2/multi/). The GPU tests: a TP-2 server over GPUs 0-1 with the
+# trainer colocated on GPU 0, and two servers on GPU 1 (tensor, and NCCL with their GPU hidden), exact weights on every
+# rank of every server (a random Qwen3-shaped tiny model: SmolLM2's 9 heads do not split over 2 ranks). The 1.5B-shaped
+# model, async, 128 tokens (the step time after the entropy change). The bench: 1.5B shape, 24 x 8 prompts, 1024 new
+# tokens, async: one server (GPU 1) against two (one colocated with the trainer on GPU 0, one on GPU 1).
+multi() {
+  make_model qwen3-tiny-random,qwen2.5-1.5b-random 400 make_models_multi.log
+  local Q3="$M/qwen3-tiny-random" Q15="$M/qwen2.5-1.5b-random" S=(timeout 900 bash serve.sh)
+  GPU=0,1 TP=2 PORT=30020 MODEL=$Q3 MEM_FRACTION=0.1 LOG=$RES/serve_q3_tp2.log PIDFILE=/tmp/serve_q3tp.pid "${S[@]}" >> "$RES/pipeline.log" 2>&1 & A=$!
+  GPU=1 SERVERS=2 PORT=30030 MODEL=$Q3 MEM_FRACTION=0.15 LOG=$RES/serve_q3_two.log PIDFILE=/tmp/serve_q3two.pid "${S[@]}" >> "$RES/pipeline.log" 2>&1 & B=$!
+  wait $A $B
+  serve q15 1 30011 "$Q15" 0.3 & C=$!  # after them: servers starting side by side on one GPU size their memory at once
+  log "multi gpu tests"
+  GRPO_TEST_MULTI_MODEL=$Q3 GRPO_TEST_TP_URL=http://127.0.0.1:30020 GRPO_TEST_TWO_URLS=http://127.0.0.1:30030,http://127.0.0.1:30031 \
+    timeout 600 python3 -m pytest -q -s test_smoke.py -k several_servers_hold_exactly > "$RES/gpu_tests_multi.log" 2>&1
+  log "multi gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests_multi.log")"
+  for f in q3tp q3two; do PIDFILE=/tmp/serve_$f.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1; done
+  serve q15b 0 30012 "$Q15" 0.3 & D=$!  # the second 1.5B server, colocated with the trainer on GPU 0
+  wait $C
+  train x2_q15_async /tmp/r/q15a 300 --model "$Q15" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --async
+  bench_multi() { # name urls server_gpus colocate-flag
+    log "bench $1"; timeout 500 python3 bench.py --parts step --model "$Q15" --server_url "$2" --max_new_tokens 1024 \
+      --group_size 8 --step_warmup 2 --out "$RES/bench_$1" --step_args --prompts_per_step 24 --steps 6 --server_gpu "$3" \
+      "$4" --async --micro_batch 8 --lr 1e-6 --eval_size 8 > "$RES/bench_$1.log" 2>&1; log "bench $1: exit $?"; }
+  bench_multi one_server http://127.0.0.1:30011 1 --no-colocate
+  wait $D
+  bench_multi two_servers http://127.0.0.1:30012,http://127.0.0.1:30011 0,1 --colocate
+  stop q15; stop q15b
+  log "multi done"
+}
+
 if [ "${PHASES:-all}" = all ]; then
   phase_a & A=$!
   phase_b & B=$!
