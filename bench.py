@@ -213,9 +213,10 @@ def disconnect(ctx):
     import torch.distributed as dist
     import grpo_sglang as g
     link = ctx.links.pop("nccl")
-    left = g.POOL.submit(g.call, ctx.cfg, ctx.url, "/destroy_weights_update_group", {"group_name": link["group_name"]},
+    srv = link["servers"][0]
+    left = g.POOL.submit(g.call, ctx.cfg, ctx.url, "/destroy_weights_update_group", {"group_name": srv["group_name"]},
                          timeout=60, retries=0)
-    gone = g.POOL.submit(dist.destroy_process_group, link["group"])
+    gone = g.POOL.submit(dist.destroy_process_group, srv["group"])
     g.waited(gone, SYNC_TIMEOUT, "leaving the NCCL group")
     g.waited(left, SYNC_TIMEOUT, "the server leaving the NCCL group")
 

@@ -894,9 +894,8 @@ class Server:
         return 0
 
     def close(self):
-        if self.link and self.link["kind"] == "nccl":
-            for u in self.urls:
-                call(self.cfg, u, "/destroy_weights_update_group", {"group_name": self.link["group_name"]}, timeout=30, retries=0)
+        for srv in self.link["servers"] if self.link and self.link["kind"] == "nccl" else []:
+            call(self.cfg, srv["url"], "/destroy_weights_update_group", {"group_name": srv["group_name"]}, timeout=30, retries=0)
 
 
 def row_stats(b):
@@ -1126,9 +1125,9 @@ def send_bucket(cfg, link, flat, meta, last, version):
     """POST one bucket's update to every server; the last one flushes their prefix caches and sets the version tag.
     -> wait(). tensor: a copy of the bucket on each server's GPU (a server sees its own GPUs only), its CUDA-IPC
     handle (SGLang's serializer) once per TP rank; `flat` must stay alive until the servers have answered.
-    nccl: every server posts its receive when the request reaches it, so all requests are in flight before our one
-    broadcast is waited on (a blocking request first would deadlock); the broadcast runs on a side thread and all
-    are waited on with --request_timeout: a dead server is an error, never an NCCL hang."""
+    nccl: every server posts its receive when the request reaches it, so all requests are in flight before our
+    broadcasts (one per server's group) are waited on (a blocking request first would deadlock); the broadcasts run
+    on a side thread and all are waited on with --request_timeout: a dead server is an error, never an NCCL hang."""
     req, flats = {"load_format": "flattened_bucket", "flush_cache": last, "weight_version": version if last else None}, {}
     if link["kind"] == "tensor":
         for d in {srv["device"] for srv in link["servers"]}:
@@ -1140,11 +1139,10 @@ def send_bucket(cfg, link, flat, meta, last, version):
             **req, "serialized_named_tensors": [handles[s["device"]]] * s["tp"]}) for s in link["servers"]]
         sent = None
     else:
-        req.update(names=[m.name for m in meta], dtypes=["bfloat16"] * len(meta), shapes=[list(m.shape) for m in meta],
-                   group_name=link["group_name"])
-        posts = [POOL.submit(call, cfg, s["url"], "/update_weights_from_distributed", req, retries=0)  # a retry would
-                 for s in link["servers"]]                                                          # expect a 2nd send
-        sent = POOL.submit(broadcast, flat, link["group"])
+        req.update(names=[m.name for m in meta], dtypes=["bfloat16"] * len(meta), shapes=[list(m.shape) for m in meta])
+        posts = [POOL.submit(call, cfg, s["url"], "/update_weights_from_distributed", {**req, "group_name": s["group_name"]},
+                             retries=0) for s in link["servers"]]  # a retry would expect a second send
+        sent = POOL.submit(lambda: [broadcast(flat, s["group"]) for s in link["servers"]])
 
     def wait():
         for srv, answered in zip(link["servers"], posts):
@@ -1176,37 +1174,42 @@ def broadcast(flat, group):
 
 
 def connect_nccl(cfg, device, servers):
-    """Rank 0: form one group with every server's ranks (us rank 0, server k's TP ranks from the offset 1 + the
-    TP sizes before it), with SGLang's own helper and the same group name on all sides: one broadcast then reaches
-    every server. Everyone blocks until all have joined, so the requests run on side threads."""
+    """Rank 0: one group with each server (us rank 0, its TP ranks 1..tp), built with SGLang's own helper and the same
+    group name on both sides. Not one group for all servers: NCCL refuses two ranks of a group on one GPU, and servers
+    that share a GPU (or rank 0's) are a layout we use. Everyone blocks until all have joined, so the requests run on
+    side threads. -> the link: its servers, each with its group."""
     from datetime import timedelta
     from sglang.srt.utils import init_custom_process_group
     addr = cfg.nccl_master_addr or local_address(urlparse(servers[0]["url"]).hostname or "127.0.0.1")
-    port = cfg.nccl_port
-    if not port:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-    name, backend = f"grpo_sglang_{socket.gethostname()}_{os.getpid()}", "nccl" if device.type == "cuda" else "gloo"
+    backend = "nccl" if device.type == "cuda" else "gloo"
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # under torchrun, tcp:// rendezvous would only be a
     #                                                       client of torchrun's store; we must host this one
-    world, offsets = 1 + sum(s["tp"] for s in servers), [1 + sum(s["tp"] for s in servers[:k]) for k in range(len(servers))]
-    joined = [POOL.submit(call, cfg, s["url"], "/init_weights_update_group", {
-        "master_address": addr, "master_port": port, "rank_offset": off, "world_size": world, "group_name": name,
-        "backend": backend}, retries=0) for s, off in zip(servers, offsets)]
-    group = POOL.submit(init_custom_process_group, backend=backend, init_method=f"tcp://{addr}:{port}", world_size=world,
-                        rank=0, group_name=name, timeout=timedelta(seconds=cfg.request_timeout))
-    for s, j in zip(servers, joined):
+    joins = []
+    for k, srv in enumerate(servers):
+        port = cfg.nccl_port + k if cfg.nccl_port else free_port()
+        srv.update(group_name=f"grpo_sglang_{socket.gethostname()}_{os.getpid()}_{k}", where=f"{addr}:{port}")
+        joins.append((POOL.submit(call, cfg, srv["url"], "/init_weights_update_group", {
+            "master_address": addr, "master_port": port, "rank_offset": 1, "world_size": 1 + srv["tp"],
+            "group_name": srv["group_name"], "backend": backend}, retries=0), POOL.submit(
+            init_custom_process_group, backend=backend, init_method=f"tcp://{addr}:{port}", world_size=1 + srv["tp"], rank=0,
+            group_name=srv["group_name"], timeout=timedelta(seconds=cfg.request_timeout))))
+    for srv, (joined, group) in zip(servers, joins):
         try:
-            r = j.result()
+            r = joined.result()
         except UserError as e:
-            raise UserError(f"{e}\nThe server at {s['url']} did not join the NCCL group at {addr}:{port}: it must reach this "
-                            f"address and port (--nccl_master_addr, --nccl_port, firewall; NCCL_SOCKET_IFNAME picks the "
-                            f"interface).") from None
+            raise UserError(f"{e}\nThe server at {srv['url']} did not join the NCCL group at {srv['where']}: it must reach "
+                            f"this address and port (--nccl_master_addr, --nccl_port, firewall; NCCL_SOCKET_IFNAME picks "
+                            f"the interface).") from None
         if not (isinstance(r, dict) and r.get("success")):
-            raise UserError(f"the server at {s['url']} could not join the NCCL weight-update group: {r}")
-    return {"kind": "nccl", "servers": servers, "group": waited(group, cfg.request_timeout, "joining the NCCL group"),
-            "group_name": name, "device": device, "where": f"{addr}:{port}"}
+            raise UserError(f"the server at {srv['url']} could not join the NCCL weight-update group: {r}")
+        srv["group"] = waited(group, cfg.request_timeout, "joining the NCCL group")
+    return {"kind": "nccl", "servers": servers, "device": device, "where": ", ".join(s["where"] for s in servers)}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def push_weights(cfg, model, link, version):
