@@ -4,6 +4,7 @@ GRPO in one file, with rollouts from an SGLang server.
     bash serve.sh && torchrun --nproc_per_node 3 grpo_sglang.py        # 4 GPUs: server on 3, training on 0-2
     GPU=0 bash serve.sh && torchrun --nproc_per_node 1 grpo_sglang.py --colocate   # 1 GPU, shared
     torchrun --nproc_per_node 4 grpo_sglang.py --server_url http://B:30000 --sync nccl  # server on host B (README)
+    GPU=2,3 SERVERS=2 bash serve.sh && torchrun --nproc_per_node 2 grpo_sglang.py --server_url URL1,URL2 --server_gpu 2,3
     python grpo_sglang.py --help                                        # every flag
 
 Each step: the training ranks send their prompts to the SGLang server (`/generate`, token ids in, token ids +

@@ -89,6 +89,28 @@ if alive; then
 fi
 
 : > "$PIDFILE"
+start=$(date +%s)
+# Servers that share a GPU start one after another: each sizes its KV cache from the memory it finds free, and two
+# sizing at once both count the same memory (seen on an H200: the second then refused to start).
+share=$(( SERVERS * TP > ${#GPUS[@]} ))
+wait_healthy() { # k: until server k answers; exit 1 (stopping them all) if it dies or TIMEOUT passes
+  local k=$1 pid; pid=$(sed -n "$((k + 1))p" "$PIDFILE")
+  until healthy "${URLS[$k]}"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "[serve.sh] the server on GPU ${SGPUS[$k]} exited during start-up. Last lines of ${LOGS[$k]}:" >&2
+      tail -n 30 "${LOGS[$k]}" >&2
+      bash "${BASH_SOURCE[0]}" stop > /dev/null 2>&1 || true  # the others too
+      exit 1
+    fi
+    if [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
+      echo "[serve.sh] not healthy after ${TIMEOUT}s (raise TIMEOUT?). Last lines of ${LOGS[$k]}:" >&2
+      tail -n 30 "${LOGS[$k]}" >&2
+      exit 1
+    fi
+    sleep 3
+  done
+  echo "[serve.sh] healthy after $(( $(date +%s) - start ))s: ${URLS[$k]} serves $MODEL on GPU ${SGPUS[$k]} (pid $pid, log ${LOGS[$k]})"
+}
 for k in "${!URLS[@]}"; do
   args=(--model-path "$MODEL" --host "$HOST" --port "$((PORT + k))" --mem-fraction-static "$MEM_FRACTION"
         --dtype "$DTYPE" --random-seed "$SEED")
@@ -104,27 +126,10 @@ for k in "${!URLS[@]}"; do
   # setsid: its own process group, so 'stop' ends the server and all its workers, and it outlives this shell
   CUDA_VISIBLE_DEVICES=${SGPUS[$k]} setsid nohup "$PYTHON" -m sglang.launch_server "${args[@]}" > "${LOGS[$k]}" 2>&1 < /dev/null &
   echo $! >> "$PIDFILE"
+  [ "$share" = 1 ] && wait_healthy "$k"
 done
 
-start=$(date +%s)
-mapfile -t PIDS < "$PIDFILE"
-for k in "${!URLS[@]}"; do
-  until healthy "${URLS[$k]}"; do
-    if ! kill -0 "${PIDS[$k]}" 2>/dev/null; then
-      echo "[serve.sh] the server on GPU ${SGPUS[$k]} exited during start-up. Last lines of ${LOGS[$k]}:" >&2
-      tail -n 30 "${LOGS[$k]}" >&2
-      bash "${BASH_SOURCE[0]}" stop > /dev/null 2>&1 || true  # the others too
-      exit 1
-    fi
-    if [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
-      echo "[serve.sh] not healthy after ${TIMEOUT}s (raise TIMEOUT?). Last lines of ${LOGS[$k]}:" >&2
-      tail -n 30 "${LOGS[$k]}" >&2
-      exit 1
-    fi
-    sleep 3
-  done
-  echo "[serve.sh] healthy after $(( $(date +%s) - start ))s: ${URLS[$k]} serves $MODEL on GPU ${SGPUS[$k]} (pid ${PIDS[$k]}, log ${LOGS[$k]})"
-done
+[ "$share" = 1 ] || for k in "${!URLS[@]}"; do wait_healthy "$k"; done
 if [ "$SERVERS" -gt 1 ] || [ "$TP" -gt 1 ]; then
   echo "[serve.sh] trainer flags: --server_url $(IFS=,; echo "${URLS[*]}") --server_gpu $(IFS=,; echo "${FLAGS[*]}")"
 fi

@@ -1176,8 +1176,8 @@ def assert_every_rank_has(s, trainer):
 
 @pytest.mark.parametrize("sync", ["tensor", "nccl"])
 def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
-    """Two servers, the second tensor-parallel (2 ranks): each step's prompts are split between them by group (prompt
-    k of the step to server k % 2, so a pure function of the step), every version reaches every rank of every server
+    """Two servers, the second tensor-parallel (2 ranks): each step's prompts are split between them by group (every
+    prompt of the step to exactly one server, all its completions there), every version reaches every rank of every server
     (tensor: one payload per TP rank; nccl: one group of 1 + 1 + 2 ranks, one broadcast per bucket), every rollout
     and re-score comes from its version on each server, and after the run every rank holds the trainer's weights."""
     a, b = StandIn(tiny_model), StandIn(tiny_model, tp=2)
@@ -1196,9 +1196,8 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
             assert code == 0, out
         finally:
             one.close()
-        step1 = [p for req in one.rollouts[:2] for p in dict.fromkeys(req)]  # rank 0's two prompts, then rank 1's
-        assert [p for req in a.rollouts[:2] for p in dict.fromkeys(req)] == step1[0::2]
-        assert [p for req in b.rollouts[:2] for p in dict.fromkeys(req)] == step1[1::2]
+        step1 = lambda srv: {p for req in srv.rollouts[:2] for p in req}  # the prompts of step 1 (a request per rank)
+        assert len(step1(a)) == len(step1(b)) == 2 and not step1(a) & step1(b) and step1(a) | step1(b) == step1(one)
         trainer = ckpt_weights(tmp_path)
         for srv in (a, b):
             assert [p["weight_version"] for p in srv.push_log if p["weight_version"]][:4] == ["0", "1", "2", "3"]
@@ -1671,15 +1670,18 @@ exec {sys.executable} "$@"
     assert "stopped server" in q.stdout and not (tmp_path / "serve.pid").exists()
 
 
-def test_serve_sh_starts_several_and_tensor_parallel_servers_and_stops_them_all(tmp_path):
-    """GPU=1,2 TP=2 SERVERS=2: two TP-2 servers on consecutive ports (the GPU list wraps around, so both use GPUs 1
-    and 2 here); the trainer flags for them are printed; 'stop' stops both."""
+@pytest.mark.parametrize("tp", [2, 1])
+def test_serve_sh_starts_several_and_tensor_parallel_servers_and_stops_them_all(tmp_path, tp):
+    """GPU=1,2 SERVERS=2: with TP=2 two TP-2 servers on consecutive ports that share GPUs 1 and 2 (the GPU list wraps
+    around), so the second starts once the first is healthy (each sizes its KV cache from the memory it finds free);
+    with TP=1 one server per GPU, started at once. The trainer flags are printed; 'stop' stops both."""
     fake = tmp_path / "fakepython"
     fake.write_text(f"""#!/usr/bin/env bash
 if [ "$1" = "-m" ]; then
-  echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $@" >> {tmp_path}/argv
+  echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $@ at $(date +%s.%N)" >> {tmp_path}/argv
   port=$(echo "$@" | sed -E 's/.*--port ([0-9]+).*/\\1/')
-  exec {sys.executable} -c "import http.server as h
+  exec {sys.executable} -c "import http.server as h, time
+time.sleep(1)
 class H(h.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.end_headers()
@@ -1696,16 +1698,20 @@ exec {sys.executable} "$@"
                 break
             except OSError:
                 port = free_port()
-    env = dict(os.environ, PYTHON=str(fake), PORT=str(port), GPU="1,2", TP="2", SERVERS="2", LOG=str(tmp_path / "serve.log"),
+    env = dict(os.environ, PYTHON=str(fake), PORT=str(port), GPU="1,2", TP=str(tp), SERVERS="2", LOG=str(tmp_path / "serve.log"),
                PIDFILE=str(tmp_path / "serve.pid"), TIMEOUT="30")
     p = subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True, timeout=60)
     try:
         assert p.returncode == 0 and p.stdout.count("healthy after") == 2, p.stdout + p.stderr
         argv = sorted((tmp_path / "argv").read_text().splitlines(), key=lambda a: int(re.search(r"--port (\d+)", a).group(1)))
-        assert len(argv) == 2 and all(a.startswith("CUDA_VISIBLE_DEVICES=1,2 ") and "--tp-size 2" in a for a in argv)
+        gpus = ["1,2", "1,2"] if tp == 2 else ["1", "2"]
+        assert [a.split()[0] for a in argv] == [f"CUDA_VISIBLE_DEVICES={g}" for g in gpus] and all(
+            ("--tp-size 2" in a) == (tp == 2) for a in argv)
         assert f"--port {port} " in argv[0] and f"--port {port + 1} " in argv[1]
-        assert (f"trainer flags: --server_url http://127.0.0.1:{port},http://127.0.0.1:{port + 1} --server_gpu 1+2,1+2"
-                in p.stdout)
+        started = [float(a.rsplit(" at ", 1)[1]) for a in argv]
+        assert (started[1] - started[0] > 1.0) == (tp == 2)  # shared GPUs: one after the other
+        assert (f"trainer flags: --server_url http://127.0.0.1:{port},http://127.0.0.1:{port + 1} --server_gpu "
+                f"{','.join(g.replace(',', '+') for g in gpus)}" in p.stdout)
         assert (tmp_path / "serve_1.log").exists() and len((tmp_path / "serve.pid").read_text().split()) == 2
     finally:
         q = subprocess.run(["bash", os.path.join(HERE, "serve.sh"), "stop"], env=env, capture_output=True, text=True, timeout=90)

@@ -3,7 +3,8 @@
 # nvidia-h200-x2 machine (2 H200s) with the GPU kit (../shared/gpu: SGLang 0.5.16, SmolLM2-135M-Instruct):
 #   . .gpukit/a/env.sh && setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &                 (phases A-D)
 #   . .gpukit/a/env.sh && PHASES=tf32 setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &     (one of the
-#      PHASES below: nccl_big_models, memory_steps_7b, tf32, tf32_7b; results/README.md says which commit ran which)
+#      PHASES below: nccl_big_models, memory_steps_7b, tf32, tf32_7b, check_async, layout, multi, or several at once;
+#      results/README.md says which commit ran which)
 # It copies the repo to /tmp/work and runs from there; everything lands in $RES (default /tmp/res).
 # Phases run in priority order; a failing command is logged and the next one runs.
 #   A  GPU 0, server and trainer colocated: the 300-step run with the version + mismatch check, the

@@ -16,6 +16,7 @@ COMMIT_NCCL = "91659bc"  # 2026-11-30, PHASES=nccl_big_models (and the GPU tests
 COMMIT_7B = "17e375e"  # 2026-11-30, PHASES=memory_steps_7b (fused AdamW)
 COMMIT_TF32 = "c5458af"  # 2026-11-30, PHASES=tf32 and tf32_7b (the LM head on TF32)
 COMMIT_CHECK = "7547a64"  # 2026-11-30, PHASES="check_async layout" (the exact async check, the student-first layout)
+COMMIT_MULTI = "f939f2a"  # 2026-11-30, PHASES=multi (several servers), then the two-server GPU tests again by hand
 
 
 def steps_of(path):
@@ -253,6 +254,43 @@ def layout():
     return out
 
 
+def multi():
+    """Several servers (results/x2/multi/): the GPU tests and the bench, one server against two."""
+    d = "results/x2/multi/"
+    bench = {n: json.load(open(d + f"bench_{n}/bench.json"))["step"] for n in ("one_server", "two_servers")}
+    m = {n: b["medians"] for n, b in bench.items()}
+    tests = open(d + "gpu_tests_multi.log").read()
+    failed = re.findall(r"^FAILED \S+\[(\w+)\]", tests, re.M)
+    tp2 = "tp2_colocated" not in failed and "1 passed" in tests.strip().splitlines()[-1]
+    out = {"tp2_exact": bool(tp2), "two_servers_exact_tensor": None, "two_servers_exact_nccl": None,
+           "rollout_one_server_s": round(m["one_server"]["time_rollout"], 3), "rollout_two_servers_s": round(m["two_servers"]["time_rollout"], 3),
+           "push_one_server_s": round(m["one_server"]["time_sync"], 4), "push_two_servers_s": round(m["two_servers"]["time_sync"], 4),
+           "async_step_one_server_s": round(m["one_server"]["time_step"], 3), "async_step_two_servers_s": round(m["two_servers"]["time_step"], 3),
+           "notes": {"tp2_exact": "a TP-2 server over GPUs 0-1 (random Qwen3-shaped tiny model), the trainer colocated on GPU 0, "
+                                  "tensor path, 3 steps: both ranks' checksums equal those of SGLang loading the trainer's "
+                                  "checkpoint, and differ from the starting model's",
+                     "two_servers_exact": "not run: both times the two servers on GPU 1 failed to start (serve.sh started "
+                                          "them at the same moment; each sized its KV cache from the memory it found free, "
+                                          "and the second then had none: gpu_tests_multi.log, serve_q3_two*.log.gz, "
+                                          "*_retry*). serve.sh now starts servers that share a GPU one after another; not "
+                                          "re-run on the GPU (no device time left).",
+                     "bench": "Qwen2.5-1.5B-shaped random model, 24 x 8 prompts, 1024 new tokens, --async, micro-batch 8, "
+                              "medians of steps 3-6 of 6; one server on GPU 1 against two (one on GPU 0 with the trainer, "
+                              "one on GPU 1)",
+                     "rollout_ratio": round(m["two_servers"]["time_rollout"] / m["one_server"]["time_rollout"], 3),
+                     "push_ratio": round(m["two_servers"]["time_sync"] / m["one_server"]["time_sync"], 3),
+                     "train_s": {n: round(v["time_train"], 3) for n, v in m.items()},
+                     "last_step_train_s_two_servers": round(bench["two_servers"]["per_step"]["time_train"][-1], 3),
+                     "why": "with --async the server on GPU 0 generates while the trainer trains on GPU 0: the two slow "
+                            "each other (train 12.8 s against 6.7 s; the last step, with no generation beside it, trained "
+                            "in 7.1 s), so two servers were slower than one in this layout"},
+           "commit": COMMIT_MULTI,
+           "commands": "results/run_x2.sh, PHASES=multi (results/x2/pipeline_multi_at-f939f2a.log); the two-server GPU tests "
+                       "again by hand on the same machine: see results/README.md"}
+    json.dump(out, open(d + "summary.json", "w"), indent=1)
+    return out
+
+
 if __name__ == "__main__":
-    for f in (check_v2, asynchronous, tf32_head, sync, nccl_run, memory, check_async, layout):
+    for f in (check_v2, asynchronous, tf32_head, sync, nccl_run, memory, check_async, layout, multi):
         print(f.__name__, json.dumps(f(), indent=1)[:2500])
