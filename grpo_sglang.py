@@ -1125,7 +1125,7 @@ def pack(named, device):
 def send_bucket(cfg, link, flat, meta, last, version):
     """POST one bucket's update to every server; the last one flushes their prefix caches and sets the version tag.
     -> wait(). tensor: a copy of the bucket on each server's GPU (a server sees its own GPUs only), its CUDA-IPC
-    handle (SGLang's serializer) once per TP rank; `flat` must stay alive until the servers have answered.
+    handle (SGLang's serializer) for each TP rank; `flat` must stay alive until the servers have answered.
     nccl: every server posts its receive when the request reaches it, so all requests are in flight before our
     broadcasts (one per server's group) are waited on (a blocking request first would deadlock); the broadcasts run
     on a side thread and all are waited on with --request_timeout: a dead server is an error, never an NCCL hang."""
@@ -1135,9 +1135,11 @@ def send_bucket(cfg, link, flat, meta, last, version):
             flats[d] = flat.to(d)  # the same tensor where it already is
             if flat.is_cuda:
                 torch.cuda.synchronize(d)
-        handles = {d: serialize_bucket(f, meta) for d, f in flats.items()}
+        # one serialization for each receiving rank: each counts one reference to the shared memory, which that rank's
+        # rebuild releases (one payload read by three ranks released it three times: seen with stand-ins under load)
         posts = [POOL.submit(call, cfg, s["url"], "/update_weights_from_tensor", {
-            **req, "serialized_named_tensors": [handles[s["device"]]] * s["tp"]}) for s in link["servers"]]
+            **req, "serialized_named_tensors": [serialize_bucket(flats[s["device"]], meta) for _ in range(s["tp"])]})
+                 for s in link["servers"]]
         sent = None
     else:
         req.update(names=[m.name for m in meta], dtypes=["bfloat16"] * len(meta), shapes=[list(m.shape) for m in meta])

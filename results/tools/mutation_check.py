@@ -66,8 +66,8 @@ M = [  # (name, file, old, new, -k expression)
  ("GSPO ratio per token", "grpo_sglang.py", '    if level == "sequence":\n        d = ', '    if level == "sequences":\n        d = ', "gspo"),
  # the several-servers issue
  ("every prompt to the first server", "grpo_sglang.py", "srv = [(self.rt.rank * len(rows) + j) % len(self.urls)", "srv = [0 * (self.rt.rank * len(rows) + j) % len(self.urls)", "several_servers_and"),
- ("pushes to the first server only", "grpo_sglang.py", '**req, "serialized_named_tensors": [handles[s["device"]]] * s["tp"]}) for s in link["servers"]]', '**req, "serialized_named_tensors": [handles[s["device"]]] * s["tp"]}) for s in link["servers"][:1]]', "several_servers_and"),
- ("one payload for a TP server", "grpo_sglang.py", '[handles[s["device"]]] * s["tp"]', '[handles[s["device"]]]', "several_servers_and"),
+ ("pushes to the first server only", "grpo_sglang.py", 'range(s["tp"])]})\n                 for s in link["servers"]]', 'range(s["tp"])]})\n                 for s in link["servers"][:1]]', "several_servers_and"),
+ ("one payload for a TP server", "grpo_sglang.py", 'meta) for _ in range(s["tp"])]', 'meta) for _ in range(1)]', "several_servers_and"),
  ("nccl broadcast to the first group only", "grpo_sglang.py", 'sent = POOL.submit(lambda: [broadcast(flat, s["group"]) for s in link["servers"]])', 'sent = POOL.submit(lambda: [broadcast(flat, s["group"]) for s in link["servers"][:1]])', "several_servers_and"),
  ("a missed push on one server unseen", "grpo_sglang.py", 'asked = {k: POOL.submit(generate, cfg, url,', 'asked = {k: POOL.submit(generate, cfg, self.urls[0],', "one_server_of_two"),
  ("serve.sh starts shared-GPU servers at once", "serve.sh", "share=$(( SERVERS * TP > ${#GPUS[@]} ))", "share=0", "serve_sh"),
