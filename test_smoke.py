@@ -1383,6 +1383,9 @@ def test_splits_of_a_local_dataset_folder_a_typo_is_an_error_and_the_held_out_sh
     train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_split="", eval_size=200))
     assert len(train) == 27 and len(evals) == 3 and "at most 10%" in held_out  # min(--eval_size, 10% of 30)
     assert "at most 10% of the train rows" in g.Config.__dataclass_fields__["eval_size"].metadata["help"]
+    (tmp_path / "empty").mkdir()  # a folder without data files: one clear error that says what --dataset takes
+    with pytest.raises(g.UserError, match="doesn't contain any data files.*--dataset takes a dataset on the HF hub, a local folder"):
+        g.load_splits(g.Config(dataset=str(tmp_path / "empty")))
 
 
 def test_nonfinite_gradients_skip_the_step_then_stop(tiny_model, tmp_path):
