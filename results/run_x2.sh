@@ -3,7 +3,8 @@
 # nvidia-h200-x2 machine (2 H200s) with the GPU kit (../shared/gpu: SGLang 0.5.16, SmolLM2-135M-Instruct):
 #   . .gpukit/a/env.sh && setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &                 (phases A-D)
 #   . .gpukit/a/env.sh && PHASES=tf32 setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &     (one of the
-#      PHASES below: nccl_big_models, memory_steps_7b, tf32, tf32_7b, check_async, layout, multi, or several at once;
+#      PHASES below: nccl_big_models, memory_steps_7b, tf32, tf32_7b, check_async, layout, multi (= multi_tests multi_bench),
+#      or several at once;
 #      results/README.md says which commit ran which)
 # It copies the repo to /tmp/work and runs from there; everything lands in $RES (default /tmp/res).
 # Phases run in priority order; a failing command is logged and the next one runs.
@@ -236,43 +237,57 @@ check_async() {
 # PHASES=layout: the guard of the student-first layout (results/x2/layout/): SmolLM2 async, 100 steps, the flags of the
 # recorded run (x2/async/x2_smol_async at c5458af), and the GPU tests, against the dedicated server on GPU 1.
 layout() {
-  serve_dedicated 0.15  # already up after check_async
+  serve_dedicated 0.15  # already up after check_async; cold otherwise (~2 min)
   train x2_smol_async /tmp/r/lay 400 "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 --steps 100 \
     --eval_every 50 --async
   gpu_tests 500
+  PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
   log "layout done"
 }
 
-# PHASES=multi: rollouts from several servers (results/x2/multi/). The GPU tests: a TP-2 server over GPUs 0-1 with the
-# trainer colocated on GPU 0, and two servers on GPU 1 (tensor, and NCCL with their GPU hidden), exact weights on every
-# rank of every server (a random Qwen3-shaped tiny model: SmolLM2's 9 heads do not split over 2 ranks). The 1.5B-shaped
-# model, async, 128 tokens (the step time after the entropy change). The bench: 1.5B shape, 24 x 8 prompts, 1024 new
-# tokens, async: one server (GPU 1) against two (one colocated with the trainer on GPU 0, one on GPU 1).
-multi() {
+# PHASES=multi: rollouts from several servers (results/x2/multi/), = multi_tests then multi_bench.
+# multi_tests: the GPU tests: a TP-2 server over GPUs 0-1 with the trainer colocated on GPU 0, and two servers on GPU 1
+# (tensor, and NCCL with their GPU hidden), exact weights on every rank of every server (a random Qwen3-shaped tiny
+# model: SmolLM2's 9 heads do not split over 2 ranks). Servers start one after another: SGLang sizes its KV cache from
+# the memory that is free while it loads, so a server starting beside another one that is still allocating (on any of
+# its GPUs) can find none left (f939f2a: the TP-2 server and the two servers on GPU 1 started at once).
+multi_tests() {
   make_model qwen3-tiny-random,qwen2.5-1.5b-random 400 make_models_multi.log
-  local Q3="$M/qwen3-tiny-random" Q15="$M/qwen2.5-1.5b-random" S=(timeout 900 bash serve.sh)
-  GPU=0,1 TP=2 PORT=30020 MODEL=$Q3 MEM_FRACTION=0.1 LOG=$RES/serve_q3_tp2.log PIDFILE=/tmp/serve_q3tp.pid "${S[@]}" >> "$RES/pipeline.log" 2>&1 & A=$!
-  GPU=1 SERVERS=2 PORT=30030 MODEL=$Q3 MEM_FRACTION=0.15 LOG=$RES/serve_q3_two.log PIDFILE=/tmp/serve_q3two.pid "${S[@]}" >> "$RES/pipeline.log" 2>&1 & B=$!
-  wait $A $B
-  serve q15 1 30011 "$Q15" 0.3 & C=$!  # after them: servers starting side by side on one GPU size their memory at once
+  local Q3="$M/qwen3-tiny-random" S=(timeout 900 bash serve.sh)
+  GPU=0,1 TP=2 PORT=30020 MODEL=$Q3 MEM_FRACTION=0.1 LOG=$RES/serve_q3_tp2.log PIDFILE=/tmp/serve_q3tp.pid "${S[@]}" >> "$RES/pipeline.log" 2>&1
+  GPU=1 SERVERS=2 PORT=30030 MODEL=$Q3 MEM_FRACTION=0.15 LOG=$RES/serve_q3_two.log PIDFILE=/tmp/serve_q3two.pid "${S[@]}" >> "$RES/pipeline.log" 2>&1
   log "multi gpu tests"
   GRPO_TEST_MULTI_MODEL=$Q3 GRPO_TEST_TP_URL=http://127.0.0.1:30020 GRPO_TEST_TWO_URLS=http://127.0.0.1:30030,http://127.0.0.1:30031 \
     timeout 600 python3 -m pytest -q -s test_smoke.py -k several_servers_hold_exactly > "$RES/gpu_tests_multi.log" 2>&1
   log "multi gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests_multi.log")"
   for f in q3tp q3two; do PIDFILE=/tmp/serve_$f.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1; done
-  serve q15b 0 30012 "$Q15" 0.3 & D=$!  # the second 1.5B server, colocated with the trainer on GPU 0
-  wait $C
-  train x2_q15_async /tmp/r/q15a 300 --model "$Q15" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 12 --micro_batch 32 --async
-  bench_multi() { # name urls server_gpus colocate-flag
+  log "multi_tests done"
+}
+
+# multi_bench: the 1.5B-shaped model, 24 x 8 prompts, 1024 new tokens: one server (GPU 1) against two (one colocated with
+# the trainer on GPU 0, one on GPU 1), sync (--no-async: the trainer leaves GPU 0 to the server while it generates) and
+# async, side by side; then rollouts alone, one server against the same requests split over the two (rollout_split.py).
+multi_bench() {
+  local Q15="$M/qwen2.5-1.5b-random"
+  [ -d "$Q15" ] || make_model qwen2.5-1.5b-random 400 make_models_bench.log
+  serve q15 1 30011 "$Q15" 0.3 & C=$!
+  serve q15b 0 30012 "$Q15" 0.3 & D=$!  # on two different GPUs with nothing else on them: side by side is safe
+  wait $C $D
+  bench_multi() { # name urls server_gpus colocate-flag async-flag
     log "bench $1"; timeout 500 python3 bench.py --parts step --model "$Q15" --server_url "$2" --max_new_tokens 1024 \
       --group_size 8 --step_warmup 2 --out "$RES/bench_$1" --step_args --prompts_per_step 24 --steps 6 --server_gpu "$3" \
-      "$4" --async --micro_batch 8 --lr 1e-6 --eval_size 8 > "$RES/bench_$1.log" 2>&1; log "bench $1: exit $?"; }
-  bench_multi one_server http://127.0.0.1:30011 1 --no-colocate
-  wait $D
-  bench_multi two_servers http://127.0.0.1:30012,http://127.0.0.1:30011 0,1 --colocate
+      "$4" "$5" --micro_batch 8 --lr 1e-6 --eval_size 8 > "$RES/bench_$1.log" 2>&1; log "bench $1: exit $?"; }
+  bench_multi one_server_sync http://127.0.0.1:30011 1 --no-colocate --no-async
+  bench_multi two_servers_sync http://127.0.0.1:30012,http://127.0.0.1:30011 0,1 --colocate --no-async
+  log "rollout split"
+  timeout 400 python3 results/tools/rollout_split.py --urls http://127.0.0.1:30011,http://127.0.0.1:30012 --batches 192,768 \
+    --out "$RES/rollout_split.json" > "$RES/rollout_split.log" 2>&1; log "rollout split: exit $?"
+  bench_multi one_server_async http://127.0.0.1:30011 1 --no-colocate --async
+  bench_multi two_servers_async http://127.0.0.1:30012,http://127.0.0.1:30011 0,1 --colocate --async
   stop q15; stop q15b
-  log "multi done"
+  log "multi_bench done"
 }
+multi() { multi_tests; multi_bench; }
 
 if [ "${PHASES:-all}" = all ]; then
   phase_a & A=$!
