@@ -449,7 +449,7 @@ class StandIn:
 
     def __init__(self, model_dir, served_path=None, reject_updates=False, api_key="", fail_generate_after=None,
                  nan_logprobs=False, stall_generate_after=None, die_at_init=False, die_in_broadcast=False,
-                 slow_generate=0.0, tp=1, miss_pushes=(), drop_weights=()):
+                 slow_generate=0.0, tp=1, miss_pushes=(), drop_weights=(), garble_rescores=(0, "short")):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
@@ -462,6 +462,8 @@ class StandIn:
         # tensor parallel: what each rank holds (bf16, by HF name); faults: versions whose push is acknowledged but
         # not applied at all (a missed push), or whose tag is applied without the weights (dropped weights)
         self.tp, self.ranks, self.miss, self.drop = tp, [{} for _ in range(tp)], set(miss_pushes), set(drop_weights)
+        self.garble = list(garble_rescores)  # (n, how): the first n re-scored sequences get one logprob too few
+        # ("short"), the last one None ("none") or for another token ("other_token")
         self.digest = self.weights_digest()
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
@@ -658,7 +660,15 @@ class StandIn:
                 if sp.get("max_new_tokens") == 0:  # a prefill: logprobs of the input tokens, as SGLang returns them
                     starts = req["logprob_start_len"]
                     srv.rescores.append([tuple(p) for p in ids])
-                    return [srv.prefill(p, start) for p, start in zip(ids, starts if isinstance(starts, list) else [starts] * len(ids))]
+                    out = [srv.prefill(p, start) for p, start in zip(ids, starts if isinstance(starts, list) else [starts] * len(ids))]
+                    for o in out[:srv.garble[0]]:  # (under srv.lock, as every request)
+                        lps = o["meta_info"]["input_token_logprobs"]
+                        if srv.garble[1] == "short":
+                            lps.pop()
+                        else:  # the last logprob None, or that of another token
+                            lps[-1] = [None, lps[-1][1], None] if srv.garble[1] == "none" else [lps[-1][0], lps[-1][1] + 1, None]
+                    srv.garble[0] -= min(srv.garble[0], len(out))
+                    return out
                 if sp.get("temperature", 1.0) > 0:
                     srv.rollouts.append([tuple(p) for p in ids])  # what each training rollout asked for
                     import time
@@ -1059,6 +1069,23 @@ def test_async_check_off_rescores_nothing(tiny_model, server, tmp_path):
     assert code == 0 and "check - mismatch" in out, out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert not server.rescores and [r["check_mismatch_mean"] is None for r in m] == [False, True, True]
+
+
+@pytest.mark.parametrize("garbled, how, says", [(1, "short", ""), (10**6, "short", "5 logprobs, the first off at token 0"),
+                                                (10**6, "none", "1 logprobs None"),
+                                                (10**6, "other_token", "6 logprobs, the first off at token 4")])
+def test_a_rescored_sequence_out_of_line_is_asked_again_alone_then_stops_the_run_naming_the_server(tiny_model, tmp_path,
+                                                                                                  garbled, how, says):
+    code, out, _, s = run_against(tiny_model, tmp_path, {"garble_rescores": (garbled, how)}, "--steps", "3", "--async")
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert "Traceback" not in out, out
+    if garbled == 1:  # step 2: 8 sequences re-scored, the first again alone; step 3: 8
+        assert code == 0 and out.count(f"the server at {s.url} re-scored a sequence out of line with its tokens; asked again: fine") == 1, out
+        assert [len(r) for r in s.rescores] == [8, 1, 8] and s.rescores[1] == s.rescores[0][:1] and len(m) == 3
+    else:
+        assert code == 1 and out.count("error:") == 1 and len(m) == 1, out
+        assert f"error: the server at {s.url} re-scored a sequence of the sync check (/generate, max_new_tokens 0, " \
+               f"logprob_start_len) twice out of line with its 5 completion tokens: {says}." in out and "--check_seqs 0" in out, out
 
 
 @pytest.mark.parametrize("temperature", ["1.0", "0.7"])
