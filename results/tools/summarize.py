@@ -17,6 +17,7 @@ COMMIT_7B = "17e375e"  # 2026-11-30, PHASES=memory_steps_7b (fused AdamW)
 COMMIT_TF32 = "c5458af"  # 2026-11-30, PHASES=tf32 and tf32_7b (the LM head on TF32)
 COMMIT_CHECK = "7547a64"  # 2026-11-30, PHASES="check_async layout" (the exact async check, the student-first layout)
 COMMIT_MULTI = "f939f2a"  # 2026-11-30, PHASES=multi (several servers), then the two-server GPU tests again by hand
+COMMIT_MULTI2 = "9fe208f"  # 2026-11-30, PHASES="multi_tests layout multi_bench" (servers started one after another)
 
 
 def steps_of(path):
@@ -227,16 +228,20 @@ def check_async():
 
 
 def layout():
-    """The guard of the student-first layout (results/x2/layout/): SmolLM2 async, 100 steps, and the GPU tests."""
+    """The guard of the student-first layout (results/x2/layout/): SmolLM2 async, 100 steps, and the GPU tests; the
+    size of grpo_sglang.py as committed now (HEAD), which changed after the run only by the re-score retry (ef0c56d)."""
     d = "results/x2/layout/"
     rows, _ = steps_of(d + "x2_smol_async")
     ev = {r["step"]: r["eval_accuracy"] for r in map(json.loads, open(d + "x2_smol_async.metrics.jsonl")) if "eval_accuracy" in r}
     train = statistics.median([r["time_score"] + r["time_train"] for r in rows[3:]])
     bound = max(med(rows, "time_rollout"), train + med(rows, "time_sync"))
     per = [max(b["time_rollout"], a["time_score"] + a["time_train"] + a["time_sync"]) for a, b in zip(rows[3:], rows[4:])]
-    src = subprocess.run(["git", "show", f"{COMMIT_CHECK}:grpo_sglang.py"], capture_output=True, text=True).stdout.splitlines()
+    lines = lambda commit: subprocess.run(["git", "show", f"{commit}:grpo_sglang.py"], capture_output=True, text=True).stdout.splitlines()
+    head = subprocess.run(["git", "log", "-1", "--format=%h", "--", "grpo_sglang.py"], capture_output=True, text=True).stdout.strip()
+    src = lines(head)  # the last commit that changed grpo_sglang.py
+    reward = lambda p, a, b: round(statistics.mean(r["reward_mean"] for r in map(json.loads, open(p)) if "reward_mean" in r and a <= r["step"] <= b), 3)
     out = {"smol_async_step_s": med(rows, "time_step"), "smol_own_bound_s": round(bound, 4),
-           "eval_final": ev[100], "lines_total": len(src),
+           "eval_final": round(ev[100], 4), "lines_total": len(src),
            "fence_line": next(i + 1 for i, l in enumerate(src) if l.startswith("# ---- Plumbing below")),
            "notes": {"bound": "max(rollout, score + train + sync) of this run, medians over steps 4-100; the step waits for the "
                               "slower of the next batch's rollout and its own training and push",
@@ -244,49 +249,78 @@ def layout():
                      "step_over_median_per_step_bound": round(med(rows, "time_step") / statistics.median(per), 3),
                      "between_steps_s_median": round(statistics.median(b["span_step"][0] - a["span_step"][1]
                                                                        for a, b in zip(rows, rows[1:])), 4),
-                     "overhead": "time_step is the sum of its five timed phases; between steps (reductions, logging) "
-                                 "1 ms; the 0.1 s 'outside the phases' at c5458af was the sum of the parts' medians "
-                                 "against the median of their sum (0.46 vs 0.53 s per step there)",
-                     "recorded_eval_final": 0.9273, "recorded_at": "x2/async/x2_smol_async at c5458af (0.5589 s/step)",
-                     "eval_by_step": ev, "gpu_tests": open(d + "gpu_tests.log").read().strip().splitlines()[-1]},
-           "commit": COMMIT_CHECK, "commands": "results/run_x2.sh, PHASES=layout (results/x2/pipeline_check_async_layout_at-7547a64.log)"}
+                     "eval_by_step": ev, "gpu_tests": open(d + "gpu_tests.log").read().strip().splitlines()[-1],
+                     "guard": f"held-out accuracy within 3 points of the recorded run: NOT met by this run ({ev[100]:.1%} "
+                              f"against 92.7%); the training reward over steps 81-100 is the same (reward_81_100); held-out "
+                              f"accuracy on 110 prompts has a binomial std of ~3 points per run",
+                     "reward_81_100": {"this run": reward(d + "x2_smol_async.metrics.jsonl", 81, 100),
+                                       "recorded (c5458af)": reward("results/x2/async/x2_smol_async.metrics.jsonl", 81, 100),
+                                       "7547a64": reward(d + "at-7547a64/x2_smol_async.metrics.jsonl", 81, 100)},
+                     "eval_final_other_runs": {"recorded (c5458af)": 0.9273, "7547a64": 0.9455,
+                                               "c5458af, exact fp32 head": 0.9091, "c5458af, --no-async": 0.9455},
+                     "lines": f"lines_total and fence_line: grpo_sglang.py at {head}; at the run's commit {COMMIT_MULTI2}: "
+                              f"{len(lines(COMMIT_MULTI2))} lines"},
+           "commit": COMMIT_MULTI2,
+           "commands": f"results/run_x2.sh, PHASES=\"multi_tests layout multi_bench\" (results/x2/pipeline_multi_tests_layout_"
+                       f"multi_bench_at-{COMMIT_MULTI2}.log); the run at 7547a64: at-7547a64/"}
     json.dump(out, open(d + "summary.json", "w"), indent=1)
     return out
 
 
 def multi():
-    """Several servers (results/x2/multi/): the GPU tests and the bench, one server against two."""
+    """Several servers (results/x2/multi/): the GPU tests, the bench (one server against two, --no-async and --async)
+    and rollouts alone (rollout_split.json)."""
     d = "results/x2/multi/"
-    bench = {n: json.load(open(d + f"bench_{n}/bench.json"))["step"] for n in ("one_server", "two_servers")}
+    bench = {n: json.load(open(d + f"bench_{n}/bench.json"))["step"] for n in
+             ("one_server_sync", "two_servers_sync", "one_server_async", "two_servers_async")}
+    old = {n: json.load(open(d + f"at-{COMMIT_MULTI}/bench_{n}/bench.json"))["step"] for n in ("one_server", "two_servers")}
     m = {n: b["medians"] for n, b in bench.items()}
     tests = open(d + "gpu_tests_multi.log").read()
     failed = re.findall(r"^FAILED \S+\[(\w+)\]", tests, re.M)
-    tp2 = "tp2_colocated" not in failed and "1 passed" in tests.strip().splitlines()[-1]
-    out = {"tp2_exact": bool(tp2), "two_servers_exact_tensor": None, "two_servers_exact_nccl": None,
-           "rollout_one_server_s": round(m["one_server"]["time_rollout"], 3), "rollout_two_servers_s": round(m["two_servers"]["time_rollout"], 3),
-           "push_one_server_s": round(m["one_server"]["time_sync"], 4), "push_two_servers_s": round(m["two_servers"]["time_sync"], 4),
-           "async_step_one_server_s": round(m["one_server"]["time_step"], 3), "async_step_two_servers_s": round(m["two_servers"]["time_step"], 3),
-           "notes": {"tp2_exact": "a TP-2 server over GPUs 0-1 (random Qwen3-shaped tiny model), the trainer colocated on GPU 0, "
-                                  "tensor path, 3 steps: both ranks' checksums equal those of SGLang loading the trainer's "
-                                  "checkpoint, and differ from the starting model's",
-                     "two_servers_exact": "not run: both times the two servers on GPU 1 failed to start (serve.sh started "
-                                          "them at the same moment; each sized its KV cache from the memory it found free, "
-                                          "and the second then had none: gpu_tests_multi.log, serve_q3_two*.log.gz, "
-                                          "*_retry*). serve.sh now starts servers that share a GPU one after another; not "
-                                          "re-run on the GPU (no device time left).",
-                     "bench": "Qwen2.5-1.5B-shaped random model, 24 x 8 prompts, 1024 new tokens, --async, micro-batch 8, "
-                              "medians of steps 3-6 of 6; one server on GPU 1 against two (one on GPU 0 with the trainer, "
-                              "one on GPU 1)",
-                     "rollout_ratio": round(m["two_servers"]["time_rollout"] / m["one_server"]["time_rollout"], 3),
-                     "push_ratio": round(m["two_servers"]["time_sync"] / m["one_server"]["time_sync"], 3),
-                     "train_s": {n: round(v["time_train"], 3) for n, v in m.items()},
-                     "last_step_train_s_two_servers": round(bench["two_servers"]["per_step"]["time_train"][-1], 3),
-                     "why": "with --async the server on GPU 0 generates while the trainer trains on GPU 0: the two slow "
-                            "each other (train 12.8 s against 6.7 s; the last step, with no generation beside it, trained "
-                            "in 7.1 s), so two servers were slower than one in this layout"},
-           "commit": COMMIT_MULTI,
-           "commands": "results/run_x2.sh, PHASES=multi (results/x2/pipeline_multi_at-f939f2a.log); the two-server GPU tests "
-                       "again by hand on the same machine: see results/README.md"}
+    ran = "3 passed" in tests.strip().splitlines()[-1] or failed
+    ok = lambda layout: bool(ran) and layout not in failed
+    split = json.load(open(d + "rollout_split.json"))["batches"]
+    r = lambda x, n=3: round(x, n)
+    out = {"tp2_exact": ok("tp2_colocated"), "two_servers_exact_tensor": ok("two_servers_tensor"),
+           "two_servers_exact_nccl": ok("two_servers_nccl"),
+           "rollout_one_server_s": r(m["one_server_sync"]["time_rollout"]), "rollout_two_servers_s": r(m["two_servers_sync"]["time_rollout"]),
+           "push_one_server_s": r(m["one_server_sync"]["time_sync"], 4), "push_two_servers_s": r(m["two_servers_sync"]["time_sync"], 4),
+           "async_step_one_server_s": r(old["one_server"]["medians"]["time_step"]),
+           "async_step_two_servers_s": r(old["two_servers"]["medians"]["time_step"]),
+           "notes": {
+               "tests": "after 3 steps every rank of every server holds the trainer's weights: /weights_checker checksums equal "
+                        "those after SGLang loads the trainer's checkpoint itself, and differ from the starting model's. A TP-2 "
+                        "server over GPUs 0-1 with the trainer colocated on GPU 0 (tensor path); two servers on GPU 1 with the "
+                        "trainer on GPU 0 (tensor path; NCCL with GPU 1 hidden from the trainer). A random Qwen3-shaped tiny model",
+               "bench": "Qwen2.5-1.5B-shaped random model, 24 x 8 prompts, 1024 new tokens, micro-batch 8, medians of steps 3-6 "
+                        "of 6; one server on GPU 1 against two (one on GPU 0 with the trainer, one on GPU 1). rollout_* and "
+                        "push_*: --no-async (generation with nothing else on the GPUs), side by side at " + COMMIT_MULTI2,
+               "rollout_ratio": r(m["two_servers_sync"]["time_rollout"] / m["one_server_sync"]["time_rollout"]),
+               "push_ratio": r(m["two_servers_sync"]["time_sync"] / m["one_server_sync"]["time_sync"]),
+               "sync_step_s": {"one_server": r(m["one_server_sync"]["time_step"]), "two_servers": r(m["two_servers_sync"]["time_step"])},
+               "sync_train_s": {"one_server": r(m["one_server_sync"]["time_train"]), "two_servers": r(m["two_servers_sync"]["time_train"])},
+               "rollout_alone": {n: {"one_server_s": r(statistics.median(v["one_server_s"])), "two_servers_s": r(statistics.median(
+                   v["two_servers_s"])), "ratio": r(v["ratio"]), "one_server_tok_s": round(v["one_server_tok_s"])} for n, v in split.items()},
+               "rollout_alone_how": "results/tools/rollout_split.py: N sequences of 1024 tokens (ignore_eos) from one server, "
+                                    "then N/2 from each of two at once, nothing else on the GPUs; medians of 2. The servers "
+                                    "capture decode CUDA graphs up to 192 sequences (--cuda-graph-max-bs-decode 192): at 768 "
+                                    "they decode without graphs, slower per token than at 192",
+               "async_step": f"async_step_*: the pair measured side by side at {COMMIT_MULTI} (4 steps each). At {COMMIT_MULTI2}: "
+                             f"one server {r(m['one_server_async']['time_step'])} s; two servers "
+                             f"{r(m['two_servers_async']['time_step'])} s in the one step after the warm-up before it stopped",
+               "async_rollout_s": {"one_server": r(old["one_server"]["medians"]["time_rollout"]),
+                                   "two_servers": r(old["two_servers"]["medians"]["time_rollout"])},
+               "async_train_s": {"one_server": r(old["one_server"]["medians"]["time_train"]),
+                                 "two_servers": r(old["two_servers"]["medians"]["time_train"])},
+               "two_servers_async_stopped": "at step 4 of 6: " + re.findall(r"traceback : (error: .*)", open(
+                   d + "bench_two_servers_async/step_train.log").read())[-1] + " (since ef0c56d such an answer is asked for "
+                   "again, alone, before the run stops; its cause is not known: the server logged nothing)",
+               "why_async_slower": "with --async the server on GPU 0 generates while the trainer trains on GPU 0: each slows "
+                                   "the other (train 12.8 s against 6.7 s), so two servers were slower than one in this layout"},
+           "commit": COMMIT_MULTI2,
+           "commands": f"results/run_x2.sh, PHASES=\"multi_tests layout multi_bench\" (results/x2/pipeline_multi_tests_layout_"
+                       f"multi_bench_at-{COMMIT_MULTI2}.log); async_step_*: PHASES=multi at {COMMIT_MULTI} (at-{COMMIT_MULTI}/, "
+                       f"results/x2/pipeline_multi_at-{COMMIT_MULTI}.log)"}
     json.dump(out, open(d + "summary.json", "w"), indent=1)
     return out
 
