@@ -985,30 +985,19 @@ def rescore(cfg, url, seqs, version):
     """[(prompt ids, completion ids)] -> the server's logprobs of each completion under its current weights,
     which must be `version`: a prefill only (max_new_tokens 0). SGLang's input logprobs are those of the
     raw logits (temperature 1) and start with None for the token at logprob_start_len: we start one early.
-    A sequence whose answer does not line up with its tokens is asked for again, alone (seen once on the GPU:
-    two 1.5B servers, 1024-token completions, one server beside the trainer; not reproduced)."""
-    ask = lambda part: [o["meta_info"]["input_token_logprobs"] for o in generate(
-        cfg, url, [p + c for p, c in part], version, "re-scored the batch", "this check",
-        sampling_params={"max_new_tokens": 0}, logprob_start_len=[len(p) - 1 for p, _ in part])]
-    got = ask(seqs)
-    for k in [k for k, (lps, (_, c)) in enumerate(zip(got, seqs)) if misaligned(lps, c)]:
-        got[k] = ask([seqs[k]])[0]
-        if misaligned(got[k], seqs[k][1]):
+    Their token ids say that they line up with the tokens sent; SGLang reports ids >= vocab_size - 1 as 0
+    (it clips image-token hashes so): a random-weight model sampled that last id and stopped a correct run."""
+    out = generate(cfg, url, [p + c for p, c in seqs], version, "re-scored the batch", "this check", sampling_params={
+        "max_new_tokens": 0}, logprob_start_len=[len(p) - 1 for p, _ in seqs])
+    lps = [o["meta_info"]["input_token_logprobs"][-len(c):] for o, (_, c) in zip(out, seqs)]
+    for got, (_, c) in zip(lps, seqs):
+        off = [i for i, ((lp, t, *_), x) in enumerate(zip(got, c)) if lp is None or t not in (x, 0)]
+        if off or len(got) != len(c):
             raise UserError(f"the server at {url} re-scored a sequence of the sync check (/generate, max_new_tokens 0, "
-                            f"logprob_start_len) twice out of line with its {len(seqs[k][1])} completion tokens: "
-                            f"{misaligned(got[k], seqs[k][1])}. Unexpected from this server version (its serve.log may say "
-                            f"why). --check_seqs 0 turns the re-scoring off; the version check of every rollout stays.")
-        print(f"warning: the server at {url} re-scored a sequence out of line with its tokens; asked again: fine", flush=True)
-    return [[lp for lp, *_ in lps[-len(c):]] for lps, (_, c) in zip(got, seqs)]
-
-
-def misaligned(lps, c):
-    """SGLang's input logprobs [(logprob, token, ...)] of a sequence ending in completion c -> what is wrong, or ''."""
-    tail = [(lp, t) for lp, t, *_ in lps[-len(c):]]
-    if len(lps) < len(c) or [t for _, t in tail] != list(c):
-        return f"{len(lps)} logprobs, the first off at token {next((i for i, ((_, t), x) in enumerate(zip(tail, c)) if t != x), '-')}"
-    nones = sum(lp is None for lp, _ in tail)
-    return f"{nones} logprobs None" if nones else ""
+                            f"logprob_start_len) out of line with its {len(c)} completion tokens ({len(got)} logprobs, "
+                            f"the first off at token {off[0] if off else '-'}): unexpected from this server version. "
+                            f"--check_seqs 0 turns the re-scoring off; the version check of every rollout stays.")
+    return [[lp for lp, *_ in got] for got in lps]
 
 
 def spread(n, k):

@@ -463,7 +463,7 @@ class StandIn:
         # not applied at all (a missed push), or whose tag is applied without the weights (dropped weights)
         self.tp, self.ranks, self.miss, self.drop = tp, [{} for _ in range(tp)], set(miss_pushes), set(drop_weights)
         self.garble = list(garble_rescores)  # (n, how): the first n re-scored sequences get one logprob too few
-        # ("short"), the last one None ("none") or for another token ("other_token")
+        # ("short"), the last one None ("none"), for another token ("other_token") or its id reported as 0 ("id_0")
         self.digest = self.weights_digest()
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
@@ -505,8 +505,9 @@ class StandIn:
     def prefill(self, ids, start):
         """Like SGLang: the raw logprobs (temperature 1) of ids[start:], the first one None (its context is not
         scored), and no new token."""
-        lps = [None] + self.logprobs(ids)[start:].tolist()
-        return {"text": "", "output_ids": [], "meta_info": {"input_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids[start:])],
+        lps, top = [None] + self.logprobs(ids)[start:].tolist(), self.model.config.vocab_size - 1  # ids >= top: 0, as SGLang
+        return {"text": "", "output_ids": [], "meta_info": {"input_token_logprobs": [[lp, t if t < top else 0, None]
+                                                                                     for lp, t in zip(lps, ids[start:])],
                                                              "output_token_logprobs": [], "weight_version": self.version,
                                                              "finish_reason": {"type": "length", "length": 0}}}
 
@@ -665,8 +666,9 @@ class StandIn:
                         lps = o["meta_info"]["input_token_logprobs"]
                         if srv.garble[1] == "short":
                             lps.pop()
-                        else:  # the last logprob None, or that of another token
-                            lps[-1] = [None, lps[-1][1], None] if srv.garble[1] == "none" else [lps[-1][0], lps[-1][1] + 1, None]
+                        else:  # the last logprob None, that of another token, or its id reported as 0 (SGLang's >= V - 1)
+                            lp, t = lps[-1][:2]
+                            lps[-1] = {"none": [None, t, None], "other_token": [lp, t + 1, None], "id_0": [lp, 0, None]}[srv.garble[1]]
                     srv.garble[0] -= min(srv.garble[0], len(out))
                     return out
                 if sp.get("temperature", 1.0) > 0:
@@ -1071,21 +1073,21 @@ def test_async_check_off_rescores_nothing(tiny_model, server, tmp_path):
     assert not server.rescores and [r["check_mismatch_mean"] is None for r in m] == [False, True, True]
 
 
-@pytest.mark.parametrize("garbled, how, says", [(1, "short", ""), (10**6, "short", "5 logprobs, the first off at token 0"),
-                                                (10**6, "none", "1 logprobs None"),
-                                                (10**6, "other_token", "6 logprobs, the first off at token 4")])
-def test_a_rescored_sequence_out_of_line_is_asked_again_alone_then_stops_the_run_naming_the_server(tiny_model, tmp_path,
-                                                                                                  garbled, how, says):
-    code, out, _, s = run_against(tiny_model, tmp_path, {"garble_rescores": (garbled, how)}, "--steps", "3", "--async")
+@pytest.mark.parametrize("how, says", [("short", "5 logprobs, the first off at token 0"), ("none", "5 logprobs, the first off at token 4"),
+                                       ("other_token", "5 logprobs, the first off at token 4"), ("id_0", None)])
+def test_a_rescored_sequence_out_of_line_stops_the_run_naming_the_server_but_an_id_reported_as_0_does_not(
+        tiny_model, tmp_path, how, says):
+    """SGLang reports the input token ids >= vocab_size - 1 as 0: that is no misalignment (a random-weight 1.5B-shaped
+    model sampled its last id, and the run stopped on it, at 9fe208f)."""
+    code, out, _, s = run_against(tiny_model, tmp_path, {"garble_rescores": (10**6, how)}, "--steps", "3", "--async")
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert "Traceback" not in out, out
-    if garbled == 1:  # step 2: 8 sequences re-scored, the first again alone; step 3: 8
-        assert code == 0 and out.count(f"the server at {s.url} re-scored a sequence out of line with its tokens; asked again: fine") == 1, out
-        assert [len(r) for r in s.rescores] == [8, 1, 8] and s.rescores[1] == s.rescores[0][:1] and len(m) == 3
+    if says is None:
+        assert code == 0 and len(m) == 3 and len(s.rescores) == 2, out
     else:
         assert code == 1 and out.count("error:") == 1 and len(m) == 1, out
         assert f"error: the server at {s.url} re-scored a sequence of the sync check (/generate, max_new_tokens 0, " \
-               f"logprob_start_len) twice out of line with its 5 completion tokens: {says}." in out and "--check_seqs 0" in out, out
+               f"logprob_start_len) out of line with its 5 completion tokens ({says})" in out and "--check_seqs 0" in out, out
 
 
 @pytest.mark.parametrize("temperature", ["1.0", "0.7"])
