@@ -229,7 +229,7 @@ def check_async():
 
 def layout():
     """The guard of the student-first layout (results/x2/layout/): SmolLM2 async, 100 steps, and the GPU tests; the
-    size of grpo_sglang.py as committed now (HEAD), which changed after the run only by the re-score retry (ef0c56d)."""
+    size of grpo_sglang.py at its last commit, which changed after the run only in the re-score check (ef0c56d, 77e7fd5)."""
     d = "results/x2/layout/"
     rows, _ = steps_of(d + "x2_smol_async")
     ev = {r["step"]: r["eval_accuracy"] for r in map(json.loads, open(d + "x2_smol_async.metrics.jsonl")) if "eval_accuracy" in r}
@@ -313,8 +313,9 @@ def multi():
                "async_train_s": {"one_server": r(old["one_server"]["medians"]["time_train"]),
                                  "two_servers": r(old["two_servers"]["medians"]["time_train"])},
                "two_servers_async_stopped": "at step 4 of 6: " + re.findall(r"traceback : (error: .*)", open(
-                   d + "bench_two_servers_async/step_train.log").read())[-1] + " (since ef0c56d such an answer is asked for "
-                   "again, alone, before the run stops; its cause is not known: the server logged nothing)",
+                   d + "bench_two_servers_async/step_train.log").read())[-1] + " (the cause, read in SGLang's source: it "
+                   "reports input token ids >= vocab_size - 1 as 0, and the random model samples its last id; the check "
+                   "allows it since 77e7fd5)",
                "why_async_slower": "with --async the server on GPU 0 generates while the trainer trains on GPU 0: each slows "
                                    "the other (train 12.8 s against 6.7 s), so two servers were slower than one in this layout"},
            "commit": COMMIT_MULTI2,
