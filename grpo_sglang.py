@@ -986,7 +986,7 @@ def rescore(cfg, url, seqs, version):
     which must be `version`: a prefill only (max_new_tokens 0). SGLang's input logprobs are those of the
     raw logits (temperature 1) and start with None for the token at logprob_start_len: we start one early.
     Their token ids say that they line up with the tokens sent; SGLang reports ids >= vocab_size - 1 as 0
-    (it clips image-token hashes so): a random-weight model sampled that last id and stopped a correct run."""
+    (it clips image-token hashes so), and a random-weight model, sampling every id, does sample the last one."""
     out = generate(cfg, url, [p + c for p, c in seqs], version, "re-scored the batch", "this check", sampling_params={
         "max_new_tokens": 0}, logprob_start_len=[len(p) - 1 for p, _ in seqs])
     lps = [o["meta_info"]["input_token_logprobs"][-len(c):] for o, (_, c) in zip(out, seqs)]

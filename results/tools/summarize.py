@@ -313,7 +313,8 @@ def multi():
                "async_train_s": {"one_server": r(old["one_server"]["medians"]["time_train"]),
                                  "two_servers": r(old["two_servers"]["medians"]["time_train"])},
                "two_servers_async_stopped": "at step 4 of 6: " + re.findall(r"traceback : (error: .*)", open(
-                   d + "bench_two_servers_async/step_train.log").read())[-1] + " (the cause, read in SGLang's source: it "
+                   d + "bench_two_servers_async/step_train.log").read())[-1] + " (the likely cause, read in SGLang's source; the "
+                   "run kept no tokens to confirm it: it "
                    "reports input token ids >= vocab_size - 1 as 0, and the random model samples its last id; the check "
                    "allows it since 77e7fd5)",
                "why_async_slower": "with --async the server on GPU 0 generates while the trainer trains on GPU 0: each slows "
