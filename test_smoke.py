@@ -449,7 +449,7 @@ class StandIn:
 
     def __init__(self, model_dir, served_path=None, reject_updates=False, api_key="", fail_generate_after=None,
                  nan_logprobs=False, stall_generate_after=None, die_at_init=False, die_in_broadcast=False,
-                 slow_generate=0.0, tp=1, miss_pushes=(), drop_weights=(), garble_rescores=(0, "short")):
+                 slow_generate=0.0, tp=1, miss_pushes=(), drop_weights=(), garble_rescores=None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
@@ -462,8 +462,8 @@ class StandIn:
         # tensor parallel: what each rank holds (bf16, by HF name); faults: versions whose push is acknowledged but
         # not applied at all (a missed push), or whose tag is applied without the weights (dropped weights)
         self.tp, self.ranks, self.miss, self.drop = tp, [{} for _ in range(tp)], set(miss_pushes), set(drop_weights)
-        self.garble = list(garble_rescores)  # (n, how): the first n re-scored sequences get one logprob too few
-        # ("short"), the last one None ("none"), for another token ("other_token") or its id reported as 0 ("id_0")
+        self.garble = garble_rescores  # every re-scored sequence gets one logprob too few ("short"), the last one
+        # None ("none"), for another token ("other_token") or its id reported as 0 ("id_0")
         self.digest = self.weights_digest()
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
@@ -662,14 +662,12 @@ class StandIn:
                     starts = req["logprob_start_len"]
                     srv.rescores.append([tuple(p) for p in ids])
                     out = [srv.prefill(p, start) for p, start in zip(ids, starts if isinstance(starts, list) else [starts] * len(ids))]
-                    for o in out[:srv.garble[0]]:  # (under srv.lock, as every request)
-                        lps = o["meta_info"]["input_token_logprobs"]
-                        if srv.garble[1] == "short":
+                    for lps in (o["meta_info"]["input_token_logprobs"] for o in out if srv.garble):
+                        if srv.garble == "short":
                             lps.pop()
                         else:  # the last logprob None, that of another token, or its id reported as 0 (SGLang's >= V - 1)
                             lp, t = lps[-1][:2]
-                            lps[-1] = {"none": [None, t, None], "other_token": [lp, t + 1, None], "id_0": [lp, 0, None]}[srv.garble[1]]
-                    srv.garble[0] -= min(srv.garble[0], len(out))
+                            lps[-1] = {"none": [None, t, None], "other_token": [lp, t + 1, None], "id_0": [lp, 0, None]}[srv.garble]
                     return out
                 if sp.get("temperature", 1.0) > 0:
                     srv.rollouts.append([tuple(p) for p in ids])  # what each training rollout asked for
@@ -1079,7 +1077,7 @@ def test_a_rescored_sequence_out_of_line_stops_the_run_naming_the_server_but_an_
         tiny_model, tmp_path, how, says):
     """SGLang reports the input token ids >= vocab_size - 1 as 0: that is no misalignment (a random-weight 1.5B-shaped
     model sampled its last id, and the run stopped on it, at 9fe208f)."""
-    code, out, _, s = run_against(tiny_model, tmp_path, {"garble_rescores": (10**6, how)}, "--steps", "3", "--async")
+    code, out, _, s = run_against(tiny_model, tmp_path, {"garble_rescores": how}, "--steps", "3", "--async")
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert "Traceback" not in out, out
     if says is None:
