@@ -41,6 +41,7 @@ import os
 import random
 import socket
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ class Config:
     top_k: int = arg(-1, "-1 = off, for the same reason")
     lr: float = arg(1e-6, "AdamW learning rate")
     weight_decay: float = arg(0.0, "AdamW weight decay")
-    max_grad_norm: float = arg(1.0, "gradient clipping")
+    max_grad_norm: float = arg(1.0, "clip the gradient's norm to this (0: no clipping)")
     beta: float = arg(0.0, "KL coefficient to the reference model (0: no reference model is loaded)")
     clip_low: float = arg(0.2, "ratio clip below 1 - clip_low")
     clip_high: float = arg(0.2, "ratio clip above 1 + clip_high (DAPO uses 0.28)")
@@ -263,7 +264,7 @@ def load_splits(cfg):
     return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
 
 
-def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped):
+def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None):
     """Format and tokenize each question once: `fmt` 'chat' uses the tokenizer's chat template, 'plain'
     is 'question\ninstruction\n' (base models). Unusable rows are counted in `skipped`, never fatal."""
     out = []
@@ -281,8 +282,9 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped):
             ids = tok(text, add_special_tokens=False)["input_ids"]  # the template has its special tokens
         else:
             ids = tok(text + "\n")["input_ids"]  # with BOS where the tokenizer adds one
-        if len(ids) > cfg.max_prompt_tokens:
-            skipped[f"prompt longer than max_prompt_tokens={cfg.max_prompt_tokens}"] += 1
+        if len(ids) > (max_len or cfg.max_prompt_tokens):
+            skipped[f"prompt longer than max_prompt_tokens={cfg.max_prompt_tokens}" if (max_len or cfg.max_prompt_tokens)
+                    == cfg.max_prompt_tokens else f"prompt longer than {max_len} tokens (the server's context)"] += 1
             continue
         out.append({"ids": ids, "answer": str(a), "question": q})
     return out
@@ -401,7 +403,7 @@ def train_step(cfg, model, ref, opt, mbs, n_seqs, n_tokens, world, check):
                                 "kl": (kl.detach() * b["mask"]).sum() if kl is not None else 0})
         if update == 0:
             merge(sums, maxes, *check(mbs, sums, maxes))
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))  # 0: no clip
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         finite = bool(torch.isfinite(grad_norm))  # else the step is skipped: it would poison the weights and the server
         merge(sums, maxes, {"grad_norm": grad_norm / world, "nonfinite": (not finite) / world})  # / world: summed over ranks
@@ -417,7 +419,7 @@ def train_step(cfg, model, ref, opt, mbs, n_seqs, n_tokens, world, check):
 def main(cfg):
     rt = setup(cfg)                 # flags, ranks, GPUs, process group: checked before anything heavy
     server = Server(cfg, rt)        # up? our model? how do weights get there? (rollouts, check, pushes)
-    tok, train, evals, reward_fn, correct_fn = load_data(cfg)
+    tok, train, evals, reward_fn, correct_fn = load_data(cfg, server.context)
     model, ref, opt, start = load_models(cfg, rt)
     log = MetricsLog(cfg, rt, start, len(train))
     n, pad = cfg.prompts_per_step // rt.world, tok.pad_token_id or 0
@@ -529,7 +531,7 @@ class MetricsLog:
         print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from θ_{s-1} while the server "
                                "samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
         if self.master:
-            json.dump(dataclasses.asdict(cfg), open(os.path.join(cfg.out_dir, "config.json"), "w"), indent=1)
+            json.dump(saved_config(cfg), open(os.path.join(cfg.out_dir, "config.json"), "w"), indent=1)
             self.file = open_metrics(cfg, start)
             if cfg.wandb:
                 try:
@@ -537,7 +539,7 @@ class MetricsLog:
                 except ImportError:
                     raise UserError("--wandb needs the wandb package: pip install wandb") from None
                 self.wandb = wandb
-                wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg))
+                wandb.init(project=cfg.wandb_project, config=saved_config(cfg))
 
     def write(self, m):
         if self.master and m:
@@ -570,6 +572,10 @@ class MetricsLog:
             self.wandb.finish()
 
 
+def saved_config(cfg):
+    return {**dataclasses.asdict(cfg), "api_key": ""}  # the flags, never the key
+
+
 def print0(*a):
     if int(os.environ.get("RANK", 0)) == 0:
         print(*a, flush=True)
@@ -579,15 +585,53 @@ def print0(*a):
 # Setup: flags, ranks, GPUs, data, models.
 
 def parse_config(argv=None):
+    """The command line -> Config, which remembers the flags given (`--resume` restores the others)."""
     import argparse
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                argument_default=argparse.SUPPRESS)  # only the flags given come back
     for f in dataclasses.fields(Config):
         flag, h = "--" + f.name.rstrip("_"), f.metadata["help"]  # `async` is a Python keyword: field async_
         if type(f.default) is bool:
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=h)
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, help=h)
         else:
-            p.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=h)
-    return Config(**vars(p.parse_args(argv)))
+            p.add_argument(flag, dest=f.name, type=type(f.default), help=h)
+    given = vars(p.parse_args(argv))
+    cfg = Config(**given)
+    cfg.given = set(given)
+    return cfg
+
+
+# Flags a resumed run may change: how and where it runs, not what it trains (README, "Resuming").
+RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project", "device",
+             "micro_batch", "tf32_head", "grad_checkpointing", "max_nonfinite_steps", "server_url", "api_key", "server_gpu",
+             "colocate", "request_timeout", "request_retries", "sync", "sync_bucket_mb", "nccl_master_addr", "nccl_port",
+             "mismatch_max", "check_seqs", "debug_skip_sync", "debug_tag_skipped"}
+
+
+def restore_config(cfg):
+    """--resume: the flags of the run in --out_dir (its config.json) for every flag not given again. A flag given
+    again may differ only if it is in RESUMABLE; any other difference is one error that lists them all."""
+    path = os.path.join(cfg.out_dir, "config.json")
+    if not os.path.exists(path):
+        return
+    try:
+        saved = json.load(open(path))
+    except (OSError, ValueError) as e:
+        raise UserError(f"--resume: {path} cannot be read ({e}); it holds the flags of the run to resume") from None
+    fields = {f.name: f.default for f in dataclasses.fields(Config)}
+    given = getattr(cfg, "given", None)
+    given = {k for k in fields if getattr(cfg, k) != fields[k]} if given is None else given
+    changed = [(k, saved[k], getattr(cfg, k)) for k in sorted(given) if k in saved and k not in RESUMABLE
+               and saved[k] != getattr(cfg, k)]
+    if changed:
+        raise UserError(f"--resume: these flags differ from the run in {cfg.out_dir} (its config.json), and a resumed run "
+                        f"must train what it trained: " + "; ".join(f"--{k.rstrip('_')} was {a!r}, now {b!r}" for k, a, b
+                                                                     in changed) + ". Drop them to continue that run, or "
+                        f"start a new run in another --out_dir. Flags a resume may change: " +
+                        ", ".join(f"--{k.rstrip('_')}" for k in sorted(RESUMABLE)))
+    for k, v in saved.items():
+        if k in fields and k not in given and k != "api_key":
+            setattr(cfg, k, v)
 
 
 class UserError(Exception):
@@ -610,7 +654,7 @@ def check_config(cfg, world):
     rules = [("temperature", cfg.temperature > 0, "> 0 (sampling needs it; evaluation is greedy already)"),
              ("top_p", 0 < cfg.top_p <= 1, "in (0, 1]"), ("top_k", cfg.top_k == -1 or cfg.top_k >= 1, "-1 (off) or >= 1"),
              ("lr", cfg.lr >= 0, ">= 0"), ("weight_decay", cfg.weight_decay >= 0, ">= 0"),
-             ("max_grad_norm", cfg.max_grad_norm > 0, "> 0"), ("beta", cfg.beta >= 0, ">= 0"),
+             ("max_grad_norm", cfg.max_grad_norm >= 0, ">= 0 (0: no clipping)"), ("beta", cfg.beta >= 0, ">= 0"),
              ("clip_low", 0 <= cfg.clip_low < 1, "in [0, 1)"), ("clip_high", cfg.clip_high >= 0, ">= 0"),
              ("tis_cap", cfg.tis_cap == 0 or cfg.tis_cap >= 1, "0 (off) or >= 1"),
              ("mismatch_max", cfg.mismatch_max > 0, "> 0"), ("sync_bucket_mb", cfg.sync_bucket_mb > 0, "> 0"),
@@ -635,10 +679,14 @@ def check_config(cfg, world):
         raise UserError("--sync nccl needs the server on another GPU than rank 0 (NCCL allows one rank per GPU); "
                         "drop --colocate or use --sync tensor")
     servers = parse_servers(cfg)
-    try:
+    try:  # and written: a read-only folder would fail only after the model and optimizer were loaded
         os.makedirs(cfg.out_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=cfg.out_dir).close()
     except OSError as e:
-        raise UserError(f"--out_dir {cfg.out_dir!r} cannot be created: {e.strerror}") from None
+        raise UserError(f"--out_dir {cfg.out_dir!r} cannot be created or written: {e.strerror}") from None
+    if cfg.ratio_level == "sequence" and max(cfg.clip_low, cfg.clip_high) >= 0.01:
+        print0(f"warning: GSPO (--ratio_level sequence) with --clip_low {cfg.clip_low} / --clip_high {cfg.clip_high}: a "
+               f"sequence's ratio is the geometric mean of its tokens', so GRPO's clips almost never bite; GSPO uses ~3e-4")
     check_out_dir(cfg)
     return step_set(cfg.debug_skip_sync), servers
 
@@ -651,9 +699,12 @@ def parse_servers(cfg):
         if p.scheme not in ("http", "https") or not p.hostname or not port_ok(p):
             raise UserError(f"--server_url {u!r} is not a server address: it must look like http://127.0.0.1:30000")
     urls = [u.rstrip("/") for u in urls]
+    twice = [u for u in urls if urls.count(u) > 1]
+    if twice:
+        raise UserError(f"--server_url lists {twice[0]} twice: name each server once")
     gpus = gpus * len(urls) if len(gpus) == 1 else gpus
-    if len(gpus) != len(urls) or not all(x.strip().isdigit() for g in gpus for x in g.split("+")) or len(set(urls)) < len(urls):
-        raise UserError(f"--server_gpu {cfg.server_gpu!r} must name the GPU of each --server_url ({len(urls)} distinct), as "
+    if len(gpus) != len(urls) or not all(x.strip().isdigit() for g in gpus for x in g.split("+")):
+        raise UserError(f"--server_gpu {cfg.server_gpu!r} must name the GPU of each --server_url ({len(urls)}), as "
                         f"serve.sh's GPU: one entry per server (comma-separated; '+' joins a tensor-parallel server's GPUs, "
                         f"e.g. 2+3), or one entry for all")
     return [(u, [int(x) for x in g.split("+")]) for u, g in zip(urls, gpus)]
@@ -671,6 +722,8 @@ def setup(cfg):
     -> rank, world, master, device, mesh, the servers and how weights reach them (sync, why, server_idx), ckpt, skip."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if cfg.resume:
+        restore_config(cfg)
     cfg.api_key = cfg.api_key or os.environ.get("SGLANG_API_KEY", "")
     skip, servers = check_config(cfg, world)
     ckpt = checkpoint_to_resume(cfg.out_dir) if cfg.resume else None
@@ -700,9 +753,9 @@ def setup(cfg):
                            sync=sync, why=why, servers=servers, server_idx=server_idx, ckpt=ckpt, skip=skip)
 
 
-def load_data(cfg):
+def load_data(cfg, context=None):
     """-> tokenizer, train and eval prompts (formatted and tokenized once), the reward function and the task's
-    correctness check (what accuracy counts)."""
+    correctness check (what accuracy counts). `context`: the server's context length (prompt + completion)."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(cfg.model)
     fmt = ("chat" if tok.chat_template else "plain") if cfg.prompt_format == "auto" else cfg.prompt_format
@@ -715,16 +768,25 @@ def load_data(cfg):
     except ValueError as e:
         raise UserError(f"--reward: {e}") from None
     instruction = INSTRUCTIONS[task] if cfg.instruction == "auto" else cfg.instruction
-    skipped = Counter()
+    skipped, max_len = Counter(), cfg.max_prompt_tokens
+    if context and context - cfg.max_new_tokens - 1 < max_len:  # SGLang refuses prompt + max_new_tokens >= context
+        max_len = context - cfg.max_new_tokens - 1
+        if max_len < 1:
+            raise UserError(f"--max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt: the server's context is "
+                            f"{context} tokens, prompt and completion together. Lower --max_new_tokens.")
+        print0(f"prompts longer than {max_len} tokens are skipped: the server's context ({context}) minus --max_new_tokens")
     raw_train, raw_eval, held_out = load_splits(cfg)
-    train, evals = (tokenize_rows(rows, tok, cfg, instruction, fmt, skipped) for rows in (raw_train, raw_eval))
+    train, evals = (tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len) for rows in (raw_train, raw_eval))
     print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
            f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
     print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat" else "('question\\ninstruction\\n')"))
     if not train or not evals:
-        raise UserError("no usable rows left for training or evaluation (see the skipped counts above)" + (
-            f"; the rows have the fields {sorted(raw_train[0])}: name the question's and the answer's with --prompt_field "
-            f"and --answer_field" if raw_train else ""))
+        fields = any("_field" in why for why in skipped) and raw_train
+        raise UserError(f"no usable rows left for {'training' if not train else 'evaluation'} (skipped: {dict(skipped)})" +
+                        (f"; the rows have the fields {sorted(raw_train[0])}: name the question's and the answer's with "
+                         f"--prompt_field and --answer_field" if fields else "") +
+                        ("; raise --max_prompt_tokens (or lower --max_new_tokens)" if any("longer" in w for w in skipped)
+                         else ""))
     return tok, train, evals, reward_fn, reward_fns.CORRECT[task]
 
 
@@ -733,6 +795,10 @@ def load_hf_dataset(cfg):
     try:  # a local folder of data files has no config name (the default 'main' is GSM8K's)
         ds = datasets.load_dataset(cfg.dataset, None if os.path.isdir(cfg.dataset) else cfg.dataset_config or None)
     except Exception as e:
+        if os.path.isdir(cfg.dataset):  # datasets' error names no file: find the broken one (JSON: its line)
+            for f in sorted(os.listdir(cfg.dataset)):
+                if f.endswith((".json", ".jsonl")):
+                    read_rows(os.path.join(cfg.dataset, f))
         raise UserError(f"could not load dataset {cfg.dataset!r} ({type(e).__name__}: {str(e)[:300]}). --dataset takes "
                         f"a dataset on the HF hub, a local folder of data files, a .json/.jsonl file, or 'builtin'") from None
     for flag, split in (("train_split", cfg.train_split), ("eval_split", cfg.eval_split)):
@@ -777,6 +843,8 @@ def load_models(cfg, rt):
     from transformers import AutoModelForCausalLM
     if cfg.resume and not rt.ckpt:
         print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
+    if rt.ckpt:
+        check_architecture(rt.ckpt, cfg.model)
     model = shard(load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing), rt.mesh, torch.bfloat16, cfg.tf32_head)
     ref = None
     if cfg.beta > 0:
@@ -794,6 +862,18 @@ def load_models(cfg, rt):
     return model, ref, opt, start
 
 
+def check_architecture(ckpt, model):
+    """--resume: the checkpoint's weights must be those of --model's architecture (the server serves --model)."""
+    from transformers import AutoConfig
+    a, b = (AutoConfig.from_pretrained(p).to_dict() for p in (ckpt, model))
+    keys = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
+    diff = [f"{k} {a.get(k)} there, {b.get(k)} in --model" for k in keys if a.get(k) != b.get(k)]
+    if diff:
+        raise UserError(f"--resume: the checkpoint {ckpt} is not a checkpoint of --model {model} ({'; '.join(diff)}). "
+                        f"Resume with the model it was trained from, or start a new run in another --out_dir.")
+
+
 # ----------------------------------------------------------------------------------------
 # The SGLang server, through its public HTTP API only.
 
@@ -804,9 +884,11 @@ class Server:
     def __init__(self, cfg, rt):
         self.cfg, self.rt, self.urls = cfg, rt, [u for u, _ in rt.servers]
         info = on_all_ranks(lambda: rt.master and [check_server(cfg, u) for u in self.urls])  # every rank stops on a bad one
-        self.link, servers = None, [{"url": u, "begin_end": be, "tp": tp, "device": torch.device("cuda", i) if rt.device.type
-                                     == "cuda" and i is not None else rt.device}  # rank 0's way to each server's weights
-                                    for u, (be, tp), i in zip(self.urls, info or [(0, 1)] * len(self.urls), rt.server_idx)]
+        info = on_all_ranks(lambda: check_servers_once(cfg, rt, rank0(info)))
+        self.context = min((s["context"] for s in info if s["context"]), default=None)  # tokens: prompt + completion
+        self.link, servers = None, [{"url": u, **s, "device": torch.device("cuda", i) if rt.device.type == "cuda" and
+                                     i is not None else rt.device}  # rank 0's way to each server's weights
+                                    for u, s, i in zip(self.urls, info, rt.server_idx)]
         if rt.master and rt.sync == "tensor":
             self.link = {"kind": "tensor", "servers": servers, "device": servers[0]["device"]}
         self.link = on_all_ranks(lambda: connect_nccl(cfg, rt.device, servers) if rt.master and rt.sync == "nccl" else self.link)
@@ -845,7 +927,7 @@ class Server:
             return lambda mbs, sums, maxes: self.verdict(version, [r for b in mbs for r in row_stats(b)], srv)
         if not cfg.check_seqs:  # --check_seqs 0: batches one step old go unchecked (the version check stays)
             return lambda mbs, sums, maxes: ({"check_tokens": 0}, {})
-        rows = spread(len(batch["outs"]), -(-cfg.check_seqs // self.rt.world))
+        rows = check_rows(srv, -(-cfg.check_seqs // self.rt.world))  # rounded up: never 0 rows on a rank
         seqs = [(batch["rows"][i // cfg.group_size]["ids"], batch["outs"][i][0]) for i in rows]
         asked = {k: POOL.submit(rescore, cfg, url, [q for q, i in zip(seqs, rows) if srv[i] == k], str(version))
                  for k, url in enumerate(self.urls) if k in {srv[i] for i in rows}}
@@ -944,8 +1026,8 @@ def auth(cfg):
 
 
 def check_server(cfg, url):
-    """Before anything heavy: is the server up, and does it serve our model? -> (whether it has
-    /begin_weight_update, its tensor-parallel size)."""
+    """Before anything heavy: is the server up, and does it serve our model? -> whether it has /begin_weight_update,
+    its tensor-parallel size, the port it reports listening on, and its context length (None if it does not say)."""
     call(cfg, url, "/health", timeout=10, retries=1)
     info = call(cfg, url, "/model_info", timeout=30)
     if not isinstance(info, dict):
@@ -956,14 +1038,59 @@ def check_server(cfg, url):
         raise UserError(f"the server at {url} serves {served!r} but the trainer trains {cfg.model!r}.\n"
                         f"Restart it with the same model: bash serve.sh stop && MODEL={cfg.model} bash serve.sh")
     server_info = call(cfg, url, "/server_info", timeout=30)
-    tp = int(server_info.get("tp_size", 1) or 1) if isinstance(server_info, dict) else 1
+    server_info = server_info if isinstance(server_info, dict) else {}
+    try:  # the OpenAI-style model card says the server's real context length (its --context-length included)
+        context = call(cfg, url, "/v1/models", timeout=30, retries=0)["data"][0].get("max_model_len")
+    except (UserError, KeyError, IndexError, TypeError):
+        context = None
     # SGLang >= 0.5.21 refuses weight updates outside a /begin_weight_update ... /end_weight_update
     # session; 0.5.16 has neither route. A GET on a POST-only route answers 405 where it exists.
     try:
         r = requests.get(url + "/begin_weight_update", headers=auth(cfg), timeout=cfg.request_timeout)
     except requests.RequestException as e:
         raise UserError(f"the SGLang server at {url} stopped answering ({e})") from None
-    return r.status_code == 405, tp
+    return {"begin_end": r.status_code == 405, "tp": int(server_info.get("tp_size") or 1), "context": context,
+            "port": server_info.get("port")}
+
+
+def check_servers_once(cfg, rt, info):
+    """Each server counted once: two names of one server (127.0.0.1 and localhost, or this host's name) would get every
+    push twice. The same server: the same address and port, or both on this host and listening on the same port (as
+    each reports it). A tensor-parallel server on this host must have all its GPUs in --server_gpu. -> info."""
+    where = [address(u) for u, _ in rt.servers]
+    for j, ((host, port), s) in enumerate(zip(where, info)):
+        for i in range(j):
+            here = on_this_host(host) and on_this_host(where[i][0]) and s["port"] and s["port"] == info[i]["port"]
+            if (host, port) == where[i] or here:
+                raise UserError(f"--server_url names one server twice, as {rt.servers[i][0]} and {rt.servers[j][0]}: "
+                                f"list each server once (else it gets every push twice)")
+    for (url, gpus), s, (host, _) in zip(rt.servers, info, where):
+        if on_this_host(host) and len(gpus) != s["tp"] and not (cfg.colocate and len(rt.servers) == 1):
+            raise UserError(f"--server_gpu gives the server at {url} {len(gpus)} GPU(s) ({'+'.join(map(str, gpus))}), but it "
+                            f"is tensor-parallel over {s['tp']}: name all its GPUs joined by '+' (e.g. 2+3), as serve.sh "
+                            f"prints them, so that no training rank lands on one of them")
+    return info
+
+
+def address(url):
+    """A server's URL -> (IP address, port), its hostname resolved."""
+    u = urlparse(url)
+    try:
+        host = socket.gethostbyname(u.hostname)
+    except OSError:
+        host = u.hostname
+    return host, u.port or (443 if u.scheme == "https" else 80)
+
+
+def on_this_host(host):
+    return host in ("localhost", "127.0.0.1", "::1", socket.gethostname()) or host == local_address(host)
+
+
+def rank0(obj):
+    """Rank 0's obj on every rank."""
+    out = [obj]
+    dist.broadcast_object_list(out, src=0)
+    return out[0]
 
 
 def generate(cfg, url, input_ids, version, did, what, **req):
@@ -1000,9 +1127,14 @@ def rescore(cfg, url, seqs, version):
     return [[lp for lp, *_ in got] for got in lps]
 
 
-def spread(n, k):
-    """k of the indices 0..n-1, evenly spaced (all of them if k >= n)."""
-    return list(range(n)) if k >= n else [i * n // k for i in range(k)]
+def check_rows(srv, k):
+    """About k of a rank's rows (srv: each row's server) for the re-score check, evenly spaced over each server's rows,
+    and at least one of each server's: a server that drops weights must be among the re-scored."""
+    per, rows = -(-k // len(set(srv))), []
+    for server in sorted(set(srv)):
+        idx = [i for i, s in enumerate(srv) if s == server]
+        rows += idx if per >= len(idx) else [idx[j * len(idx) // per] for j in range(per)]
+    return sorted(rows)
 
 
 POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64)  # requests (to every server), NCCL sends, rollouts
@@ -1066,7 +1198,7 @@ def gpu_layout(servers, colocate, local_rank, local_world, visible, n_devices):
 def pick_sync(cfg, servers, server_idx, visible):
     """-> ('tensor' or 'nccl', why). The tensor path needs rank 0 to see every server's GPU on this host."""
     hosts = [urlparse(u).hostname or "" for u, _ in servers]
-    away = [h for h in hosts if h not in ("localhost", "127.0.0.1", "::1", socket.gethostname()) and h != local_address(h)]
+    away = [h for h in hosts if not on_this_host(h)]
     if cfg.sync == "nccl":
         return "nccl", "--sync nccl"
     if not away and None not in server_idx:
@@ -1345,7 +1477,7 @@ def save_checkpoint(cfg, model, opt, tok, step):
         try:
             model.save_pretrained(d, state_dict=msd)
             tok.save_pretrained(d)
-            torch.save({"optimizer": osd, "step": step, "rng": rng, "config": dataclasses.asdict(cfg)},
+            torch.save({"optimizer": osd, "step": step, "rng": rng, "config": saved_config(cfg)},
                        os.path.join(d, "trainer_state.pt"))
             old = latest_checkpoint(cfg.out_dir)
             with open(os.path.join(cfg.out_dir, "latest.tmp"), "w") as f:

@@ -6,14 +6,18 @@
 #   GPU=0 MEM_FRACTION=0.3 bash serve.sh # one GPU shared with the trainer (then: grpo_sglang.py --colocate)
 #   GPU=2,3 TP=2 bash serve.sh           # one tensor-parallel server on GPUs 2 and 3 (--server_gpu 2+3)
 #   GPU=2,3 SERVERS=2 bash serve.sh      # two servers, GPU 2 on port 30000 and GPU 3 on 30001
-#   GPU=1 SERVERS=2 MEM_FRACTION=0.4 bash serve.sh   # two servers sharing GPU 1
+#   GPU=1 SERVERS=2 bash serve.sh        # two servers sharing GPU 1, at MEM_FRACTION 0.425 each (0.85 split)
+#   GPU=2,3 TP=2 SERVERS=2 bash serve.sh # two TP-2 servers, both on GPUs 2 and 3
 #   MODEL=/path/to/model bash serve.sh -- --context-length 4096   # anything after -- goes to SGLang
 #   bash serve.sh stop                   # stops every server this PIDFILE started
 #
 # Settings (environment): MODEL, GPU, TP, SERVERS, HOST, PORT, MEM_FRACTION, ATTENTION_BACKEND, DTYPE, SEED,
 # FP32_LM_HEAD, SGLANG_API_KEY, EXTRA_ARGS, TIMEOUT (seconds to wait), LOG, PIDFILE, PYTHON.
-# Server k takes TP GPUs of the GPU list from position k*TP (wrapping around, so that servers can share GPUs) and
-# port PORT+k. At the end it prints the trainer's --server_url and --server_gpu for them.
+# GPU: distinct GPU numbers separated by single commas (GPU=2,3). Server k takes TP GPUs of the list from position
+# k*TP and port PORT+k. Servers share GPUs (the list wraps around) only evenly: when SERVERS*TP > the number of GPUs,
+# that number must be a multiple of TP and SERVERS*TP a multiple of it; anything else is refused before any start.
+# Servers sharing a GPU split the default MEM_FRACTION (0.85); one you set must fit: servers per GPU x it <= 0.9.
+# At the end it prints the trainer's --server_url and --server_gpu for them.
 set -euo pipefail
 
 MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
@@ -22,6 +26,7 @@ TP=${TP:-1}                        # GPUs per server (SGLang's --tp-size)
 SERVERS=${SERVERS:-1}
 HOST=${HOST:-127.0.0.1}            # loopback only: the weight-update endpoints must not face a network
 PORT=${PORT:-30000}
+MEM_SET=${MEM_FRACTION:+1}         # set by the user: checked, never split
 MEM_FRACTION=${MEM_FRACTION:-0.85} # of the GPU for weights + KV cache; lower it when colocated or shared
 ATTENTION_BACKEND=${ATTENTION_BACKEND:-}
 DTYPE=${DTYPE:-bfloat16}           # the trainer pushes bf16 weights
@@ -54,9 +59,65 @@ if [ "${1:-}" = "stop" ]; then
 fi
 [ "${1:-}" = "--" ] && shift
 case "$TP$SERVERS" in *[!0-9]*) echo "[serve.sh] TP and SERVERS must be numbers (TP=$TP SERVERS=$SERVERS)" >&2; exit 1;; esac
+if ! [[ $GPU =~ ^[0-9]+(,[0-9]+)*$ ]]; then  # else GPU='2, 3' would start on CUDA_VISIBLE_DEVICES=' 3'
+  case "$GPU" in
+    *[[:space:]]*) what="has spaces";;
+    ,*|*,|*,,*) what="has an empty entry";;
+    *) what="has something other than GPU numbers and commas";;
+  esac
+  fix=$(tr -d '[:space:]' <<< "$GPU" | tr -s , | sed 's/^,//; s/,$//')
+  [[ $fix =~ ^[0-9]+(,[0-9]+)*$ ]] || fix=2,3
+  echo "[serve.sh] GPU='$GPU' $what: write GPU numbers separated by single commas, e.g. GPU=$fix" >&2
+  exit 1
+fi
 IFS=, read -ra GPUS <<< "$GPU"
-if [ "$TP" -lt 1 ] || [ "$SERVERS" -lt 1 ] || [ "${#GPUS[@]}" -lt "$TP" ]; then
+seen=, dup=
+for g in "${GPUS[@]}"; do
+  case "$seen" in *",$((10#$g)),"*) dup=${dup:-$g};; *) seen="$seen$((10#$g)),";; esac
+done
+if [ -n "$dup" ]; then
+  echo "[serve.sh] GPU=$GPU lists GPU $dup twice: list each GPU once (GPU=${seen:1:-1});" \
+       "for several servers on one GPU set SERVERS (e.g. GPU=$dup SERVERS=2)" >&2
+  exit 1
+fi
+n=${#GPUS[@]}
+if [ "$TP" -lt 1 ] || [ "$SERVERS" -lt 1 ] || [ "$n" -lt "$TP" ]; then
   echo "[serve.sh] TP=$TP needs at least $TP GPUs in GPU=$GPU (and TP, SERVERS >= 1)" >&2
+  exit 1
+fi
+if [ $((SERVERS * TP)) -gt "$n" ] && { [ $((n % TP)) -ne 0 ] || [ $((SERVERS * TP % n)) -ne 0 ]; }; then
+  on=() across=  # the servers on each position of the list; the first server across the end of the list
+  for k in $(seq 0 $((SERVERS - 1))); do
+    g=()
+    for j in $(seq 0 $((TP - 1))); do p=$(( (k * TP + j) % n )); on[p]="${on[p]:+${on[p]},}$k" g+=("${GPUS[p]}"); done
+    [ -z "$across" ] && [ $(( k * TP % n + TP )) -gt "$n" ] && across=", server $k across the end of the list" &&
+      across+=" (GPUs $(IFS=,; echo "${g[*]}"))"
+  done
+  shared=
+  for p in "${!GPUS[@]}"; do
+    [[ ${on[p]:-} == *,* ]] && shared="${shared:+$shared, }servers ${on[p]} on GPU ${GPUS[p]}"
+  done
+  m=$n; while [ $((m % TP)) -ne 0 ] || [ $((SERVERS * TP % m)) -ne 0 ]; do m=$((m - 1)); done  # m = TP fits
+  echo "[serve.sh] GPU=$GPU TP=$TP SERVERS=$SERVERS would not share GPUs evenly: $shared$across; server k takes" \
+       "TP GPUs from position k*TP of GPU, wrapping. Give each server its own GPUs (SERVERS=$((n / TP)), or" \
+       "$((SERVERS * TP)) GPUs in GPU), or wrap evenly: GPU=$(IFS=,; echo "${GPUS[*]:0:m}") puts" \
+       "$((SERVERS * TP / m)) servers on each GPU" >&2
+  exit 1
+fi
+per=$(( SERVERS * TP > n ? SERVERS * TP / n : 1 ))  # servers on each GPU
+if ! awk -v v="$MEM_FRACTION" 'BEGIN { exit !(v ~ /^[0-9]*\.?[0-9]+$/ && v + 0 > 0 && v + 0 < 1) }'; then
+  echo "[serve.sh] MEM_FRACTION=$MEM_FRACTION is not a number between 0 and 1: it is the share of each GPU's memory" \
+       "that one server takes (e.g. MEM_FRACTION=0.4)" >&2
+  exit 1
+fi
+if [ "$per" -gt 1 ] && [ -z "$MEM_SET" ]; then
+  MEM_FRACTION=$(awk -v v="$MEM_FRACTION" -v k="$per" 'BEGIN { printf "%g", int(v / k * 10000 + 1e-6) / 10000 }')
+  echo "[serve.sh] $per servers share each GPU: MEM_FRACTION $MEM_FRACTION each (0.85 split;" \
+       "set MEM_FRACTION to choose)"
+elif [ "$per" -gt 1 ] && awk -v v="$MEM_FRACTION" -v k="$per" 'BEGIN { exit !(k * v > 0.9 + 1e-9) }'; then
+  fit=$(awk -v k="$per" 'BEGIN { printf "%.2f", int(0.9 / k * 100 + 1e-6) / 100 }')
+  echo "[serve.sh] $per servers share each GPU at MEM_FRACTION=$MEM_FRACTION, $per x $MEM_FRACTION of its memory:" \
+       "more than 0.9. Set MEM_FRACTION=$fit or lower (or leave it unset: 0.85 is then split among them)" >&2
   exit 1
 fi
 

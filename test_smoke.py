@@ -6,6 +6,7 @@ SGLang's own deserializer and bucket class;  4. GPU-layout rules;  5. the real s
 that speaks SGLang's endpoints and loads the weights it is sent;  6. faults and bad input.
 """
 import collections
+import contextlib
 import dataclasses
 import json
 import math
@@ -387,8 +388,8 @@ def test_gpu_layout_refuses_overlap_and_picks_the_sync_path():
 
 
 @pytest.mark.parametrize("urls, gpus, says", [
-    ("http://a:1,http://b:1", "1,2,3", "--server_gpu '1,2,3' must name the GPU of each --server_url (2 distinct)"),
-    ("http://a:1,http://a:1", "1", "must name the GPU of each --server_url (2 distinct)"),
+    ("http://a:1,http://b:1", "1,2,3", "--server_gpu '1,2,3' must name the GPU of each --server_url (2)"),
+    ("http://a:1,http://a:1/", "1", "--server_url lists http://a:1 twice: name each server once"),
     ("http://a:1", "two", "--server_gpu 'two' must name the GPU"),
     ("http://a:1,b:2", "1", "--server_url 'b:2' is not a server address")])
 def test_several_servers_flags_are_checked(urls, gpus, says, tmp_path):
@@ -464,7 +465,8 @@ class StandIn:
         self.tp, self.ranks, self.miss, self.drop = tp, [{} for _ in range(tp)], set(miss_pushes), set(drop_weights)
         self.garble = garble_rescores  # every re-scored sequence gets one logprob too few ("short"), the last one
         # None ("none"), for another token ("other_token") or its id reported as 0 ("id_0")
-        self.digest = self.weights_digest()
+        self.digest, self.inits = self.weights_digest(), []
+        self.context = self.model.config.max_position_embeddings
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
@@ -487,7 +489,7 @@ class StandIn:
         return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
 
     @torch.no_grad()
-    def sample(self, ids, sp, seed):
+    def sample(self, ids, sp, seed, nan=False):
         gen, out, lps, fin = torch.Generator().manual_seed(seed), [], [], {"type": "length", "length": sp["max_new_tokens"]}
         for _ in range(sp["max_new_tokens"]):
             logits = self.model(torch.tensor([ids + out])).logits[0, -1].float()
@@ -495,7 +497,7 @@ class StandIn:
             lp = torch.log_softmax(logits / (t if t > 0 else 1.0), -1)
             nxt = int(lp.argmax()) if t == 0 else int(torch.multinomial(lp.exp(), 1, generator=gen))
             out.append(nxt)
-            lps.append([float("nan") if self.nan else float(lp[nxt]), nxt, None])
+            lps.append([float("nan") if nan else float(lp[nxt]), nxt, None])
             if nxt == self.eos:  # like SGLang: the EOS token is part of output_ids
                 fin = {"type": "stop", "matched": nxt}
                 break
@@ -605,7 +607,9 @@ class StandIn:
                 if self.path == "/model_info":
                     return self.reply({"model_path": srv.served_path, "is_generation": True, "weight_version": srv.version})
                 if self.path == "/server_info":
-                    return self.reply({"tp_size": srv.tp})
+                    return self.reply({"tp_size": srv.tp, "port": srv.http.server_address[1]})
+                if self.path == "/v1/models":  # the server's context length, as SGLang's model card says it
+                    return self.reply({"data": [{"id": srv.served_path, "max_model_len": srv.context}]})
                 self.reply({"detail": "Not Found"}, 404)
 
             def do_POST(self):
@@ -629,6 +633,7 @@ class StandIn:
                     if srv.die_at_init:  # the server is gone: the connection drops, nobody joins the group
                         self.close_connection = True
                         return
+                    srv.inits.append(req)
                     srv.join_group(req)  # blocks until the trainer joins, as SGLang's does
                     return self.reply({"success": True, "message": "Succeeded to initialize custom process group."})
                 with srv.lock:
@@ -679,7 +684,8 @@ class StandIn:
                 for p in ids:
                     seen[tuple(p)] += 1
                     seeds.append(hash((tuple(p), seen[tuple(p)], srv.digest)) % 2**31)
-                out = [srv.sample(p, sp, seed=s) for p, s in zip(ids, seeds)]
+                nan = srv.nan is True or (sp.get("temperature", 1.0) > 0 and len(srv.rollouts) in (srv.nan or ()))
+                out = [srv.sample(p, sp, seed=s, nan=nan) for p, s in zip(ids, seeds)]
                 if sp.get("temperature", 1.0) > 0:  # training rollouts: (prompt, completion, logprobs)
                     srv.generations += [(p, o["output_ids"], [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]])
                                         for p, o in zip(ids, out)]
@@ -733,9 +739,29 @@ def run(cmd, timeout=300):
     # outlives the trainer and would hold a pipe open
     import tempfile
     with tempfile.TemporaryFile("w+") as f:
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, timeout=timeout, env=env, cwd=HERE)
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env, cwd=HERE)
+        try:
+            code = p.wait(timeout)
+        except subprocess.TimeoutExpired:  # a hung run must not slow every later test: end all of it
+            kill_tree(p.pid)
+            raise
         f.seek(0)
-        return p.returncode, f.read()
+        return code, f.read()
+
+
+def kill_tree(pid):
+    """Kill a process and every descendant: torchrun starts each worker in a session of its own, so killing
+    torchrun (or its process group) leaves them running."""
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for q in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            q.kill()
+    psutil.wait_procs(procs, timeout=10)
 
 
 def ckpt_weights(out_dir):
@@ -961,7 +987,7 @@ def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantag
         monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: norms.append(clip(*a, **k)) or norms[-1])
         got2, _ = g.train_step(dataclasses.replace(cfg, mu=2), model, None, opt, g.micro_batches(samples, 3, 0, "cpu"),
                                len(samples), n_tokens, 1, lambda mbs, s, m: ({}, {}))
-        assert len(norms) == 2 and norms[0] != norms[1]
+        assert len(norms) == 2 and norms[0].item() != norms[1].item()  # .item(): torch 2.11 has no DTensor `!=`
         assert got2["grad_norm"].item() / 2 == pytest.approx((norms[0].item() + norms[1].item()) / 2, rel=1e-6)
     finally:
         dist.destroy_process_group()
@@ -1209,9 +1235,12 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
     and re-score comes from its version on each server, and after the run every rank holds the trainer's weights."""
     a, b = StandIn(tiny_model), StandIn(tiny_model, tp=2)
     try:
+        port = ["--nccl_port", str(free_port()), "--request_timeout", "60"] if sync == "nccl" else []
         code, out = run(train_cmd(tiny_model, f"{a.url},{b.url}", tmp_path, "--steps", "3", "--prompts_per_step", "4",
-                                  "--async", "--sync", sync, "--server_gpu", "0,1+2", nproc=2), timeout=240)
+                                  "--async", "--sync", sync, "--server_gpu", "0,1+2", *port, nproc=2), timeout=240)
         assert code == 0, out
+        if port:  # --nccl_port P: the groups meet on P and P + 1, one port each
+            assert [r["master_port"] for r in a.inits + b.inits] == [int(port[1]), int(port[1]) + 1]
         assert f"servers at {a.url}, {b.url} (tensor parallel: [1, 2]); weight sync: {sync}" in out
         m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
         assert [r["sampled_from_version"] for r in m] == [0, 0, 1] and all(r["check_mismatch_mean"] < 0.01 for r in m)
@@ -1404,7 +1433,7 @@ def test_splits_of_a_local_dataset_folder_a_typo_is_an_error_and_the_held_out_sh
     for split, part in (("train", rows[:30]), ("test", rows[30:])):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
     train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_size=5))  # a folder: no config name
-    assert len(train) == 30 and len(evals) == 5 and held_out == "its 'test' split"
+    assert train == rows[:30] and evals == rows[30:35] and held_out == "its 'test' split"  # the split it names
     with pytest.raises(g.UserError, match=re.escape("--eval_split: dataset " + repr(str(tmp_path)) + " has no split 'tset'")):
         g.load_splits(g.Config(dataset=str(tmp_path), eval_split="tset"))
     train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_split="", eval_size=200))
@@ -1630,6 +1659,201 @@ def test_one_error_said_once_under_torchrun_and_last(tiny_model, tmp_path, flags
     assert says in tail, out
 
 
+# ---------------------------------------------------------------------------------------------
+# 7. resume and layouts: a resumed run is the run it resumes, each server is counted once
+
+def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it(tiny_model, tmp_path):
+    """--resume takes the saved config.json for every flag not given again (here --beta and --group_size); a flag given
+    again that changes what the run trains is one error listing each one with its saved and its given value, before
+    any server is asked; flags of how and where it runs (--steps, --micro_batch) may change."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "1", "--beta", "0.1", "--group_size", "2"))
+        assert code == 0, out
+        before = s.calls["/generate"]
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--resume", "--group_size", "4", "--lr",
+                                  "1e-3"), timeout=120)
+        assert code == 1 and out.count("error: --resume: these flags differ from the run in") == 1, out
+        assert "--group_size was 2, now 4; --lr was 0.03, now 0.001" in out and "Traceback" not in out, out
+        assert s.calls["/generate"] == before  # refused before any rollout
+        flags = train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--resume", "--micro_batch", "3")
+        k = flags.index("--group_size")  # the resume command leaves --group_size out: 2 is restored
+        code, out = run(flags[:k] + flags[k + 2:])
+        assert code == 0 and "at step 1" in out, out
+        assert "batch: 2 prompts x 2 completions = 4 sequences per step" in out, out
+        m = [r for r in read_metrics(tmp_path) if "kl" in r]
+        assert [r["step"] for r in m] == [1, 2] and m[1]["kl"] > 0  # --beta 0.1 restored, not the default 0
+        saved = json.load(open(tmp_path / "config.json"))
+        assert saved["beta"] == 0.1 and saved["group_size"] == 2 and saved["steps"] == 2 and saved["micro_batch"] == 3
+    finally:
+        s.close()
+
+
+def test_resuming_a_checkpoint_of_another_architecture_is_one_error(tiny_model, tmp_path):
+    other = build_tiny(str(tmp_path / "three"), num_hidden_layers=3)
+    with pytest.raises(g.UserError, match=re.escape("is not a checkpoint of --model") + ".*num_hidden_layers 2 there, 3 "):
+        g.check_architecture(tiny_model, other)
+    g.check_architecture(tiny_model, tiny_model)
+
+
+def test_the_api_key_is_never_saved(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", "--api_key", "sekret"))
+    assert code == 0, out
+    st = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path)), "trainer_state.pt"), weights_only=True)
+    assert "sekret" not in open(tmp_path / "config.json").read() and st["config"]["api_key"] == ""
+
+
+@pytest.mark.parametrize("urls, says", [
+    ("http://127.0.0.1:{p},http://127.0.0.1:{p}", "--server_url lists http://127.0.0.1:{p} twice"),
+    ("http://127.0.0.1:{p},http://localhost:{p}/", "--server_url names one server twice, as http://127.0.0.1:{p} and "
+                                                   "http://localhost:{p}")])
+def test_one_server_under_two_names_is_refused(tiny_model, server, tmp_path, urls, says):
+    port = server.http.server_address[1]
+    code, out = run(train_cmd(tiny_model, urls.format(p=port), tmp_path), timeout=120)
+    assert code == 1 and out.count(says.format(p=port)) == 1 and "Traceback" not in out, out
+    assert "--server_gpu" not in out and not server.pushes
+
+
+def test_a_tensor_parallel_server_must_have_all_its_gpus_named(tiny_model, tmp_path):
+    code, out, _, s = run_against(tiny_model, tmp_path, {"tp": 2}, "--server_gpu", "3")
+    assert code == 1 and "--server_gpu gives the server at" in out and "1 GPU(s) (3), but it is tensor-parallel over 2" in out
+    assert "Traceback" not in out and not s.pushes, out
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_anything_loads(tmp_path):
+    with pytest.raises(g.UserError, match=re.escape("--out_dir '/proc' cannot be created or written")):
+        g.check_config(g.Config(out_dir="/proc"), 1)  # exists, and no one may write there (root included)
+    if os.geteuid():  # root writes into a read-only folder anyway
+        (tmp_path / "ro").mkdir(mode=0o555)
+        with pytest.raises(g.UserError, match="cannot be created or written: Permission denied"):
+            g.check_config(g.Config(out_dir=str(tmp_path / "ro")), 1)
+
+
+def test_prompts_that_are_all_too_long_say_so_not_the_fields(tiny_model, tmp_path):
+    cfg = g.Config(model=tiny_model, dataset="builtin", builtin_max_operand=2, max_prompt_tokens=3, out_dir=str(tmp_path))
+    with pytest.raises(g.UserError) as e:
+        g.load_data(cfg)
+    assert "prompt longer than max_prompt_tokens=3" in str(e.value) and "raise --max_prompt_tokens" in str(e.value)
+    assert "--prompt_field" not in str(e.value)
+
+
+@pytest.mark.parametrize("new_tokens, says", [
+    ("200", "--max_new_tokens 200 leaves no room for a prompt: the server's context is 128 tokens"),
+    ("125", 'no usable rows left for training (skipped: {"prompt longer than 2 tokens (the server\'s context)"')])
+def test_max_new_tokens_beyond_the_servers_context_is_said_before_the_model_loads(tiny_model, server, tmp_path, new_tokens,
+                                                                                    says):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--max_new_tokens", new_tokens), timeout=120)
+    assert code == 1 and says in out and "Traceback" not in out and not server.pushes, out
+
+
+def test_a_broken_file_in_a_data_folder_is_named(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')
+    (tmp_path / "test.jsonl").write_text('{"question": "What is 1 + 2?", "answer": "3"}\n{"question": "x" "answer": 1}\n')
+    with pytest.raises(g.UserError, match=re.escape("test.jsonl line 2 is not valid JSON")):
+        g.load_splits(g.Config(dataset=str(tmp_path)))
+
+
+def test_gspo_with_grpos_clips_is_warned_once(tmp_path, capsys):
+    g.check_config(g.parse_config(["--ratio_level", "sequence", "--out_dir", str(tmp_path)]), 1)
+    assert capsys.readouterr().out.count("warning: GSPO (--ratio_level sequence) with --clip_low 0.2") == 1
+    g.check_config(g.parse_config(["--ratio_level", "sequence", "--clip_low", "3e-4", "--clip_high", "4e-4", "--out_dir",
+                                   str(tmp_path)]), 1)
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_ratio_level_takes_the_documented_names_from_the_command_line(tmp_path):
+    cfg = g.parse_config(["--ratio_level", "sequence", "--clip_low", "3e-4", "--clip_high", "4e-4", "--out_dir", str(tmp_path)])
+    g.check_config(cfg, 1)
+    logp, old, mask = torch.tensor([[0.0, -2.0]]), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2)
+    b = {"adv": torch.tensor([1.0]), "mask": mask, "server": old}
+    assert torch.equal(g.policy_loss(dataclasses.replace(cfg, tis_cap=0), b, logp, old)[0],  # one ratio, exp(0) = 1
+                       torch.tensor([[-1.0, -1.0]]))
+    with pytest.raises(g.UserError, match=re.escape("--ratio_level 'seq' is out of range: it must be token or sequence")):
+        g.check_config(g.parse_config(["--ratio_level", "seq", "--out_dir", str(tmp_path)]), 1)
+
+
+def test_one_nan_step_is_skipped_and_the_next_one_trains(tiny_model, tmp_path):
+    """The first step's rollout has NaN logprobs (its gradient is NaN and skipped); the gradient must not carry over."""
+    s = StandIn(tiny_model, nan_logprobs={1})
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--tis_cap", "2", "--max_nonfinite_steps",
+                                  "2", "--reward", "has_number", rewards=True))
+    finally:
+        s.close()
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path) if "nonfinite_skips" in r]
+    assert [r["nonfinite_skips"] for r in m] == [1, 0, 0] and all(math.isfinite(r["grad_norm"]) for r in m[1:])
+    assert not torch.equal(s.pushes[1]["model.layers.0.mlp.up_proj.weight"], s.pushes[3]["model.layers.0.mlp.up_proj.weight"])
+
+
+def test_max_grad_norm_0_trains_without_clipping(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", "--max_grad_norm", "0", "--reward",
+                              "has_number", rewards=True))
+    assert code == 0, out
+    w = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(server.pushes[0][w], server.pushes[1][w])  # 0 is "no clipping", not a zero gradient
+    assert [r["grad_norm"] for r in read_metrics(tmp_path) if "grad_norm" in r][0] > 0
+    with pytest.raises(g.UserError, match=re.escape("--max_grad_norm -1.0 is out of range: it must be >= 0 (0: no clipping)")):
+        g.check_config(g.Config(max_grad_norm=-1.0, out_dir=str(tmp_path / "x")), 1)
+
+
+def mixed_lengths_data(path, n=40):
+    """Questions of different token lengths (as GSM8K's), in the tiny model's vocabulary."""
+    q = lambda i: "What is " + " + ".join(["1"] * (1 + i % 7)) + " ?"
+    path.write_text("".join(json.dumps({"question": q(i), "answer": str(1 + i % 7)}) + "\n" for i in range(n)))
+    return str(path)
+
+
+def test_async_check_on_other_shapes_compares_each_sequence_with_itself(tiny_model, tmp_path):
+    """Two ranks, prompts of different lengths in one re-score request, micro-batches of 3 across groups of 4, and 7
+    re-scored rows a step over 2 ranks (4 each, rounded up): every re-scored row is compared with the trainer's logprobs
+    of that same sequence (kernel noise only, ~0 here)."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--async", "--prompts_per_step", "4",
+                                  "--micro_batch", "3", "--check_seqs", "7", "--dataset",
+                                  mixed_lengths_data(tmp_path / "q.jsonl"), "--reward", "has_number", nproc=2, rewards=True),
+                        timeout=240)
+        assert code == 0, out
+        m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+        assert all(r["check_mismatch_mean"] < 0.01 for r in m) and all(r["staleness_mean"] > 0 for r in m[1:]), m
+        assert len(s.rescores) == 4 and [len(r) for r in s.rescores] == [4] * 4  # steps 2, 3: a request per rank
+        assert any(len({len(p) for p in req}) > 1 for req in s.rollouts)  # prompts of different lengths together
+    finally:
+        s.close()
+
+
+def test_async_a_server_that_drops_weights_is_named_when_some_rows_are_rescored(tiny_model, tmp_path):
+    a, b = StandIn(tiny_model), StandIn(tiny_model, drop_weights={"2", "3", "4", "5"})
+    try:
+        code, out = run(train_cmd(tiny_model, f"{a.url},{b.url}", tmp_path, "--steps", "5", "--async", "--prompts_per_step",
+                                  "4", "--check_seqs", "2", "--server_gpu", "0,1", "--eval_every", "0", "--reward",
+                                  "has_number", nproc=2, rewards=True), timeout=240)
+    finally:
+        a.close()
+        b.close()
+    says = f"weight sync check failed at step 3: the server at {b.url} had the right version tag"
+    assert code == 1 and out.count(says) == 1, out
+
+
+def test_run_ends_every_process_of_a_run_that_times_out(tmp_path, monkeypatch):
+    """torchrun starts each worker in a session of its own: a timed-out run must not leave them running."""
+    import psutil
+    import time
+    (tmp_path / "pids").mkdir()
+    script = tmp_path / "hang.py"
+    script.write_text("import os, time\nopen(os.path.join(os.environ['PIDS'], str(os.getpid())), 'w').close()\n"
+                      "time.sleep(600)\n")
+    monkeypatch.setenv("PIDS", str(tmp_path / "pids"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={free_port()}", str(script)]
+    t0 = time.time()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run(cmd, timeout=40)
+    pids = [int(p) for p in os.listdir(tmp_path / "pids")]
+    assert len(pids) == 2 and time.time() - t0 < 60, pids  # both workers had started
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
 def test_sync_check_replayed_on_the_recorded_gpu_runs():
     """The stop rule (each rollout from exactly its version; trainer and server under the same weights within
     --mismatch_max: the batch mismatch where a run logged nothing else, the re-scored check where it did) replayed
@@ -1756,6 +1980,93 @@ def test_serve_sh_reports_a_server_that_dies_at_start(tmp_path):
                PIDFILE=str(tmp_path / "serve.pid"), TIMEOUT="30")
     p = subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "exited during start-up" in p.stderr and "CUDA error: no GPU" in p.stderr
+
+
+def _serve_sh(tmp_path, **settings):
+    """serve.sh with these settings (and none of the caller's own) against a fake `python` that appends each server's
+    CUDA_VISIBLE_DEVICES and arguments to argv and answers on its port -> (the finished run, its environment)."""
+    fake = tmp_path / "fakepython"
+    fake.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = "-m" ]; then
+  echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $@" >> {tmp_path}/argv
+  port=$(echo "$@" | sed -E 's/.*--port ([0-9]+).*/\\1/')
+  exec {sys.executable} -c "import http.server as h, time
+time.sleep(1)
+class H(h.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+h.HTTPServer(('127.0.0.1', $port), H).serve_forever()"
+fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(0o755)
+    port = free_port()
+    while True:  # two free ports in a row
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+                break
+            except OSError:
+                port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("GPU", "TP", "SERVERS", "MEM_FRACTION", "EXTRA_ARGS")}
+    env.update(PYTHON=str(fake), PORT=str(port), LOG=str(tmp_path / "serve.log"), PIDFILE=str(tmp_path / "serve.pid"),
+               TIMEOUT="30", **settings)
+    return subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True,
+                          timeout=90), env
+
+
+def _serve_sh_stop(env):
+    subprocess.run(["bash", os.path.join(HERE, "serve.sh"), "stop"], env=env, capture_output=True, timeout=90)
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"GPU": "2, 3"}, "GPU='2, 3' has spaces: write GPU numbers separated by single commas, e.g. GPU=2,3"),
+    ({"GPU": "2,,3"}, "GPU='2,,3' has an empty entry: write GPU numbers separated by single commas, e.g. GPU=2,3"),
+    ({"GPU": "2,3,"}, "GPU='2,3,' has an empty entry: write GPU numbers separated by single commas, e.g. GPU=2,3"),
+    ({"GPU": "2,x"}, "GPU='2,x' has something other than GPU numbers and commas: write GPU numbers separated"),
+    ({"GPU": "2,2"}, "GPU=2,2 lists GPU 2 twice: list each GPU once (GPU=2); for several servers on one GPU set "
+                     "SERVERS (e.g. GPU=2 SERVERS=2)"),
+    ({"GPU": "0,1,2", "TP": "2", "SERVERS": "2"},
+     "GPU=0,1,2 TP=2 SERVERS=2 would not share GPUs evenly: servers 0,1 on GPU 0, server 1 across the end of the list "
+     "(GPUs 2,0); server k takes TP GPUs from position k*TP of GPU, wrapping. Give each server its own GPUs "
+     "(SERVERS=1, or 4 GPUs in GPU), or wrap evenly: GPU=0,1 puts 2 servers on each GPU"),
+    ({"GPU": "0,1,2", "TP": "2", "SERVERS": "3"}, "GPU=0,1,2 TP=2 SERVERS=3 would not share GPUs evenly: servers 0,1 "
+     "on GPU 0, servers 0,2 on GPU 1, servers 1,2 on GPU 2, server 1 across the end of the list (GPUs 2,0);"),
+    ({"GPU": "0,1,2", "SERVERS": "4"}, "GPU=0,1,2 TP=1 SERVERS=4 would not share GPUs evenly: servers 0,3 on GPU 0;"),
+    ({"GPU": "1", "SERVERS": "2", "MEM_FRACTION": "0.85"}, "2 servers share each GPU at MEM_FRACTION=0.85, 2 x 0.85 of "
+     "its memory: more than 0.9. Set MEM_FRACTION=0.45 or lower"),
+    ({"MEM_FRACTION": "0,4"}, "MEM_FRACTION=0,4 is not a number between 0 and 1"),
+    ({"MEM_FRACTION": "1"}, "MEM_FRACTION=1 is not a number between 0 and 1"),
+])
+def test_serve_sh_refuses_a_layout_it_would_misread_before_starting_anything(tmp_path, settings, says):
+    """A GPU list with spaces, empty entries or a GPU twice, servers that would share GPUs unevenly (or a TP server
+    across the wrap), servers sharing a GPU at more than 0.9 of it, a MEM_FRACTION outside (0, 1): one message, and
+    nothing started."""
+    p, env = _serve_sh(tmp_path, **settings)
+    try:
+        assert p.returncode == 1 and (p.stdout + p.stderr).count(says) == 1, p.stdout + p.stderr
+        assert (p.stdout + p.stderr).count("[serve.sh]") == 1, p.stdout + p.stderr
+        assert not (tmp_path / "argv").exists() and not (tmp_path / "serve.pid").exists()
+    finally:
+        _serve_sh_stop(env)
+
+
+@pytest.mark.parametrize("settings, gpus, mem", [
+    ({"GPU": "1", "SERVERS": "2"}, ["1", "1"], "0.425"),                      # the default 0.85, split in two
+    ({"GPU": "2,3", "TP": "2", "SERVERS": "2"}, ["2,3", "2,3"], "0.425"),      # an even wrap
+    ({"GPU": "1", "SERVERS": "2", "MEM_FRACTION": "0.45"}, ["1", "1"], "0.45")])  # one that fits is kept
+def test_serve_sh_shares_gpus_evenly_and_splits_the_default_memory(tmp_path, settings, gpus, mem):
+    p, env = _serve_sh(tmp_path, **settings)
+    try:
+        assert p.returncode == 0 and p.stdout.count("healthy after") == 2, p.stdout + p.stderr
+        argv = sorted((tmp_path / "argv").read_text().splitlines(), key=lambda a: int(re.search(r"--port (\d+)", a)[1]))
+        assert [a.split()[0] for a in argv] == [f"CUDA_VISIBLE_DEVICES={g}" for g in gpus], argv
+        assert all(f"--mem-fraction-static {mem} " in a for a in argv), argv
+        split = "[serve.sh] 2 servers share each GPU: MEM_FRACTION 0.425 each (0.85 split; set MEM_FRACTION to choose)"
+        assert p.stdout.count(split) == ("MEM_FRACTION" not in settings), p.stdout
+    finally:
+        _serve_sh_stop(env)
+    assert not (tmp_path / "serve.pid").exists()
 
 
 def test_no_pickle_is_ever_read_from_the_network():

@@ -75,6 +75,41 @@ M = [  # (name, file, old, new, -k expression)
  ("a re-scored row with a None accepted", "grpo_sglang.py", "if lp is None or t not in (x, 0)]", "if t not in (x, 0)]", "out_of_line"),
  ("SGLang's id 0 for the last ids taken as misaligned", "grpo_sglang.py", "if lp is None or t not in (x, 0)]", "if lp is None or t != x]", "out_of_line"),
  ("GSPO ratio counts padding", "grpo_sglang.py", "d = ((d * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(d)", "d = d.mean(1, keepdim=True).expand_as(d)", "gspo"),
+ # the resume-and-layouts issue: its one-line bugs the suite missed, and one per safeguard it added
+ ("async check finds lp0 by group", "grpo_sglang.py", 'lps = t1 or [mbs[i // cfg.micro_batch]["lp0"][i % cfg.micro_batch] for i in rows]', 'lps = t1 or [mbs[i // cfg.group_size]["lp0"][i % cfg.micro_batch] for i in rows]', "other_shapes"),
+ ("check rows per rank rounded down", "grpo_sglang.py", "rows = check_rows(srv, -(-cfg.check_seqs // self.rt.world))", "rows = check_rows(srv, cfg.check_seqs // self.rt.world)", "other_shapes"),
+ ("verdict pairs rows with other rows' servers", "grpo_sglang.py", "                                [srv[i] for i in rows])", "                                srv[:len(rows)])", "drops_weights_is_named"),
+ ("one logprob_start_len for a request", "grpo_sglang.py", "logprob_start_len=[len(p) - 1 for p, _ in seqs]", "logprob_start_len=[max(len(p) for p, _ in seqs) - 1] * len(seqs)", "other_shapes"),
+ ("every NCCL group on --nccl_port", "grpo_sglang.py", "port = cfg.nccl_port + k if cfg.nccl_port else free_port()", "port = cfg.nccl_port if cfg.nccl_port else free_port()", "several_servers_and and nccl"),
+ ("ratio_level checked against seq", "grpo_sglang.py", '("ratio_level", ("token", "sequence"))', '("ratio_level", ("token", "seq"))', "documented_names"),
+ ("eval rows from the train split", "grpo_sglang.py", 'return train, [dict(r) for r in ds[eval_split]][: cfg.eval_size], f"its', 'return train[cfg.eval_size:], train[: cfg.eval_size], f"its', "splits_of"),
+ ("zero_grad only after finite steps", "grpo_sglang.py", "            opt.step()\n        opt.zero_grad(set_to_none=True)", "            opt.step()\n            opt.zero_grad(set_to_none=True)", "one_nan_step"),
+ ("max_grad_norm 0 reaches clip_grad_norm_", "grpo_sglang.py", 'cfg.max_grad_norm or float("inf")', "cfg.max_grad_norm", "max_grad_norm_0"),
+ ("re-score misses a server", "grpo_sglang.py", "    for server in sorted(set(srv)):", "    for server in sorted(set(srv))[:1]:", "drops_weights_is_named"),
+ ("resume ignores the saved config", "grpo_sglang.py", "    if cfg.resume:\n        restore_config(cfg)", "    if False:\n        restore_config(cfg)", "resumed_run"),
+ ("resume takes any flag", "grpo_sglang.py", "    if changed:\n", "    if False:\n", "resumed_run"),
+ ("resume restores nothing", "grpo_sglang.py", "        if k in fields and k not in given and k != \"api_key\":", "        if False:", "resumed_run"),
+ ("checkpoint architecture unchecked", "grpo_sglang.py", "    if diff:\n        raise UserError(f\"--resume: the checkpoint", "    if False:\n        raise UserError(f\"--resume: the checkpoint", "another_architecture"),
+ ("api key saved", "grpo_sglang.py", 'return {**dataclasses.asdict(cfg), "api_key": ""}', "return dataclasses.asdict(cfg)", "api_key_is_never"),
+ ("a URL twice blamed on --server_gpu", "grpo_sglang.py", "    if twice:\n", "    if False:\n", "two_names"),
+ ("one server under two names", "grpo_sglang.py", "            if (host, port) == where[i] or here:", "            if False:", "two_names"),
+ ("TP server's GPUs unchecked", "grpo_sglang.py", '        if on_this_host(host) and len(gpus) != s["tp"]', '        if False and len(gpus) != s["tp"]', "all_its_gpus"),
+ ("read-only out_dir found late", "grpo_sglang.py", "        tempfile.TemporaryFile(dir=cfg.out_dir).close()", "        pass", "cannot_be_written_is_refused"),
+ ("too-long prompts blamed on the fields", "grpo_sglang.py", 'fields = any("_field" in why for why in skipped) and raw_train', "fields = bool(raw_train)", "all_too_long"),
+ ("the server's context ignored", "grpo_sglang.py", "    if context and context - cfg.max_new_tokens - 1 < max_len:", "    if False:", "beyond_the_servers"),
+ ("a broken file in a data folder unnamed", "grpo_sglang.py", "                    read_rows(os.path.join(cfg.dataset, f))", "                    pass", "broken_file"),
+ ("GSPO with GRPO's clips unwarned", "grpo_sglang.py", '    if cfg.ratio_level == "sequence" and max(cfg.clip_low, cfg.clip_high) >= 0.01:', "    if False:", "gspo_with"),
+ ("run() leaves torchrun's workers running", "test_smoke.py", "            kill_tree(p.pid)", "            p.kill()", "ends_every_process"),
+ ("serve.sh GPU list with spaces or empty entries read", "serve.sh", "if ! [[ $GPU =~ ^[0-9]+(,[0-9]+)*$ ]]; then", "if false; then", "serve_sh and refuses"),
+ ("serve.sh a GPU listed twice accepted", "serve.sh", 'if [ -n "$dup" ]; then', "if false; then", "serve_sh and refuses"),
+ ("serve.sh servers sharing GPUs unevenly accepted", "serve.sh", 'if [ $((SERVERS * TP)) -gt "$n" ] && {', "if false && {", "serve_sh and refuses"),
+ ("serve.sh a TP server across the wrap accepted", "serve.sh", "{ [ $((n % TP)) -ne 0 ] || [ $((SERVERS", "{ [ $((SERVERS", "serve_sh and refuses"),
+ ("serve.sh GPUs with unequal server counts accepted", "serve.sh", "[ $((n % TP)) -ne 0 ] || [ $((SERVERS * TP % n)) -ne 0 ]; }", "[ $((n % TP)) -ne 0 ]; }", "serve_sh and refuses"),
+ ("serve.sh MEM_FRACTION unchecked", "serve.sh", 'if ! awk -v v="$MEM_FRACTION"', 'if false && awk -v v="$MEM_FRACTION"', "serve_sh and refuses"),
+ ("serve.sh shared default MEM_FRACTION not split", "serve.sh", "int(v / k * 10000 + 1e-6) / 10000", "v", "serve_sh and shares"),
+ ("serve.sh over-committed MEM_FRACTION accepted", "serve.sh", "exit !(k * v > 0.9 + 1e-9)", "exit 1", "serve_sh and refuses"),
+ ("serve.sh a MEM_FRACTION the user set split anyway", "serve.sh", "MEM_SET=${MEM_FRACTION:+1}", "MEM_SET=", "serve_sh"),
+ ("serve.sh servers per GPU not counted", "serve.sh", "per=$(( SERVERS * TP > n ? SERVERS * TP / n : 1 ))", "per=1", "serve_sh"),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
@@ -83,7 +118,7 @@ for name, f, old, new, k in M:
         continue
     d = os.path.join(tempfile.gettempdir(), "grpo_mutant")
     shutil.rmtree(d, ignore_errors=True)
-    shutil.copytree(SRC, d, ignore=shutil.ignore_patterns(".venv-ci", ".gpukit", ".git", "runs"))
+    shutil.copytree(SRC, d, ignore=shutil.ignore_patterns(".venv-*", ".gpukit", ".git", "runs"))
     p = os.path.join(d, f); s = open(p).read()
     if old not in s:
         print(f"?? {name}: pattern not found"); continue
