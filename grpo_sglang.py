@@ -4,34 +4,39 @@ GRPO in one file, with rollouts from an SGLang server.
     bash serve.sh && torchrun --nproc_per_node 3 grpo_sglang.py        # 4 GPUs: server on 3, training on 0-2
     GPU=0 bash serve.sh && torchrun --nproc_per_node 1 grpo_sglang.py --colocate   # 1 GPU, shared
     torchrun --nproc_per_node 4 grpo_sglang.py --server_url http://B:30000 --sync nccl  # server on host B (README)
-    GPU=2,3 SERVERS=2 bash serve.sh && torchrun --nproc_per_node 2 grpo_sglang.py --server_url URL1,URL2 --server_gpu 2,3
+    GPU=2,3 SERVERS=2 bash serve.sh && torchrun --nproc_per_node 2 grpo_sglang.py --server_url URL1,URL2 \\
+        --server_gpu 2,3                                                # two servers (serve.sh prints the flags)
     python grpo_sglang.py --help                                        # every flag
 
 Each step: the training ranks send their prompts to the SGLang server (`/generate`, token ids in, token ids +
-logprobs out), score the completions with a reward function, turn rewards into group-relative advantages,
-take `mu` optimizer steps on the clipped GRPO loss, and push the new weights to the server. Read it top to
-bottom: Config, the GRPO math, data, one training step, main() and its loop; the plumbing below the fence
-you should not need to read to change GRPO (the README's "Hacking guide" says where to change what).
+logprobs out); the trainer scores the completions (the no-grad forwards: the old policy and the reference), rewards
+them, turns rewards into group-relative advantages and a weight per sequence, takes `mu` optimizer steps on the
+clipped GRPO loss, and pushes the new weights to the server. Read it top to bottom: Config, the GRPO math, data, one
+training step, main() and its loop; the plumbing below the fence you should not need to read to change GRPO (the
+README's "Hacking guide" says where to change what).
 
 The GRPO choices this file makes (each a flag):
-  advantages   (r - mean(group)) / std(group), or without the std (Dr. GRPO, --no-scale_rewards)
+  advantages   (r - mean(group)) / std(group), or without the std (Dr. GRPO, --no-scale_rewards); a group whose
+               rewards are all equal has advantage 0 (found exactly, not by std == 0)
   loss         PPO-style clipped surrogate, separate low/high clip range (DAPO's "clip higher")
   ratio        per token (GRPO), or one per sequence, the geometric mean of its tokens' (GSPO, --ratio_level)
   aggregation  token mean over the batch (DAPO, default), per-sequence mean (original GRPO),
-               or a constant divisor (Dr. GRPO)
+               or a constant divisor (Dr. GRPO); every sequence counts with its weight (1 unless a filter says 0)
   KL           k3 estimator to a frozen reference model, only when --beta > 0 (default 0:
                DAPO and Dr. GRPO drop it and it costs a second model)
   updates      mu optimizer steps per rollout batch (mu=1: the ratio is 1 and clipping is moot)
   TIS          truncated importance weight min(π_trainer / π_server, --tis_cap) on every token: it
                corrects for the server's kernels and, with --async, for the one step of staleness
                (decoupled PPO: the trust region is around the trainer's own policy)
+  rewards      a function of reward_fns.py, or a weighted mix (--reward gsm8k:1,format:0.1), each part logged
   --async      (default; --no-async is on-policy) one step off-policy: the trainer trains step s on a batch
                sampled from θ_{s-1} while the server samples step s+1's from θ_s, never pushed mid-generation
 Every push is tagged with a version and every rollout must come from that version, or we stop. Every step
 also compares trainer and server logprobs on the same tokens under the same weights (with --async: a few
 sequences that the server re-scores with the new weights), so a server that does not hold what it was sent
-stops the run even if its tag is right. The loss value is not a progress signal in GRPO (it is ~0 by
-construction when advantages are centred): watch the reward.
+stops the run even if its tag is right. The loss value is not a progress signal in GRPO: its gradient is what
+counts, and its value is near 0 (exactly 0 at mu = 1 only with --loss_agg seq and centred advantages; with the
+default token mean, long and short answers of one group weigh differently). Watch the reward.
 """
 import concurrent.futures
 import contextlib
@@ -55,74 +60,87 @@ import torch.distributed as dist
 import reward_fns
 
 
-def arg(default, help):
-    return field(default=default, metadata={"help": help})
+def arg(default, help, ok=None):
+    """A flag: its default, one line of help, and the values it may take, checked before anything loads: a tuple
+    of choices, or a rule on its value v ("v > 0")."""
+    return field(default=default, metadata={"help": help, "ok": ok})
 
 
 @dataclass
 class Config:
     # GRPO
-    steps: int = arg(200, "optimizer updates of the outer loop (one rollout batch each)")
-    prompts_per_step: int = arg(24, "prompts per step, over all ranks (must divide by world size)")
-    group_size: int = arg(8, "completions per prompt (G in the paper)")
-    max_new_tokens: int = arg(256, "completion length limit, always sent to the server")
-    temperature: float = arg(1.0, "sampling temperature (logprobs are computed at the same temperature)")
-    top_p: float = arg(1.0, "keep 1.0 so the server samples the distribution the trainer scores")
-    top_k: int = arg(-1, "-1 = off, for the same reason")
-    lr: float = arg(1e-6, "AdamW learning rate")
-    weight_decay: float = arg(0.0, "AdamW weight decay")
-    max_grad_norm: float = arg(1.0, "clip the gradient's norm to this (0: no clipping)")
-    beta: float = arg(0.0, "KL coefficient to the reference model (0: no reference model is loaded)")
-    clip_low: float = arg(0.2, "ratio clip below 1 - clip_low")
-    clip_high: float = arg(0.2, "ratio clip above 1 + clip_high (DAPO uses 0.28)")
-    ratio_level: str = arg("token", "'token' (GRPO) or 'sequence' (GSPO: one ratio per completion; use tiny clips, ~3e-4)")
-    loss_agg: str = arg("token", "'token' (DAPO), 'seq' (original GRPO) or 'constant' (Dr. GRPO)")
+    steps: int = arg(200, "optimizer updates of the outer loop (one rollout batch each)", "v >= 1")
+    prompts_per_step: int = arg(24, "prompts per step, over all ranks (must divide by world size)", "v >= 1")
+    group_size: int = arg(8, "completions per prompt (G in the paper)", "v >= 2")
+    max_new_tokens: int = arg(256, "completion length limit, always sent to the server", "v >= 1")
+    temperature: float = arg(1.0, "sampling temperature (logprobs are computed at the same temperature)", "v > 0")
+    top_p: float = arg(1.0, "keep 1.0 so the server samples the distribution the trainer scores", "0 < v <= 1")
+    top_k: int = arg(-1, "-1 = off, for the same reason", "v == -1 or v >= 1")
+    lr: float = arg(1e-6, "AdamW learning rate", "v >= 0")
+    weight_decay: float = arg(0.0, "AdamW weight decay", "v >= 0")
+    max_grad_norm: float = arg(1.0, "clip the gradient's norm to this (0: no clipping)", "v >= 0")
+    beta: float = arg(0.0, "KL coefficient to the reference model (0: no reference model is loaded)", "v >= 0")
+    clip_low: float = arg(0.2, "ratio clip below 1 - clip_low", "0 <= v < 1")
+    clip_high: float = arg(0.2, "ratio clip above 1 + clip_high (DAPO uses 0.28)", "v >= 0")
+    ratio_level: str = arg("token", "'token' (GRPO) or 'sequence' (GSPO: one ratio per completion; clips ~3e-4)",
+                           ("token", "sequence"))
+    loss_agg: str = arg("token", "'token' (DAPO), 'seq' (original GRPO) or 'constant' (Dr. GRPO)",
+                        ("token", "seq", "constant"))
     scale_rewards: bool = arg(True, "divide advantages by the group's std (off: Dr. GRPO)")
-    mu: int = arg(1, "optimizer steps per rollout batch")
-    tis_cap: float = arg(2.0, "truncated importance sampling cap on π_trainer / π_server (0 = off)")
+    mu: int = arg(1, "optimizer steps per rollout batch", "v >= 1")
+    tis_cap: float = arg(2.0, "truncated importance sampling cap on π_trainer / π_server (0 = off)",
+                         "v == 0 or v >= 1")
     async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
     # model and data
     model: str = arg("Qwen/Qwen2.5-0.5B-Instruct", "HF model name or local path; the server must serve the same")
-    dataset: str = arg("openai/gsm8k", "HF dataset name, a local folder or .json/.jsonl file, or 'builtin' (no download)")
+    dataset: str = arg("openai/gsm8k", "HF dataset name, a local folder or .json/.jsonl file, or 'builtin' (offline)")
     dataset_config: str = arg("main", "HF dataset config name ('' for none)")
     train_split: str = arg("train", "split to train on")
     eval_split: str = arg("test", "held-out split ('' = hold out rows of the train split)")
     prompt_field: str = arg("question", "column with the question")
     answer_field: str = arg("answer", "column with the reference answer")
     instruction: str = arg("auto", "text appended to each question ('auto': fits the task)")
-    prompt_format: str = arg("auto", "'chat' (chat template), 'plain' (base models) or 'auto' (chat if there is a template)")
-    reward: str = arg("auto", f"reward function in reward_fns.py: {sorted(reward_fns.REWARD_FNS)} or 'auto'")
-    builtin_max_operand: int = arg(20, "built-in task: operands of 'a + b' are drawn from 0..this")
-    max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)")
-    eval_size: int = arg(200, "held-out prompts per evaluation (without an eval split: at most 10% of the train rows)")
+    prompt_format: str = arg("auto", "'chat' (chat template), 'plain' (base models) or 'auto' (chat if it has one)",
+                             ("auto", "chat", "plain"))
+    reward: str = arg("auto", f"a reward of reward_fns.py {sorted(reward_fns.REWARD_FNS)}, a weighted mix of them "
+                              "('gsm8k:1,format:0.1': each part logged), or 'auto' (the task's)")
+    builtin_max_operand: int = arg(20, "built-in task: operands of 'a + b' are drawn from 0..this", "v >= 1")
+    max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)", "v >= 1")
+    eval_size: int = arg(200, "held-out prompts per evaluation (without an eval split: at most 10% of the train rows)",
+                         "v >= 1")
     # the trainer's compute
-    micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster, if memory allows)")
+    micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster, if memory allows)",
+                           "v >= 1")
     tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster); off: exact fp32")
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
-    max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient (each is skipped)")
-    device: str = arg("auto", "'cuda', 'cpu' (tests) or 'auto'")
+    max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient (each is skipped)",
+                                   "v >= 1")
+    device: str = arg("auto", "'cuda', 'cpu' (tests) or 'auto'", ("auto", "cuda", "cpu"))
     seed: int = arg(0, "seed for data order and torch")
     # the server and weight sync
     server_url: str = arg("http://127.0.0.1:30000", "SGLang server(s) started by serve.sh, comma-separated")
     api_key: str = arg("", "server API key (default: $SGLANG_API_KEY), sent as a Bearer token")
     server_gpu: str = arg("3", "each server's GPU (serve.sh's GPU), comma-separated; '+' joins a TP server's: 2+3")
     colocate: bool = arg(False, "the server shares rank 0's GPU on purpose (one-GPU machines)")
-    request_timeout: float = arg(300.0, "seconds before one request to the server (or one NCCL send) is given up")
-    request_retries: int = arg(3, "retries (with backoff) for a failed request before stopping")
-    sync: str = arg("auto", "'tensor' (CUDA IPC: rank 0 sees the server's GPU), 'nccl' (any host) or 'auto'")
-    sync_bucket_mb: float = arg(1024.0, "size (MiB) of one flattened weight bucket sent to the server")
+    request_timeout: float = arg(300.0, "seconds before one request to the server (or one NCCL send) is given up",
+                                 "v > 0")
+    request_retries: int = arg(3, "retries (with backoff) for a failed request before stopping", "v >= 0")
+    sync: str = arg("auto", "'tensor' (CUDA IPC: rank 0 sees the server's GPU), 'nccl' (any host) or 'auto'",
+                    ("auto", "tensor", "nccl"))
+    sync_bucket_mb: float = arg(1024.0, "size (MiB) of one flattened weight bucket sent to the server", "v > 0")
     nccl_master_addr: str = arg("", "--sync nccl: rank 0's address the server connects to (default: on its route)")
-    nccl_port: int = arg(0, "--sync nccl: TCP port of that rendezvous on rank 0's host (0: a free one)")
-    mismatch_max: float = arg(0.1, "stop when trainer and server, holding the same weights, differ by more than this (mean nats)")
-    check_seqs: int = arg(32, "--async: sequences per step the server re-scores with the trainer's weights for it (0: no check)")
-    debug_skip_sync: str = arg("", "weight pushes to skip, by step, e.g. '6' or '4-300' (negative control)")
-    debug_tag_skipped: bool = arg(False, "with --debug_skip_sync: still tag skipped versions (a server dropping weights)")
+    nccl_port: int = arg(0, "--sync nccl: TCP port of that rendezvous on rank 0's host (0: a free one)",
+                         "0 <= v <= 65535")
+    mismatch_max: float = arg(0.1, "stop when trainer and server, holding the same weights, differ by more than this "
+                                   "(mean nats)", "v > 0")
+    check_seqs: int = arg(32, "--async: sequences a step the server re-scores with the weights it holds (0: none)",
+                          "v >= 0")
     # eval, checkpoints, logging
-    eval_every: int = arg(50, "evaluate (greedy, via the server) every N steps; 0 = only at start and end")
-    save_every: int = arg(100, "checkpoint every N steps (0 = only at the end)")
+    eval_every: int = arg(50, "evaluate (greedy, via the server) every N steps; 0 = only at start and end", "v >= 0")
+    save_every: int = arg(100, "checkpoint every N steps (0 = only at the end)", "v >= 0")
     out_dir: str = arg("runs/grpo", "checkpoints, metrics.jsonl and config.json go here")
-    resume: bool = arg(False, "continue from the last checkpoint in out_dir")
-    sample_every: int = arg(10, "print one completion every N steps")
+    resume: bool = arg(False, "continue the run in out_dir from its last checkpoint, with its flags (README)")
+    sample_every: int = arg(10, "print one completion every N steps", "v >= 0")
     wandb: bool = arg(False, "log to Weights & Biases")
     wandb_project: str = arg("grpo_sglang", "wandb project")
 
@@ -131,12 +149,19 @@ class Config:
 # GRPO math: small pure functions (tested in test_smoke.py). This is the part to edit.
 
 def group_advantages(rewards, group_size, scale=True, eps=1e-4):
-    """(N,) rewards, groups of consecutive G -> (N,) advantages. GRPO: A = (r - mean) / std."""
+    """(N,) rewards, groups of consecutive G -> (N,) advantages. GRPO: A = (r - mean) / std. A group whose rewards
+    are all equal carries no signal: its advantages are exactly 0 (a float std of eight 0.1s is 8e-9, not 0)."""
     r = rewards.view(-1, group_size)  # (N/G, G)
     adv = r - r.mean(dim=1, keepdim=True)
     if scale:  # Dr. GRPO drops this: it up-weights groups that are nearly all right or all wrong
-        adv = adv / (r.std(dim=1, keepdim=True) + eps)  # unbiased std, as TRL; all-equal group -> 0
-    return adv.view(-1)
+        adv = adv / (r.std(dim=1, keepdim=True) + eps)  # unbiased std, as TRL
+    return torch.where(flat_groups(rewards, group_size).unsqueeze(1), 0.0, adv).view(-1)
+
+
+def flat_groups(rewards, group_size):
+    """(N,) rewards -> (N/G,) True where every reward of the group is the same."""
+    r = rewards.view(-1, group_size)
+    return (r == r[:, :1]).all(dim=1)
 
 
 def token_logprobs(logits, targets, temperature=1.0):
@@ -191,7 +216,7 @@ def tis_weights(old_logp, server_logp, cap):
 def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token", tis=None, ref_logp=None, beta=0.0):
     """(B, T) log-probs now and before this step's updates, (B,) advantages, (B, T) completion mask -> per-token
     loss (B, T), where clipping was active (B, T), per-token KL to the reference (B, T) or None.
-    loss = -min(ρA, clip(ρ)A) · w + β · k3(π, π_ref),  ρ = π / π_old (see log_ratio),  w = TIS weight (1 if None)."""
+    loss = -min(ρA, clip(ρ)A) · w + β · k3(π, π_ref),  ρ = π / π_old (see log_ratio),  w: TIS weight (1 if None)"""
     loss, clipped = clipped_surrogate(torch.exp(log_ratio(logp, old_logp, mask, level)), adv, clip_low, clip_high)
     if tis is not None:
         loss = loss * tis
@@ -201,31 +226,33 @@ def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token
     return loss, clipped, kl
 
 
-def aggregate(x, mask, mode, n_seqs, n_tokens, max_new_tokens):
-    """(B, T) per-token values -> scalar. n_seqs / n_tokens count the WHOLE batch (all micro-batches
-    and ranks), so summing the results over micro-batches gives the batch loss.
-      seq      mean over each sequence's tokens, then over sequences (original GRPO; long answers
-               get less weight per token)
-      token    sum over all tokens / all tokens (DAPO)
-      constant sum over all tokens / (sequences * max_new_tokens) (Dr. GRPO: no length bias)"""
+def aggregate(x, mask, weight, mode, norm):
+    """(B, T) per-token values, (B,) sequence weights -> scalar. `norm` counts the WHOLE batch (all micro-batches and
+    ranks; see loss_norm), so summing the results over micro-batches and ranks gives the batch loss.
+      seq      mean over each sequence's tokens, then the weighted mean over sequences (original GRPO; long
+               answers get less weight per token)
+      token    weighted sum over all tokens / weighted token count (DAPO)
+      constant weighted sum over all tokens / (weighted sequence count * max_new_tokens) (Dr. GRPO: no length bias)"""
     if mode == "seq":
-        return ((x * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / n_seqs
-    if mode == "token":
-        return (x * mask).sum() / n_tokens
-    if mode == "constant":
-        return (x * mask).sum() / (n_seqs * max_new_tokens)
-    raise ValueError(f"unknown loss_agg {mode!r}")
+        return (weight * (x * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / norm
+    return (weight.unsqueeze(1) * x * mask).sum() / norm
 
 
-def mismatch_stats(trainer_lp, server_lp, mask, cap):
-    """(B, T) logprobs of the sampled tokens under the trainer and under the server that sampled them ->
-    (sums, maxima) over the masked tokens: |Δ|, k3 estimate of KL(server || trainer), and the importance
-    ratio π_trainer / π_server (how often TIS truncates it at `cap`). The numbers TRL, verl and slime log."""
-    d = (trainer_lp - server_lp) * mask
+def loss_norm(mode, seqs, tokens, max_new_tokens):
+    """The batch's normaliser for aggregate: weighted sequences (seq), tokens (token) or sequences x max length."""
+    return {"seq": seqs, "token": tokens, "constant": seqs * max_new_tokens}[mode]
+
+
+def mismatch_stats(trainer_lp, server_lp, mask, cap, m):
+    """(B, T) logprobs of the sampled tokens under the trainer and under the server that sampled them, into the
+    metrics m: |Δ|, k3 estimate of KL(server || trainer), and the importance ratio π_trainer / π_server (how often
+    TIS truncates it at `cap`). The numbers TRL, verl and slime log."""
+    d, n = (trainer_lp - server_lp) * mask, mask.sum()
     ratio = torch.exp(d) * mask
-    sums = {"mismatch_abs": d.abs().sum(), "mismatch_kl": (kl_k3(server_lp, trainer_lp) * mask).sum(),
-            "is_ratio": ratio.sum(), "is_truncated": ((ratio > cap) if cap > 0 else ratio < 0).sum(), "tokens": mask.sum()}
-    return sums, {"mismatch_max": d.abs().max(), "is_ratio_max": ratio.max()}
+    m.mean("mismatch_mean", d.abs().sum(), n), m.max("mismatch_max", d.abs().max())
+    m.mean("mismatch_kl", (kl_k3(server_lp, trainer_lp) * mask).sum(), n)
+    m.mean("is_ratio_mean", ratio.sum(), n), m.max("is_ratio_max", ratio.max())
+    m.mean("is_truncated_frac", ((ratio > cap) if cap > 0 else ratio < 0).sum(), n)
 
 
 # ----------------------------------------------------------------------------------------
@@ -245,51 +272,6 @@ INSTRUCTIONS = {
 }
 
 
-def load_splits(cfg):
-    """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated)."""
-    if cfg.dataset == "builtin":
-        rows = builtin_rows(cfg.builtin_max_operand)
-        n_eval = min(cfg.eval_size, len(rows) // 4)
-        return rows[n_eval:], rows[:n_eval], "held out of the built-in task"  # disjoint: never trained on
-    if cfg.dataset.endswith((".json", ".jsonl")) or os.path.isfile(cfg.dataset):
-        train, eval_split = read_rows(cfg.dataset), None  # one file: no splits
-    else:
-        ds = load_hf_dataset(cfg)  # checks that the splits exist
-        train, eval_split = [dict(r) for r in ds[cfg.train_split]], cfg.eval_split
-        if eval_split:
-            return train, [dict(r) for r in ds[eval_split]][: cfg.eval_size], f"its {eval_split!r} split"
-    random.Random(cfg.seed).shuffle(train)  # no held-out split: hold out rows of the train split
-    n_eval = min(cfg.eval_size, len(train) // 10)
-    why = "the file has no splits" if eval_split is None else "--eval_split ''"
-    return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
-
-
-def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None):
-    """Format and tokenize each question once: `fmt` 'chat' uses the tokenizer's chat template, 'plain'
-    is 'question\ninstruction\n' (base models). Unusable rows are counted in `skipped`, never fatal."""
-    out = []
-    for r in rows:
-        q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
-        if not isinstance(q, str) or not q.strip():
-            skipped[f"empty or missing prompt (--prompt_field {cfg.prompt_field!r})"] += 1
-            continue
-        if a is None or reward_fns.extract_number(str(a)) is None:
-            skipped[f"answer without a number (--answer_field {cfg.answer_field!r})"] += 1
-            continue
-        text = f"{q.strip()}\n{instruction}".strip()
-        if fmt == "chat":
-            text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-            ids = tok(text, add_special_tokens=False)["input_ids"]  # the template has its special tokens
-        else:
-            ids = tok(text + "\n")["input_ids"]  # with BOS where the tokenizer adds one
-        if len(ids) > (max_len or cfg.max_prompt_tokens):
-            skipped[f"prompt longer than max_prompt_tokens={cfg.max_prompt_tokens}" if (max_len or cfg.max_prompt_tokens)
-                    == cfg.max_prompt_tokens else f"prompt longer than {max_len} tokens (the server's context)"] += 1
-            continue
-        out.append({"ids": ids, "answer": str(a), "question": q})
-    return out
-
-
 def prompts_for_step(n_rows, step, per_step, seed):
     """Row indices used at `step`: a fresh shuffle every epoch, so the data position is just the
     step number and resuming at step s continues with exactly the prompts it would have seen."""
@@ -302,115 +284,133 @@ def prompts_for_step(n_rows, step, per_step, seed):
 
 
 # ----------------------------------------------------------------------------------------
-# One training step: score a rollout batch, then mu optimizer steps on it.
+# One training step, in the order the math reads: the step's sequences, the no-grad forwards (the old
+# policy, the reference), rewards, advantages and a weight per sequence, then mu optimizer steps on the loss.
 
-def score(batch, tok, reward_fn, correct_fn, group_size, scale):
-    """A rollout batch -> (samples, named sums, reward warnings). Each sample carries its reward, whether the
-    task's check calls it correct (what accuracy counts, whatever the reward), and its group-relative
-    advantage: completion k belongs to prompt k // group_size, so groups never straddle ranks."""
-    warn, samples = Counter(), []
-    for k, (ids, lps, fin) in enumerate(batch["outs"]):
-        row = batch["rows"][k // group_size]
-        text = tok.decode(ids, skip_special_tokens=True)
-        samples.append({"prompt": row["ids"], "completion": ids, "server_lp": lps, "finish": fin, "text": text,
-                        "reward": reward_fns.safe_reward(reward_fn, text, row["answer"], warn),
-                        "correct": reward_fns.safe_reward(correct_fn, text, row["answer"], warn) == 1})
-    rewards = torch.tensor([s["reward"] for s in samples])
-    for s, a in zip(samples, group_advantages(rewards, group_size, scale).tolist()):
-        s["adv"] = a
-    sums = {"reward": rewards.sum(), "correct": sum(s["correct"] for s in samples), "seqs": len(samples),
-            "completion_tokens": sum(len(s["completion"]) for s in samples), "truncated": sum(s["finish"] == "length" for s in samples),
-            "groups": len(samples) // group_size, "zero_std_groups": (rewards.view(-1, group_size).std(1) == 0).sum(),
-            "reward_warnings": sum(warn.values())}
-    return samples, sums, warn
+def sequences(batch, tok, group_size, device):
+    """A rollout batch -> `seqs`, the step's table: one row per sequence, where every per-sequence quantity lives.
+    Rows are never reordered or dropped (to filter, set a weight to 0): row i is sequence i of the rollout everywhere.
+      lists (N)     prompt, completion (token ids), text, answer, finish ('stop' or 'length'), server (its index)
+      (N,)          group, length; the step adds reward, correct, adv, weight
+      (N, C)        mask, server_lp (the sampler's log-probs), right-padded to the longest completion; the forwards
+                    add old_lp (mu > 1), ref_lp (beta > 0) and lp0 (the trainer's under the weights the server has)"""
+    outs, rows = batch["outs"], [batch["rows"][k // group_size] for k in range(len(batch["outs"]))]
+    n = torch.tensor([len(ids) for ids, _, _ in outs], device=device)
+    C = int(n.max())
+    return {"prompt": [r["ids"] for r in rows], "completion": [ids for ids, _, _ in outs], "answer": [r["answer"] for r
+            in rows], "text": [tok.decode(ids, skip_special_tokens=True) for ids, _, _ in outs],
+            "finish": [fin for _, _, fin in outs], "server": batch["srv"], "length": n,
+            "group": torch.arange(len(outs), device=device) // group_size,
+            "mask": (torch.arange(C, device=device) < n.unsqueeze(1)).float(),
+            "server_lp": torch.tensor([lps + [0.0] * (C - len(lps)) for _, lps, _ in outs], device=device)}
 
 
-def pad_batch(samples, pad_id, device):
-    """Prompts left-padded, completions right-padded, so every completion starts at column P:
-    the model then only needs logits for the last C+1 columns (logits_to_keep)."""
-    P = max(len(s["prompt"]) for s in samples)
-    C = max(len(s["completion"]) for s in samples)
-    ids = torch.full((len(samples), P + C), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    cmask = torch.zeros(len(samples), C)
-    for i, s in enumerate(samples):
-        p, c = s["prompt"], s["completion"]
-        ids[i, P - len(p): P + len(c)] = torch.tensor(p + c)
-        attn[i, P - len(p): P + len(c)] = 1
-        cmask[i, : len(c)] = 1
-    return ids.to(device), attn.to(device), cmask.to(device), P
+def sample(seqs, i):
+    """Row i of the table as a dict, per-token values cut to its length: what a reward function sees."""
+    n = len(seqs["completion"][i])
+    return {k: (v[i, :n] if v.dim() == 2 else v[i]) if torch.is_tensor(v) else v[i] for k, v in seqs.items()}
 
 
-def micro_batches(samples, size, pad_id, device):
-    """Samples -> padded micro-batches of `size` sequences, with their advantages (B,) and the server's
-    logprobs of the sampled tokens (B, C)."""
+def micro_batches(seqs, size, pad_id):
+    """The rows in micro-batches of `size` sequences, sorted by length so that each is padded only to its own
+    longest prompt and completion (little of the compute is padding). -> [{rows (B,), ids, attn (B, P+C), P, C}]"""
+    order = sorted(range(len(seqs["completion"])), key=lambda i: (len(seqs["completion"][i]), len(seqs["prompt"][i])))
     out = []
-    for i in range(0, len(samples), size):
-        part = samples[i: i + size]
-        ids, attn, mask, P = pad_batch(part, pad_id, device)
-        server = torch.zeros(mask.shape)  # filled on the CPU, then one copy
-        for j, s in enumerate(part):
-            server[j, : len(s["server_lp"])] = torch.tensor(s["server_lp"])
-        out.append({"ids": ids, "attn": attn, "mask": mask, "P": P, "server": server.to(device),
-                    "adv": torch.tensor([s["adv"] for s in part], device=device)})
+    for k in range(0, len(order), size):
+        rows = order[k: k + size]
+        b = pad_batch([{"prompt": seqs["prompt"][i], "completion": seqs["completion"][i]} for i in rows], pad_id,
+                      seqs["mask"].device)
+        out.append({**b, "rows": torch.tensor(rows, device=b["ids"].device)})
     return out
 
 
-def completion_logits(model, ids, attn, P):
-    """(B, P+C) ids -> (B, C, V) the logits that predict the C completion tokens under `model`."""
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # positions ignore the left padding
-    return model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=ids.shape[1] - P + 1).logits[:, :-1]
+def rows_of(seqs, b):
+    """Micro-batch b's slice of every tensor of the table: (B,) per sequence, (B, C) per token."""
+    return {k: v[b["rows"], : b["C"]] if v.dim() == 2 else v[b["rows"]] for k, v in seqs.items() if torch.is_tensor(v)}
 
 
-def completion_logprobs(model, ids, attn, P, temperature):
-    """(B, P+C) -> (B, C) log-probs of the completion tokens under `model`."""
-    return token_logprobs(completion_logits(model, ids, attn, P), ids[:, P:], temperature)
+@torch.no_grad()
+def old_and_ref_logprobs(cfg, model, ref, seqs, mbs):
+    """The no-grad forwards, before any update, into the table: the old policy's log-probs (only when mu > 1; at
+    mu = 1 the old policy is the one we train, and its first forward gives them) and the reference's (beta > 0)."""
+    for name, net in (("old_lp", model if cfg.mu > 1 else None), ("ref_lp", ref)):
+        if net is not None:
+            seqs[name] = torch.zeros_like(seqs["mask"])
+            for b in mbs:
+                seqs[name][b["rows"], : b["C"]] = completion_logprobs(net, b, cfg.temperature)[0]
 
 
-def policy_loss(cfg, b, logp, old):
-    """The GRPO loss of micro-batch `b` per token, from the flags: where a new loss variant is wired in.
-    (B, T) log-probs now and before this step's updates -> (loss, clipped, kl), each (B, T)."""
-    tis = tis_weights(old, b["server"], cfg.tis_cap) if cfg.tis_cap > 0 else None
-    return grpo_token_loss(logp, old, b["adv"], b["mask"], cfg.clip_low, cfg.clip_high, cfg.ratio_level, tis, b.get("ref"), cfg.beta)
+def score(seqs, reward_fn, correct_fn, group_size, m):
+    """Each sequence's reward (reward_fn -> its total and named parts, each logged) and whether the task's check calls
+    it correct (what accuracy counts, whatever the reward) -> seqs["reward"], seqs["correct"] (N,); the warnings of
+    rewards that raised or returned no number (they count 0)."""
+    warn = Counter()
+    got = [reward_fn(sample(seqs, i), warn) for i in range(len(seqs["text"]))]  # [(reward, {part: value})]
+    dev, N = seqs["mask"].device, len(got)
+    seqs["reward"] = torch.tensor([r for r, _ in got], device=dev)
+    seqs["correct"] = torch.tensor([reward_fns.safe_reward(correct_fn, t, a, warn) == 1 for t, a in
+                                    zip(seqs["text"], seqs["answer"])], device=dev, dtype=torch.float)
+    for part in {p for _, parts in got for p in parts}:
+        m.mean(f"reward_{part}", sum(parts.get(part, 0.0) for _, parts in got), N)
+    m.mean("reward_mean", seqs["reward"].sum(), N), m.mean("accuracy", seqs["correct"].sum(), N)
+    m.mean("completion_len_mean", seqs["length"].sum(), N), m.sum("reward_warnings", sum(warn.values()))
+    m.mean("truncated_frac", sum(f == "length" for f in seqs["finish"]), N)
+    m.mean("zero_std_groups_frac", flat_groups(seqs["reward"], group_size).sum(), N // group_size)
+    return warn
 
 
-def train_step(cfg, model, ref, opt, mbs, n_seqs, n_tokens, world, check):
-    """cfg.mu optimizer steps on this rank's micro-batches of one batch -> named sums and maxima over its tokens.
-    The first pass scores every sequence with the weights the server holds; check(mbs, sums, maxes) then says
-    whether the server really holds them (it stops the run if not), before any weight moves."""
-    T = cfg.temperature
-    with torch.no_grad():  # before any update: the old policy of the ratio (mu > 1; else it is the one we train)
-        for b in mbs:      # and the reference
-            b["old"] = completion_logprobs(model, b["ids"], b["attn"], b["P"], T) if cfg.mu > 1 else None
-            b["ref"] = completion_logprobs(ref, b["ids"], b["attn"], b["P"], T) if ref is not None else None
-    zero = lambda: torch.zeros((), dtype=torch.float64, device=mbs[0]["ids"].device)
-    sums, maxes = defaultdict(zero), defaultdict(zero)
+def completion_logprobs(model, b, temperature, entropy=False):
+    """Micro-batch b (pad_batch) -> (B, C) log-probs of its completion tokens under `model`, and (B, C) their
+    entropy (a metric: no gradient) if asked."""
+    pos = (b["attn"].cumsum(-1) - 1).clamp(min=0)  # positions ignore the left padding
+    logits = model(input_ids=b["ids"], attention_mask=b["attn"], position_ids=pos, logits_to_keep=b["C"] + 1).logits
+    logits = logits[:, :-1]  # (B, C, V): the logits that predict the C completion tokens
+    ent = token_entropy(logits, temperature) if entropy else None
+    return token_logprobs(logits, b["ids"][:, b["P"]:], temperature), ent
+
+
+def policy_loss(cfg, x, logp, old):
+    """The GRPO loss of micro-batch x (rows_of the table) per token, from the flags: where a loss variant is wired
+    in. (B, C) log-probs now and before this step's updates -> (loss, clipped, kl), each (B, C)."""
+    tis = tis_weights(old, x["server_lp"], cfg.tis_cap) if cfg.tis_cap > 0 else None
+    return grpo_token_loss(logp, old, x["adv"], x["mask"], cfg.clip_low, cfg.clip_high, cfg.ratio_level, tis,
+                           x.get("ref_lp"), cfg.beta)
+
+
+def train(cfg, model, opt, seqs, mbs, world, check, m):
+    """cfg.mu optimizer steps on this rank's micro-batches. The first forward gives the trainer's log-probs under the
+    weights the server holds (lp0; at mu = 1 also the old policy's), and check(seqs, m) then compares them with the
+    server's before any weight moves (it stops the run if they differ). A step whose weights are all 0 is skipped."""
+    n_seqs, n_tokens = batch_counts(seqs, mbs)  # over all ranks, weighted; every rank must run as many micro-batches
+    norm = loss_norm(cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
+    seqs["lp0"], skipped = torch.zeros_like(seqs["mask"]), 0
     for update in range(cfg.mu):
         for k, b in enumerate(mbs):
             model.set_requires_gradient_sync(k == len(mbs) - 1)  # reduce gradients once per update
-            logits = completion_logits(model, b["ids"], b["attn"], b["P"])  # (B, C, V)
-            logp = token_logprobs(logits, b["ids"][:, b["P"]:], T)
-            old = b["old"] if cfg.mu > 1 else logp.detach()
-            if update == 0:  # the weights the server holds: keep their logprobs for the check, compare with the server's
-                b["lp0"] = old
-                merge(sums, maxes, {"entropy": (token_entropy(logits, T) * b["mask"]).sum()})
-                merge(sums, maxes, *mismatch_stats(old, b["server"], b["mask"], cfg.tis_cap))
-            loss, clipped, kl = policy_loss(cfg, b, logp, old)
-            loss = aggregate(loss, b["mask"], cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
-            del logits  # logits-sized: let the backward free it as soon as it can
+            x = rows_of(seqs, b)  # (B,) and (B, C) slices of the table
+            logp, ent = completion_logprobs(model, b, cfg.temperature, entropy=update == 0)
+            old = x["old_lp"] if cfg.mu > 1 else logp.detach()
+            if update == 0:  # under the weights the server holds: the check's log-probs, and the batch's metrics
+                seqs["lp0"][b["rows"], : b["C"]] = old
+                m.mean("entropy", (ent * x["mask"]).sum(), x["mask"].sum())
+                mismatch_stats(old, x["server_lp"], x["mask"], cfg.tis_cap, m)
+            loss, clipped, kl = policy_loss(cfg, x, logp, old)
+            loss = aggregate(loss, x["mask"], x["weight"], cfg.loss_agg, max(norm, 1e-9))
             (loss * world).backward()  # FSDP averages gradients over ranks: * world gives the batch's gradient
-            merge(sums, maxes, {"loss": loss.detach(), "clipped": (clipped * b["mask"]).sum(), "trained_tokens": b["mask"].sum(),
-                                "kl": (kl.detach() * b["mask"]).sum() if kl is not None else 0})
+            w = x["mask"] * x["weight"].unsqueeze(1)  # the tokens that count, with their sequence's weight
+            m.sum("loss", loss.detach() / cfg.mu), m.mean("clip_frac", (clipped * w).sum(), w.sum())
+            m.mean("kl", (kl.detach() * w).sum() if kl is not None else 0.0, w.sum())
         if update == 0:
-            merge(sums, maxes, *check(mbs, sums, maxes))
+            check(seqs, m)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))  # 0: no clip
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         finite = bool(torch.isfinite(grad_norm))  # else the step is skipped: it would poison the weights and the server
-        merge(sums, maxes, {"grad_norm": grad_norm / world, "nonfinite": (not finite) / world})  # / world: summed over ranks
-        if finite:
+        m.mean("grad_norm", grad_norm, 1)
+        skipped += not finite
+        if finite and n_seqs > 0:  # no sequence with a weight: the update is skipped (and logged)
             opt.step()
         opt.zero_grad(set_to_none=True)
-    return sums, maxes
+    m.max("nonfinite_skips", skipped), m.max("empty_batch_skips", cfg.mu if n_seqs == 0 else 0)
 
 
 # ----------------------------------------------------------------------------------------
@@ -419,12 +419,12 @@ def train_step(cfg, model, ref, opt, mbs, n_seqs, n_tokens, world, check):
 def main(cfg):
     rt = setup(cfg)                 # flags, ranks, GPUs, process group: checked before anything heavy
     server = Server(cfg, rt)        # up? our model? how do weights get there? (rollouts, check, pushes)
-    tok, train, evals, reward_fn, correct_fn = load_data(cfg, server.context)
+    tok, train_rows, evals, reward_fn, correct_fn = load_data(cfg, server.context)
     model, ref, opt, start = load_models(cfg, rt)
-    log = MetricsLog(cfg, rt, start, len(train))
+    log = MetricsLog(cfg, rt, start, len(train_rows))
     n, pad = cfg.prompts_per_step // rt.world, tok.pad_token_id or 0
-    my_prompts = lambda step: [train[i] for i in prompts_for_step(len(train), step, cfg.prompts_per_step, cfg.seed)
-                               [rt.rank * n: (rt.rank + 1) * n]]  # this rank's share of the step's prompts
+    my_prompts = lambda step: [train_rows[i] for i in prompts_for_step(len(train_rows), step, cfg.prompts_per_step,
+                                                                       cfg.seed)[rt.rank * n: (rt.rank + 1) * n]]
 
     t0 = time.time()
     nbytes = server.push(model, start)  # the server starts from our weights (also after a resume)
@@ -432,30 +432,34 @@ def main(cfg):
     log.write(evaluate(cfg, server, tok, evals, reward_fn, correct_fn, start))
     t_run, next_batch = time.time(), None
     for step in range(start, cfg.steps):
-        clock = Clock()
+        clock, m = Clock(), Metrics()  # m: the step's named metrics (Metrics: a sum, a mean or a maximum)
         # 1. rollout. Sync: sample now from θ_step. Async: this batch was sampled from θ_{step-1} during the last
         #    step, and the server samples the next one from θ_step while we train on this one.
         batch = next_batch or on_all_ranks(server.rollout, my_prompts(step), step)
-        pending = POOL.submit(server.rollout, my_prompts(step + 1), step) if cfg.async_ and step + 1 < cfg.steps else None
+        pending = (POOL.submit(server.rollout, my_prompts(step + 1), step) if cfg.async_ and step + 1 < cfg.steps
+                   else None)
         check = server.check(batch, step, model, pad)  # async: the server re-scores some of it with θ_step, meanwhile
+        seqs = sequences(batch, tok, cfg.group_size, rt.device)  # the step's table: a row per sequence
+        mbs = micro_batches(seqs, cfg.micro_batch, pad)
         clock.lap("rollout_wait")
-        # 2. rewards, correctness, group-relative advantages; micro-batches
-        samples, sums, warn = score(batch, tok, reward_fn, correct_fn, cfg.group_size, cfg.scale_rewards)
-        totals = all_reduce_named({"seqs": sums["seqs"], "tokens": sums["completion_tokens"]}, dist.ReduceOp.SUM, rt.device)
-        mbs = micro_batches(samples, cfg.micro_batch, pad, rt.device)
-        clock.lap("score")
-        # 3. mu optimizer steps on the GRPO loss; before the first, the check that the server holds our weights
-        train_sums, maxes = train_step(cfg, model, ref, opt, mbs, totals["seqs"], totals["tokens"], rt.world, check)
+        # 2. the no-grad forwards, per token: the old policy (mu > 1) and the reference (beta > 0)
+        old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
         clock.lap("train")
-        # 4. push θ_{step+1}. Async: first wait for the next batch: weights never change mid-generation
+        # 3. rewards, then group-relative advantages and a weight per sequence (a filter sets it to 0)
+        warn = score(seqs, reward_fn, correct_fn, cfg.group_size, m)
+        seqs["adv"] = group_advantages(seqs["reward"], cfg.group_size, cfg.scale_rewards)  # (N,)
+        seqs["weight"] = torch.ones_like(seqs["adv"])  # (N,)
+        clock.lap("score")
+        # 4. mu optimizer steps on the GRPO loss; before the first, the check that the server holds our weights
+        train(cfg, model, opt, seqs, mbs, rt.world, check, m)
+        clock.lap("train")
+        # 5. push θ_{step+1}. Async: first wait for the next batch: weights never change mid-generation
         next_batch = on_all_ranks(pending.result) if pending else None
         clock.lap("next_rollout_wait")
         nbytes = server.push(model, step + 1)
         clock.lap("sync")
-        # 5. log (named sums over micro-batches and ranks), checkpoint, evaluate
-        s = all_reduce_named({**sums, **train_sums}, dist.ReduceOp.SUM, rt.device)
-        mx = all_reduce_named(maxes, dist.ReduceOp.MAX, rt.device)
-        log.step(step_metrics(cfg, step + 1, batch, s, mx, clock, t_run, nbytes, rt), samples[0], warn)
+        # 6. log (the metrics over micro-batches and ranks), checkpoint, evaluate
+        log.step(step_metrics(cfg, step + 1, batch, m.reduce(rt.device), clock, t_run, nbytes, rt), seqs, warn)
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
             save_checkpoint(cfg, model, opt, tok, step + 1)
         if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
@@ -470,6 +474,20 @@ def main(cfg):
 # ---- to read it to change GRPO. main() is called at the very bottom.
 # ======================================================================================================
 
+def pad_batch(samples, pad_id, device):
+    """[{prompt, completion}] -> a micro-batch {ids, attn (B, P+C), mask (B, C), P, C}: prompts left-padded,
+    completions right-padded, so every completion starts at column P and the model only needs logits for the last
+    C+1 columns (logits_to_keep)."""
+    P, C = max(len(s["prompt"]) for s in samples), max(len(s["completion"]) for s in samples)
+    ids = torch.full((len(samples), P + C), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, s in enumerate(samples):
+        p, c = s["prompt"], s["completion"]
+        ids[i, P - len(p): P + len(c)] = torch.tensor(p + c)
+        attn[i, P - len(p): P + len(c)] = 1
+    return {"ids": ids.to(device), "attn": attn.to(device), "mask": attn[:, P:].float().to(device), "P": P, "C": C}
+
+
 def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):
     """Greedy accuracy (the task's check) and mean reward on the held-out prompts, through the server (rank 0)."""
     if int(os.environ.get("RANK", 0)) != 0:
@@ -477,47 +495,69 @@ def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):
     t0 = time.time()
     outs = server.rollout(evals, step, greedy=True)["outs"]
     warn, texts = Counter(), [tok.decode(o[0], skip_special_tokens=True) for o in outs]
-    mean = lambda fn: sum(reward_fns.safe_reward(fn, t, e["answer"], warn) for t, e in zip(texts, evals)) / len(evals)
-    acc, reward = mean(correct_fn), mean(reward_fn)
+    samples = [{"text": t, "answer": e["answer"], "prompt": e["ids"], "completion": o[0], "finish": o[2],
+                "length": len(o[0])} for t, e, o in zip(texts, evals, outs)]  # no log-probs here
+    acc = sum(reward_fns.safe_reward(correct_fn, s["text"], s["answer"], warn) == 1 for s in samples) / len(evals)
+    reward = sum(reward_fn(s, warn)[0] for s in samples) / len(evals)
     print0(f"eval step {step}: accuracy {acc:.3f}, reward {reward:.3f} on {len(evals)} held-out prompts (greedy, "
            f"{time.time() - t0:.1f}s)")
     return {"step": step, "eval_accuracy": acc, "eval_reward": reward}
 
 
-def step_metrics(cfg, step, batch, s, mx, clock, t_run, nbytes, rt):
-    """The step's named metrics, from sums and maxima over all micro-batches and ranks."""
+class Metrics:
+    """A step's named metrics, each logged by what it is: m.sum(name, x), m.mean(name, total, count) (the mean of
+    what `total` sums, e.g. over tokens) or m.max(name, x); summed (maxed) over micro-batches, updates and ranks. A
+    new name needs no other edit. Values may be 0-d tensors on the GPU: nothing waits for them until reduce()."""
+    def __init__(self):
+        self.sums, self.maxes = defaultdict(float), {}
+
+    def sum(self, name, x):
+        self.sums[name] = self.sums[name] + x
+
+    def mean(self, name, total, count):
+        self.sum(name, total)
+        self.sum(name + "#n", count)
+
+    def max(self, name, x):
+        self.maxes[name] = x if name not in self.maxes else torch.maximum(torch.as_tensor(self.maxes[name]),
+                                                                           torch.as_tensor(x).to(self.maxes[name]))
+
+    def reduce(self, device):
+        """All ranks -> {name: value}; the names are agreed first, so that a rank without one cannot hang the others.
+        A mean over nothing is None."""
+        names = [None] * dist.get_world_size()
+        dist.all_gather_object(names, (sorted(self.sums), sorted(self.maxes)))
+        sums, maxes = (sorted(set().union(*(n[j] for n in names))) for j in (0, 1))
+        s = all_reduce_named({k: self.sums.get(k, 0.0) for k in sums}, dist.ReduceOp.SUM, device)
+        mx = all_reduce_named({k: self.maxes.get(k, -float("inf")) for k in maxes}, dist.ReduceOp.MAX, device)
+        out = {k: (s[k] / s[k + "#n"] if s[k + "#n"] else None) if k + "#n" in s else s[k] for k in s if "#" not in k}
+        return {**out, **mx}
+
+
+def step_metrics(cfg, step, batch, m, clock, t_run, nbytes, rt):
+    """The step's metrics (m: Metrics.reduce) and its timings, versions and spans."""
     rel = lambda span: [round(span[0] - t_run, 3), round(span[1] - t_run, 3)]
-    sp, stale = clock.spans, "stale_abs" in s  # stale: an async batch, some of whose rows were re-scored
     rollout = batch["span"][1] - batch["span"][0]
-    return {"step": step, "sampled_from_version": batch["version"], "reward_mean": s["reward"] / s["seqs"],
-            "accuracy": s["correct"] / s["seqs"], "kl": s["kl"] / s["trained_tokens"], "clip_frac": s["clipped"] / s["trained_tokens"],
-            "entropy": s["entropy"] / s["tokens"], "loss": s["loss"] / cfg.mu, "grad_norm": s["grad_norm"] / cfg.mu,
-            "completion_len_mean": s["completion_tokens"] / s["seqs"], "truncated_frac": s["truncated"] / s["seqs"],
-            "zero_std_groups_frac": s["zero_std_groups"] / s["groups"], "reward_warnings": int(s["reward_warnings"]),
-            "nonfinite_skips": round(s["nonfinite"]),
-            # the sync check: trainer vs server on the same tokens under the same weights
-            "check_mismatch_mean": s["check_abs"] / s["check_tokens"] if s["check_tokens"] else None,
-            "check_mismatch_max": mx.get("check_max"),
-            "staleness_mean": s["stale_abs"] / s["check_tokens"] if stale else None, "staleness_max": mx["stale_max"] if stale else None,
-            # trainer vs the server that sampled (async: one step of policy change too, which TIS corrects)
-            "mismatch_mean": s["mismatch_abs"] / s["tokens"], "mismatch_max": mx["mismatch_max"],
-            "mismatch_kl": s["mismatch_kl"] / s["tokens"], "is_ratio_mean": s["is_ratio"] / s["tokens"],
-            "is_ratio_max": mx["is_ratio_max"], "is_truncated_frac": s["is_truncated"] / s["tokens"],
-            "time_rollout": rollout, **{f"time_{k}": b - a for k, (a, b) in sp.items()}, "time_step": clock.t - clock.t0,
-            "sync_bytes": nbytes, "sync_skipped": step in rt.skip, "rollout_tokens_per_s": s["completion_tokens"] / max(rollout, 1e-9),
-            "span_step": rel((clock.t0, clock.t)), "span_rollout": rel(batch["span"]), "span_train": rel(sp["train"]),
-            "span_sync": rel(sp["sync"]),
+    return {"step": step, "sampled_from_version": batch["version"], **m, "time_rollout": rollout,
+            **{f"time_{k}": v for k, v in clock.time.items()}, "time_step": clock.t - clock.t0, "sync_bytes": nbytes,
+            "rollout_tokens_per_s": m["completion_len_mean"] * cfg.group_size *
+            cfg.prompts_per_step / max(rollout, 1e-9), "span_step": rel((clock.t0, clock.t)),
+            "span_rollout": rel(batch["span"]), "span_train": rel(clock.spans["train"]),
+            "span_sync": rel(clock.spans["sync"]),
             "peak_mem_gb": torch.cuda.max_memory_allocated(rt.device) / 1e9 if rt.device.type == "cuda" else 0.0}
 
 
 class Clock:
-    """A step's phases: lap(name) ends the phase that began at the previous lap."""
+    """A step's phases: lap(name) ends the phase that began at the previous lap; a name may come back (its time adds
+    up, its span runs from its first start to its last end)."""
     def __init__(self):
         self.t0 = self.t = time.time()
-        self.spans = {}
+        self.spans, self.time = {}, defaultdict(float)
 
     def lap(self, name):
-        self.spans[name], self.t = (self.t, time.time()), time.time()
+        now = time.time()
+        self.time[name] += now - self.t
+        self.spans[name], self.t = (self.spans.get(name, (self.t,))[0], now), now
 
 
 class MetricsLog:
@@ -548,16 +588,19 @@ class MetricsLog:
             if self.cfg.wandb:
                 self.wandb.log(m, step=m["step"])
 
-    def step(self, m, sample, warn):
+    def step(self, m, seqs, warn):
         if warn:  # rewards that raised or returned NaN/None count as 0; say which (rank 0's)
             print0(f"reward warnings at step {m['step']}: {dict(warn)}")
-        print0(f"step {m['step']:4d} | reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} | kl {m['kl']:.4f} "
-               f"clip {m['clip_frac']:.3f} ent {m['entropy']:.2f} | len {m['completion_len_mean']:.0f} | rollout "
-               f"{m['time_rollout']:.2f}s train {m['time_train']:.2f}s sync {m['time_sync']:.2f}s step {m['time_step']:.2f}s | "
-               f"{m['rollout_tokens_per_s']:.0f} tok/s | check {'-' if m['check_mismatch_mean'] is None else format(m['check_mismatch_mean'], '.4f')} mismatch {m['mismatch_mean']:.4f} "
-               f"from v{m['sampled_from_version']}")
+        f = lambda k, spec: "-" if m.get(k) is None else format(m[k], spec)
+        print0(f"step {m['step']:4d} | reward {f('reward_mean', '.3f')} acc {f('accuracy', '.3f')} | kl {f('kl', '.4f')} "
+               f"clip {f('clip_frac', '.3f')} ent {f('entropy', '.2f')} | len {f('completion_len_mean', '.0f')} | rollout "
+               f"{m['time_rollout']:.2f}s train {m['time_train']:.2f}s sync {m['time_sync']:.2f}s step "
+               f"{m['time_step']:.2f}s | {m['rollout_tokens_per_s']:.0f} tok/s | check {f('check_mismatch_mean', '.4f')} "
+               f"mismatch {f('mismatch_mean', '.4f')} from v{m['sampled_from_version']}")
         if self.cfg.sample_every and m["step"] % self.cfg.sample_every == 0:
-            print0(f"  sample (reward {sample['reward']}): {sample['text'][:300]!r}")
+            print0(f"  sample (reward {float(seqs['reward'][0]):g}): {seqs['text'][0][:300]!r}")
+        if m.get("empty_batch_skips"):
+            print0(f"warning: every sequence of step {m['step']} had weight 0: its update was skipped")
         self.write(m)
         self.nonfinite_run = self.nonfinite_run + 1 if m["nonfinite_skips"] else 0  # the same on all ranks
         if m["nonfinite_skips"]:
@@ -605,7 +648,7 @@ def parse_config(argv=None):
 RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project", "device",
              "micro_batch", "tf32_head", "grad_checkpointing", "max_nonfinite_steps", "server_url", "api_key", "server_gpu",
              "colocate", "request_timeout", "request_retries", "sync", "sync_bucket_mb", "nccl_master_addr", "nccl_port",
-             "mismatch_max", "check_seqs", "debug_skip_sync", "debug_tag_skipped"}
+             "mismatch_max", "check_seqs"}
 
 
 def restore_config(cfg):
@@ -638,39 +681,14 @@ class UserError(Exception):
     """A problem the user can fix; printed once as one clear message, never a traceback."""
 
 
-def step_set(spec):
-    """'6' or '4-300' or '3,7-9' -> set of step numbers."""
-    steps = set()
-    for part in filter(None, spec.replace(" ", "").split(",")):
-        lo, _, hi = part.partition("-")
-        if not (lo.isdigit() and (hi or lo).isdigit()) or int(lo) > int(hi or lo):
-            raise UserError(f"--debug_skip_sync {spec!r} is not a list of steps or ranges like '6' or '4-300'")
-        steps.update(range(int(lo), int(hi or lo) + 1))
-    return steps
-
-
 def check_config(cfg, world):
-    """Every flag's range, before anything heavy: one message naming the flag, its value and what is allowed."""
-    rules = [("temperature", cfg.temperature > 0, "> 0 (sampling needs it; evaluation is greedy already)"),
-             ("top_p", 0 < cfg.top_p <= 1, "in (0, 1]"), ("top_k", cfg.top_k == -1 or cfg.top_k >= 1, "-1 (off) or >= 1"),
-             ("lr", cfg.lr >= 0, ">= 0"), ("weight_decay", cfg.weight_decay >= 0, ">= 0"),
-             ("max_grad_norm", cfg.max_grad_norm >= 0, ">= 0 (0: no clipping)"), ("beta", cfg.beta >= 0, ">= 0"),
-             ("clip_low", 0 <= cfg.clip_low < 1, "in [0, 1)"), ("clip_high", cfg.clip_high >= 0, ">= 0"),
-             ("tis_cap", cfg.tis_cap == 0 or cfg.tis_cap >= 1, "0 (off) or >= 1"),
-             ("mismatch_max", cfg.mismatch_max > 0, "> 0"), ("sync_bucket_mb", cfg.sync_bucket_mb > 0, "> 0"),
-             ("request_timeout", cfg.request_timeout > 0, "> 0"), ("request_retries", cfg.request_retries >= 0, ">= 0"),
-             ("check_seqs", cfg.check_seqs >= 0, ">= 0"),
-             ("group_size", cfg.group_size >= 2, ">= 2 (advantages compare completions of the same prompt)")]
-    rules += [(f, getattr(cfg, f) >= 1, ">= 1") for f in ("steps", "prompts_per_step", "max_new_tokens", "mu", "micro_batch",
-                                                          "max_nonfinite_steps", "eval_size", "max_prompt_tokens", "builtin_max_operand")]
-    rules += [(f, getattr(cfg, f) >= 0, ">= 0") for f in ("eval_every", "save_every", "sample_every")]
-    rules += [("nccl_port", 0 <= cfg.nccl_port < 65536, "a TCP port, 1..65535 (0: a free one)")]
-    rules += [(f, getattr(cfg, f) in allowed, " or ".join(allowed)) for f, allowed in (
-        ("loss_agg", ("token", "seq", "constant")), ("ratio_level", ("token", "sequence")), ("prompt_format", ("auto", "chat", "plain")),
-        ("sync", ("auto", "tensor", "nccl")), ("device", ("auto", "cuda", "cpu")))]
-    for flag, ok, allowed in rules:
-        if not ok:
-            raise UserError(f"--{flag} {getattr(cfg, flag)!r} is out of range: it must be {allowed}")
+    """Every flag's range (its `ok` in Config), before anything heavy: one message naming the flag, its value and
+    what is allowed; then the rules between flags. -> the servers."""
+    for f in dataclasses.fields(cfg):
+        ok, v = f.metadata.get("ok"), getattr(cfg, f.name)
+        if ok is not None and not (v in ok if isinstance(ok, tuple) else obeys(v, ok)):
+            raise UserError(f"--{f.name.rstrip('_')} {v!r} is out of range: it must be " + (
+                " or ".join(ok) if isinstance(ok, tuple) else " ".join(f.name if x == "v" else x for x in ok.split())))
     if cfg.prompts_per_step % world:
         raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -688,7 +706,19 @@ def check_config(cfg, world):
         print0(f"warning: GSPO (--ratio_level sequence) with --clip_low {cfg.clip_low} / --clip_high {cfg.clip_high}: a "
                f"sequence's ratio is the geometric mean of its tokens', so GRPO's clips almost never bite; GSPO uses ~3e-4")
     check_out_dir(cfg)
-    return step_set(cfg.debug_skip_sync), servers
+    return servers
+
+
+def obeys(v, rule):
+    """A Config rule: comparisons of v with numbers, chained ('0 < v <= 1'), alternatives joined by ' or '."""
+    import operator
+    ops = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
+    for alt in rule.split(" or "):
+        t = alt.split()
+        x = [v if s == "v" else float(s) for s in t[::2]]
+        if all(ops[op](a, b) for a, op, b in zip(x, t[1::2], x[1:])):
+            return True
+    return False
 
 
 def parse_servers(cfg):
@@ -719,13 +749,13 @@ def port_ok(url):
 
 def setup(cfg):
     """Ranks, flags, the GPU layout and the process group, all checked before anything heavy is loaded.
-    -> rank, world, master, device, mesh, the servers and how weights reach them (sync, why, server_idx), ckpt, skip."""
+    -> rank, world, master, device, mesh, the servers and how weights reach them (sync, why, server_idx), ckpt."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if cfg.resume:
         restore_config(cfg)
     cfg.api_key = cfg.api_key or os.environ.get("SGLANG_API_KEY", "")
-    skip, servers = check_config(cfg, world)
+    servers = check_config(cfg, world)
     ckpt = checkpoint_to_resume(cfg.out_dir) if cfg.resume else None
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -750,7 +780,52 @@ def setup(cfg):
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         monkey_patch_torch_reductions()
     return SimpleNamespace(rank=rank, world=world, master=rank == 0, device=device, mesh=init_device_mesh(device.type, (world,)),
-                           sync=sync, why=why, servers=servers, server_idx=server_idx, ckpt=ckpt, skip=skip)
+                           sync=sync, why=why, servers=servers, server_idx=server_idx, ckpt=ckpt)
+
+
+def load_splits(cfg):
+    """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated)."""
+    if cfg.dataset == "builtin":
+        rows = builtin_rows(cfg.builtin_max_operand)
+        n_eval = min(cfg.eval_size, len(rows) // 4)
+        return rows[n_eval:], rows[:n_eval], "held out of the built-in task"  # disjoint: never trained on
+    if cfg.dataset.endswith((".json", ".jsonl")) or os.path.isfile(cfg.dataset):
+        train, eval_split = read_rows(cfg.dataset), None  # one file: no splits
+    else:
+        ds = load_hf_dataset(cfg)  # checks that the splits exist
+        train, eval_split = [dict(r) for r in ds[cfg.train_split]], cfg.eval_split
+        if eval_split:
+            return train, [dict(r) for r in ds[eval_split]][: cfg.eval_size], f"its {eval_split!r} split"
+    random.Random(cfg.seed).shuffle(train)  # no held-out split: hold out rows of the train split
+    n_eval = min(cfg.eval_size, len(train) // 10)
+    why = "the file has no splits" if eval_split is None else "--eval_split ''"
+    return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
+
+
+def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None):
+    """Format and tokenize each question once: `fmt` 'chat' uses the tokenizer's chat template, 'plain'
+    is 'question\ninstruction\n' (base models). Unusable rows are counted in `skipped`, never fatal."""
+    out = []
+    for r in rows:
+        q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
+        if not isinstance(q, str) or not q.strip():
+            skipped[f"empty or missing prompt (--prompt_field {cfg.prompt_field!r})"] += 1
+            continue
+        if a is None or reward_fns.extract_number(str(a)) is None:
+            skipped[f"answer without a number (--answer_field {cfg.answer_field!r})"] += 1
+            continue
+        text = f"{q.strip()}\n{instruction}".strip()
+        if fmt == "chat":
+            text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+            ids = tok(text, add_special_tokens=False)["input_ids"]  # the template has its special tokens
+        else:
+            ids = tok(text + "\n")["input_ids"]  # with BOS where the tokenizer adds one
+        if len(ids) > (max_len or cfg.max_prompt_tokens):
+            skipped[f"prompt longer than max_prompt_tokens={cfg.max_prompt_tokens}" if (max_len or cfg.max_prompt_tokens)
+                    == cfg.max_prompt_tokens else f"prompt longer than {max_len} tokens (the server's context)"] += 1
+            continue
+        out.append({"ids": ids, "answer": str(a), "question": q})
+    return out
 
 
 def load_data(cfg, context=None):
@@ -764,7 +839,7 @@ def load_data(cfg, context=None):
                         f"use --prompt_format plain (or auto)")
     task = "arithmetic" if cfg.dataset == "builtin" else "gsm8k"
     try:
-        reward_fn = reward_fns.get_reward_fn(task if cfg.reward == "auto" else cfg.reward)
+        reward_fn = reward_fns.combine(cfg.reward, task)  # (sample, warnings) -> (reward, its named parts)
     except ValueError as e:
         raise UserError(f"--reward: {e}") from None
     instruction = INSTRUCTIONS[task] if cfg.instruction == "auto" else cfg.instruction
@@ -918,37 +993,42 @@ class Server:
         return {"rows": rows, "outs": outs, "srv": srv, "version": version, "span": (t0, time.time())}
 
     def check(self, batch, version, model, pad_id):
-        """-> check(mbs, sums, maxes), which train_step calls before its first update: the sync check of training
-        on `batch` with θ_version, for every server. It compares trainer and server logprobs on the same tokens under
-        the same weights: the batch's own if it was sampled from θ_version; else (--async: the batch is one step
-        older) those of a few of its sequences, which their server re-scores with θ_version now, while we train."""
-        cfg, srv = self.cfg, batch["srv"]
+        """-> check(seqs, m), which train() calls before its first update: the sync check of training on `batch` with
+        θ_version, for every server. It compares trainer and server logprobs on the same tokens under the same
+        weights: the batch's own if it was sampled from θ_version; else (--async: the batch is one step older) those
+        of a few of its sequences, which their server re-scores with θ_version now, while we train. Rows are found by
+        their index in the batch (the table's row), never by their place in a micro-batch."""
+        cfg, srv, outs = self.cfg, batch["srv"], batch["outs"]
         if batch["version"] == version:
-            return lambda mbs, sums, maxes: self.verdict(version, [r for b in mbs for r in row_stats(b)], srv)
+            def check_batch(seqs, m):
+                d = (seqs["lp0"] - seqs["server_lp"]).abs() * seqs["mask"]
+                self.verdict(version, torch.stack([d.sum(1), seqs["mask"].sum(1), d.max(1).values], 1).tolist(), srv, m)
+                m.mean("staleness_mean", 0.0, 0)  # on-policy: logged as null
+            return check_batch
         if not cfg.check_seqs:  # --check_seqs 0: batches one step old go unchecked (the version check stays)
-            return lambda mbs, sums, maxes: ({"check_tokens": 0}, {})
+            return lambda seqs, m: m.mean("check_mismatch_mean", 0.0, 0)  # logged as null
         rows = check_rows(srv, -(-cfg.check_seqs // self.rt.world))  # rounded up: never 0 rows on a rank
-        seqs = [(batch["rows"][i // cfg.group_size]["ids"], batch["outs"][i][0]) for i in rows]
-        asked = {k: POOL.submit(rescore, cfg, url, [q for q, i in zip(seqs, rows) if srv[i] == k], str(version))
+        pairs = [(batch["rows"][i // cfg.group_size]["ids"], outs[i][0]) for i in rows]
+        asked = {k: POOL.submit(rescore, cfg, url, [q for q, i in zip(pairs, rows) if srv[i] == k], str(version))
                  for k, url in enumerate(self.urls) if k in {srv[i] for i in rows}}
         t1 = None
         if cfg.temperature != 1:  # SGLang re-scores at temperature 1, so must we. Now, before any backward: a no-grad
-            ids, attn, _, P = pad_batch([{"prompt": p, "completion": c} for p, c in seqs], pad_id, self.rt.device)
+            b = pad_batch([{"prompt": p, "completion": c} for p, c in pairs], pad_id, self.rt.device)
             with torch.no_grad():  # forward after one leaves FSDP's root gathered, and the next step would use its
-                t1 = list(completion_logprobs(model, ids, attn, P, 1.0))  # weights from before the update
+                t1 = list(completion_logprobs(model, b, 1.0)[0])
 
-        def check(mbs, sums, maxes):
-            lps = t1 or [mbs[i // cfg.micro_batch]["lp0"][i % cfg.micro_batch] for i in rows]
+        def check_rescored(seqs, m):  # weights from before the update
+            lps = t1 or [seqs["lp0"][i, : len(outs[i][0])] for i in rows]
             now = on_all_ranks(lambda: {k: iter(waited(f, cfg.request_timeout, "re-scoring a batch for the sync check"))
                                         for k, f in asked.items()})
-            return self.verdict(version, [rescored_stats(t, next(now[srv[i]]), batch["outs"][i][1]) for t, i in zip(lps, rows)],
-                                [srv[i] for i in rows])
-        return check
+            self.verdict(version, [rescored_stats(t, next(now[srv[i]]), outs[i][1]) for t, i in zip(lps, rows)],
+                         [srv[i] for i in rows], m)
+        return check_rescored
 
-    def verdict(self, version, stats, srv):
+    def verdict(self, version, stats, srv, m):
         """stats: per sequence (|Δ| sum, tokens, |Δ| max[, stale sum, stale max]) of trainer vs server `srv[i]` under
-        θ_version. Stop (every rank) unless every server agrees with the trainer to within kernel noise.
-        -> this rank's (named sums, maxima) for the metrics."""
+        θ_version. Stop (every rank) unless every server agrees with the trainer to within kernel noise; the numbers
+        go into the metrics m."""
         per = torch.zeros(len(self.urls), 2, dtype=torch.float64)
         for st, k in zip(stats, srv):
             per[k] += torch.tensor(st[:2], dtype=torch.float64)
@@ -956,36 +1036,23 @@ class Server:
         dist.all_reduce(total)
         for k, (d, n) in enumerate(total.tolist()):
             if n and d / n > self.cfg.mismatch_max:
-                raise UserError(f"weight sync check failed at step {version + 1}: the server at {self.urls[k]} had the right "
-                                f"version tag (the weights after step {version}), but on {n:.0f} sampled tokens its logprobs differ "
-                                f"from the trainer's, under those weights, by {d / n:.3f} nats on average (--mismatch_max "
-                                f"{self.cfg.mismatch_max}; kernel noise is ~0.01-0.03): it does not generate with the weights "
-                                f"it was sent.")
-        col = lambda j, f: f(st[j] for st in stats) if stats else 0.0
-        sums, maxes = {"check_abs": col(0, sum), "check_tokens": col(1, sum)}, {"check_max": col(2, max)}
-        if stats and len(stats[0]) > 3:  # re-scored: the staleness on the same tokens too
-            sums["stale_abs"], maxes["stale_max"] = col(3, sum), col(4, max)
-        return sums, maxes
+                raise UserError(f"weight sync check failed at step {version + 1}: the server at {self.urls[k]} had the "
+                                f"right version tag (the weights after step {version}), but on {n:.0f} sampled tokens its "
+                                f"logprobs differ from the trainer's, under those weights, by {d / n:.3f} nats on average "
+                                f"(--mismatch_max {self.cfg.mismatch_max}; kernel noise is ~0.01-0.03): it does not "
+                                f"generate with the weights it was sent.")
+        for st in stats:
+            m.mean("check_mismatch_mean", st[0], st[1]), m.max("check_mismatch_max", st[2])
+            if len(st) > 3:  # re-scored: the staleness on the same tokens too
+                m.mean("staleness_mean", st[3], st[1]), m.max("staleness_max", st[4])
 
     def push(self, model, version):
         """θ_version (the weights after `version` steps) to every server, tagged `version`. -> bytes sent (rank 0)."""
-        if version not in self.rt.skip:
-            return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
-        if self.cfg.debug_tag_skipped:  # negative control: servers that drop the weights but not the tag
-            on_all_ranks(lambda: self.rt.master and [call(self.cfg, u, "/update_weight_version", {
-                "new_version": str(version), "abort_all_requests": False}) for u in self.urls])
-        return 0
+        return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
 
     def close(self):
         for srv in self.link["servers"] if self.link and self.link["kind"] == "nccl" else []:
             call(self.cfg, srv["url"], "/destroy_weights_update_group", {"group_name": srv["group_name"]}, timeout=30, retries=0)
-
-
-def row_stats(b):
-    """A micro-batch -> per sequence (|Δ| sum, tokens, |Δ| max) of the trainer's first-pass logprobs against the
-    server's that sampled it."""
-    d = (b["lp0"] - b["server"]).abs() * b["mask"]
-    return torch.stack([d.sum(1), b["mask"].sum(1), d.max(1).values], 1).tolist()
 
 
 def rescored_stats(trainer, now, then):
@@ -1554,17 +1621,25 @@ def check_out_dir(cfg):
 def all_reduce_named(values, op, device):
     """{name: number or 0-d tensor} -> {name: float} reduced over ranks (sorted names: one order everywhere)."""
     keys = sorted(values)
+    if not keys:
+        return {}
     t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=device).reshape(()) for k in keys])
     dist.all_reduce(t, op=op)
     return dict(zip(keys, t.tolist()))
 
 
-def merge(sums, maxes, more_sums, more_maxes=None):
-    """Add named sums, keep named maxima (never in place: values may be shared)."""
-    for k, v in more_sums.items():
-        sums[k] = sums[k] + v
-    for k, v in (more_maxes or {}).items():
-        maxes[k] = torch.maximum(maxes[k], torch.as_tensor(v).to(maxes[k]))
+def batch_counts(seqs, mbs):
+    """All ranks: -> the batch's weighted sequence and token counts over all ranks (the loss normalisers). First,
+    every rank must run as many micro-batches: FSDP's collectives would otherwise wait forever for the rank with
+    fewer (a filter that drops rows instead of setting their weight to 0 does that). One clear error instead."""
+    got = [None] * dist.get_world_size()
+    w = seqs["weight"]
+    dist.all_gather_object(got, (len(mbs), float(w.sum()), float((w * seqs["length"]).sum())))
+    if len({n for n, _, _ in got}) > 1:
+        raise UserError(f"the ranks would run different numbers of micro-batches ({[n for n, _, _ in got]}), and FSDP "
+                        f"would hang: every rank must keep all its rows. To drop a sequence from the loss, set its "
+                        f"seqs['weight'] to 0 (README, Hacking guide)")
+    return sum(s for _, s, _ in got), sum(t for _, _, t in got)
 
 
 def exit_now(code, message=None):

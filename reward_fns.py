@@ -1,8 +1,14 @@
 """
-Reward functions for GRPO. Each one is pure: (completion: str, answer: str) -> float.
+Reward functions for GRPO. Each one is pure: (completion: str, answer: str) -> float, or a dict of named parts
+{name: float} (the reward is their sum; each part is logged as reward_<name>). A function that also takes a
+parameter named `sample` gets the sequence's row of the trainer's table: token ids ("prompt", "completion"),
+"length", "finish" ('stop', or 'length' when max_new_tokens cut it), the server's log-probs ("server_lp"), and
+in training the reference's ("ref_lp", when --beta > 0) -- e.g. a length penalty:
+    def short(completion, answer, sample): return gsm8k_reward(completion, answer) - 0.001 * sample["length"]
 
 Two registries at the bottom:
-  REWARD_FNS   what the trainer may train on (--reward NAME). Add yours there; shaped rewards are fine.
+  REWARD_FNS   what the trainer may train on (--reward NAME, or a weighted mix --reward gsm8k:1,format:0.1).
+               Add yours there; shaped rewards are fine.
   CORRECT      each task's correctness check (completion, answer) -> bool: the trainer's `accuracy` and the
                held-out `eval_accuracy` count it, whatever the reward, so shaping never inflates them.
 
@@ -23,8 +29,10 @@ gsm8k_format_reward    gsm8k_reward + 0.1 * format_reward: an example of a shape
 safe_reward            Wraps any reward fn so a buggy or weird return value can never crash
                        (or poison with NaN) a training step: it becomes 0.0 plus a counted warning.
 REWARD_FNS / get_reward_fn   Name -> reward registry, used by the trainer's --reward flag.
+combine                --reward -> the trainer's reward: (sample, warnings) -> (reward, {part: value}).
 CORRECT                Task -> correctness check: what accuracy counts.
 """
+import inspect
 import math
 import numbers
 import re
@@ -104,27 +112,66 @@ def gsm8k_format_reward(completion: str, answer: str) -> float:
     return gsm8k_reward(completion, answer) + 0.1 * format_reward(completion)
 
 
-def safe_reward(fn, completion: str, answer: str, warnings) -> float:
-    """Call fn; anything other than a finite real number becomes 0.0 and a counted warning.
-    One NaN reward would turn the whole group's advantages into NaN, so we never let it through."""
+def safe_reward(fn, completion: str, answer: str, warnings, sample=None):
+    """Call fn (with the sample if it takes one); anything other than a finite real number (or a dict of them)
+    becomes 0.0 and a counted warning. One NaN reward would turn the whole group's advantages into NaN."""
     name = getattr(fn, "__name__", repr(fn))
     try:
-        r = fn(completion, answer)
-        if r is None:
-            reason = "returned None"
-        elif not isinstance(r, numbers.Real):  # bools are ints, so True -> 1.0 is fine
-            reason = f"returned non-number {type(r).__name__}"
-        elif math.isnan(float(r)):
-            reason = "returned NaN"
-        elif math.isinf(float(r)):
-            reason = "returned inf"
-        else:
-            return float(r)
+        r = fn(completion, answer, sample=sample) if wants_sample(fn) else fn(completion, answer)
+        bad = [why for v in (r.values() if isinstance(r, dict) and r else [r]) if (why := not_a_number(v))]
+        if not bad:
+            return {k: float(v) for k, v in r.items()} if isinstance(r, dict) else float(r)
+        reason = bad[0]
     except Exception as e:  # not BaseException: Ctrl-C should still stop training
         reason = f"raised {type(e).__name__}"
     key = f"{name}: {reason}"
     warnings[key] = warnings.get(key, 0) + 1
     return 0.0
+
+
+def not_a_number(r):
+    """-> why r is not a finite real number, or None. Bools are ints, so True -> 1.0 is fine."""
+    if r is None:
+        return "returned None"
+    if not isinstance(r, numbers.Real):
+        return f"returned non-number {type(r).__name__}"
+    if math.isnan(float(r)) or math.isinf(float(r)):
+        return f"returned {'NaN' if math.isnan(float(r)) else 'inf'}"
+    return None
+
+
+def wants_sample(fn):
+    try:
+        return "sample" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
+def combine(spec, task):
+    """--reward -> fn(sample, warnings) -> (reward, {part: value}). spec: 'auto' (the task's reward), a name in
+    REWARD_FNS, or a weighted mix 'name:weight,name:weight' (TRL's reward_funcs + reward_weights): the reward is the
+    weighted sum, and each function's value is logged unweighted as a part (a dict's entries, each as its own)."""
+    terms = []
+    for item in spec.split(","):
+        name, _, weight = item.strip().partition(":")
+        try:
+            terms.append((name, get_reward_fn(task if name == "auto" else name), float(weight or 1)))
+        except ValueError as e:
+            raise ValueError(str(e) if "unknown" in str(e) else f"{item!r}: the weight must be a number "
+                             f"(e.g. gsm8k:1,format:0.1)") from None
+
+    def reward(sample, warnings):
+        total, parts = 0.0, {}
+        for name, fn, weight in terms:
+            r = safe_reward(fn, sample["text"], sample["answer"], warnings, sample)
+            if isinstance(r, dict):
+                parts.update(r)
+                r = sum(r.values())
+            elif len(terms) > 1:
+                parts[name] = r
+            total += weight * r
+        return total, parts
+    return reward
 
 
 REWARD_FNS = {"gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward, "format": format_reward,
