@@ -401,7 +401,7 @@ def bench_model(args, name, path, url, load, server_dev, ids):
             url = f"http://127.0.0.1:{args.large_port}"
         cfg = g.Config(model=path, server_url=url.rstrip("/"), api_key=os.environ.get("SGLANG_API_KEY", ""),
                        request_timeout=SYNC_TIMEOUT, request_retries=1)
-        begin_end, _ = g.check_server(cfg, cfg.server_url)  # up, serves `path`; the update API it has
+        begin_end = g.check_server(cfg, cfg.server_url)["begin_end"]  # up, serves `path`; the update API it has
         ctx = SimpleNamespace(url=cfg.server_url, cfg=cfg, begin_end=begin_end, model=model, tmp=args.tmp_dir,
                               ids=probe_ids(path, ids, model.config.vocab_size), trash=[], out=out, pushes=0, links={},
                               nbytes=sum(p.numel() for p in model.parameters()) * 2)  # bf16; tied embeddings once

@@ -16,7 +16,7 @@ training step, main() and its loop; the plumbing below the fence you should not 
 README's "Hacking guide" says where to change what).
 
 The GRPO choices this file makes (each a flag):
-  advantages   (r - mean(group)) / std(group), or without the std (Dr. GRPO, --no-scale_rewards); a group whose
+  advantages   (r - mean(group)) / std(group), or without the std (Dr. GRPO, --scale_rewards none); a group whose
                rewards are all equal has advantage 0 (found exactly, not by std == 0)
   loss         PPO-style clipped surrogate, separate low/high clip range (DAPO's "clip higher")
   ratio        per token (GRPO), or one per sequence, the geometric mean of its tokens' (GSPO, --ratio_level)
@@ -42,6 +42,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import socket
@@ -86,10 +87,27 @@ class Config:
                            ("token", "sequence"))
     loss_agg: str = arg("token", "'token' (DAPO), 'seq' (original GRPO) or 'constant' (Dr. GRPO)",
                         ("token", "seq", "constant"))
-    scale_rewards: bool = arg(True, "divide advantages by the group's std (off: Dr. GRPO)")
+    scale_rewards: str = arg("group", "divide advantages by the std of their group or of the batch; 'none': Dr. GRPO",
+                             ("group", "batch", "none"))
+    adv_estimator: str = arg("grpo", "'grpo': r - the group's mean; 'rloo': r - the mean of the others (leave-one-out)",
+                             ("grpo", "rloo"))
+    loss_type: str = arg("grpo", "'grpo': the clipped surrogate; 'cispo': a clipped, stopped IS weight on log π",
+                         ("grpo", "cispo"))
+    entropy_coef: float = arg(0.0, "entropy bonus: the loss minus this x the tokens' entropy", "v >= 0")
     mu: int = arg(1, "optimizer steps per rollout batch", "v >= 1")
     tis_cap: float = arg(2.0, "truncated importance sampling cap on π_trainer / π_server (0 = off)",
                          "v == 0 or v >= 1")
+    tis_mode: str = arg("token_truncate", "the ratio per token or sequence, truncated at the cap or masked above it",
+                        ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
+    mask_truncated: bool = arg(False, "completions cut by max_new_tokens get weight 0: out of the loss")
+    overlong_buffer: int = arg(0, "DAPO's soft overlong penalty: the last N tokens before max_new_tokens (0 = off)",
+                               "v >= 0")
+    overlong_penalty: float = arg(1.0, "the penalty's size at max_new_tokens (it falls linearly to -this)", "v >= 0")
+    filter_flat_groups: bool = arg(False, "DAPO's dynamic sampling, no resampling: groups with equal rewards weigh 0")
+    lr_schedule: str = arg("constant", "after the warmup: constant, or a linear or cosine decay to min_lr_ratio",
+                           ("constant", "linear", "cosine"))
+    lr_warmup_steps: int = arg(0, "linear learning-rate warmup from 0 over this many steps", "v >= 0")
+    min_lr_ratio: float = arg(0.0, "the decay's end, as a fraction of --lr", "0 <= v <= 1")
     async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
     # model and data
     model: str = arg("Qwen/Qwen2.5-0.5B-Instruct", "HF model name or local path; the server must serve the same")
@@ -148,13 +166,15 @@ class Config:
 # ----------------------------------------------------------------------------------------
 # GRPO math: small pure functions (tested in test_smoke.py). This is the part to edit.
 
-def group_advantages(rewards, group_size, scale=True, eps=1e-4):
-    """(N,) rewards, groups of consecutive G -> (N,) advantages. GRPO: A = (r - mean) / std. A group whose rewards
-    are all equal carries no signal: its advantages are exactly 0 (a float std of eight 0.1s is 8e-9, not 0)."""
+def group_advantages(rewards, group_size, scale=True, eps=1e-4, rloo=False, std=None):
+    """(N,) rewards, groups of consecutive G -> (N,) advantages. GRPO: A = (r - mean) / std of the group (or `std`,
+    the batch's: TRL's scale_rewards='batch'). RLOO: the baseline is the mean of the group's others, r - mean scaled
+    by G / (G - 1) (Ahmadian et al. 2024; verl's rloo). A group whose rewards are all equal carries no signal: its
+    advantages are exactly 0 (a float std of eight 0.1s is 8e-9, not 0)."""
     r = rewards.view(-1, group_size)  # (N/G, G)
-    adv = r - r.mean(dim=1, keepdim=True)
+    adv = (r - r.mean(dim=1, keepdim=True)) * (group_size / (group_size - 1) if rloo else 1)
     if scale:  # Dr. GRPO drops this: it up-weights groups that are nearly all right or all wrong
-        adv = adv / (r.std(dim=1, keepdim=True) + eps)  # unbiased std, as TRL
+        adv = adv / ((r.std(dim=1, keepdim=True) if std is None else std) + eps)  # unbiased std, as TRL
     return torch.where(flat_groups(rewards, group_size).unsqueeze(1), 0.0, adv).view(-1)
 
 
@@ -164,22 +184,20 @@ def flat_groups(rewards, group_size):
     return (r == r[:, :1]).all(dim=1)
 
 
-def token_logprobs(logits, targets, temperature=1.0):
-    """(B, T, V) logits, (B, T) targets -> (B, T) log p(target), in fp32."""
-    logits = logits.float() / temperature if temperature != 1 else logits.float()  # no logits-sized copy at 1
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+def overlong_penalty(lengths, max_len, buffer):
+    """(N,) completion lengths -> (N,) DAPO's soft overlong punishment (Yu et al. 2025, eq. 13; TRL's
+    get_soft_overlong_punishment): 0 up to max_len - buffer tokens, then falling linearly to -1 at max_len."""
+    return ((max_len - buffer - lengths) / buffer).clamp(-1.0, 0.0)
 
 
-@torch.no_grad()
-def token_entropy(logits, temperature=1.0, rows=4):
-    """(B, T, V) logits -> (B, T) entropy of the distribution each token was sampled from, logsumexp(z) - Σ p·z.
-    A metric (it falls when the policy collapses): no gradient, and a few sequences at a time, so that no second
-    (B, T, V) temporary is made; the dot product of p and z over V is one batched GEMV, not a product tensor."""
-    out = []
-    for z in logits.split(rows):
-        z = z.float() / temperature if temperature != 1 else z.float()
-        out.append(torch.logsumexp(z, -1) - torch.einsum("btv,btv->bt", torch.softmax(z, -1), z))
-    return torch.cat(out)
+def lr_factor(step, steps, warmup, schedule, min_ratio):
+    """The learning rate of `step` over --lr: a linear warmup over `warmup` steps, then constant or a linear or cosine
+    decay to min_ratio at the last step (TRL's lr_scheduler_type and warmup, verl's min_lr_ratio)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    t = (step - warmup) / max(steps - 1 - warmup, 1)  # 0 -> 1 over the steps after the warmup
+    decay = {"constant": 1.0, "linear": 1 - t, "cosine": 0.5 * (1 + math.cos(math.pi * t))}[schedule]
+    return min_ratio + (1 - min_ratio) * decay if schedule != "constant" else 1.0
 
 
 def kl_k3(logp, ref_logp):
@@ -206,18 +224,29 @@ def clipped_surrogate(ratio, adv, clip_low, clip_high):
     return -torch.min(unclipped, clipped), (clipped < unclipped)
 
 
-def tis_weights(old_logp, server_logp, cap):
-    """(B, T) -> (B, T). Truncated importance weight min(pi_trainer / pi_server, cap) for the gap
-    between the policy that sampled (the server's kernels; one step older with --async) and the
-    trainer's policy before this step's updates (Yao et al. 2025, "TIS"; AReaL's decoupled PPO)."""
-    return torch.clamp(torch.exp(old_logp - server_logp), max=cap)
+def tis_weights(old_logp, server_logp, cap, mask=None, mode="token_truncate"):
+    """(B, T) -> (B, T). Importance weight pi_trainer / pi_server for the gap between the policy that sampled (the
+    server's kernels; one step older with --async) and the trainer's before this step's updates (Yao et al. 2025,
+    "TIS"; AReaL's decoupled PPO). token_*: per token; sequence_*: one per sequence, the product over its tokens.
+    *_truncate: min(ratio, cap); *_mask: the ratio, or 0 where it is over the cap (TRL's four IS modes)."""
+    d = old_logp - server_logp if mask is None else (old_logp - server_logp) * mask
+    ratio = torch.exp(d.sum(1, keepdim=True) if mode.startswith("sequence") else d)
+    w = torch.clamp(ratio, max=cap) if mode.endswith("truncate") else ratio * (ratio <= cap)
+    return w.expand_as(old_logp)
 
 
-def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token", tis=None, ref_logp=None, beta=0.0):
+def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token", tis=None, ref_logp=None, beta=0.0,
+                    loss_type="grpo"):
     """(B, T) log-probs now and before this step's updates, (B,) advantages, (B, T) completion mask -> per-token
     loss (B, T), where clipping was active (B, T), per-token KL to the reference (B, T) or None.
-    loss = -min(ρA, clip(ρ)A) · w + β · k3(π, π_ref),  ρ = π / π_old (see log_ratio),  w: TIS weight (1 if None)"""
-    loss, clipped = clipped_surrogate(torch.exp(log_ratio(logp, old_logp, mask, level)), adv, clip_low, clip_high)
+    loss = -min(ρA, clip(ρ)A) · w + β · k3(π, π_ref),  ρ = π / π_old (see log_ratio),  w: TIS weight (1 if None)
+    CISPO (MiniMax-M1, ScaleRL; TRL's loss_type='cispo'): -sg(min(ρ, 1 + clip_high)) A log π: the weight is clipped
+    and carries no gradient, so every token keeps its log π gradient, clipped or not."""
+    ratio = torch.exp(log_ratio(logp, old_logp, mask, level))
+    if loss_type == "cispo":
+        loss, clipped = -torch.clamp(ratio, max=1 + clip_high).detach() * adv.unsqueeze(1) * logp, ratio > 1 + clip_high
+    else:
+        loss, clipped = clipped_surrogate(ratio, adv, clip_low, clip_high)
     if tis is not None:
         loss = loss * tis
     kl = kl_k3(logp, ref_logp) if ref_logp is not None else None
@@ -291,7 +320,7 @@ def sequences(batch, tok, group_size, device):
     """A rollout batch -> `seqs`, the step's table: one row per sequence, where every per-sequence quantity lives.
     Rows are never reordered or dropped (to filter, set a weight to 0): row i is sequence i of the rollout everywhere.
       lists (N)     prompt, completion (token ids), text, answer, finish ('stop' or 'length'), server (its index)
-      (N,)          group, length; the step adds reward, correct, adv, weight
+      (N,)          group, length, truncated (1: cut by max_new_tokens); the step adds reward, correct, adv, weight
       (N, C)        mask, server_lp (the sampler's log-probs), right-padded to the longest completion; the forwards
                     add old_lp (mu > 1), ref_lp (beta > 0) and lp0 (the trainer's under the weights the server has)"""
     outs, rows = batch["outs"], [batch["rows"][k // group_size] for k in range(len(batch["outs"]))]
@@ -300,6 +329,7 @@ def sequences(batch, tok, group_size, device):
     return {"prompt": [r["ids"] for r in rows], "completion": [ids for ids, _, _ in outs], "answer": [r["answer"] for r
             in rows], "text": [tok.decode(ids, skip_special_tokens=True) for ids, _, _ in outs],
             "finish": [fin for _, _, fin in outs], "server": batch["srv"], "length": n,
+            "truncated": torch.tensor([fin == "length" for _, _, fin in outs], device=device, dtype=torch.float),
             "group": torch.arange(len(outs), device=device) // group_size,
             "mask": (torch.arange(C, device=device) < n.unsqueeze(1)).float(),
             "server_lp": torch.tensor([lps + [0.0] * (C - len(lps)) for _, lps, _ in outs], device=device)}
@@ -308,7 +338,7 @@ def sequences(batch, tok, group_size, device):
 def sample(seqs, i):
     """Row i of the table as a dict, per-token values cut to its length: what a reward function sees."""
     n = len(seqs["completion"][i])
-    return {k: (v[i, :n] if v.dim() == 2 else v[i]) if torch.is_tensor(v) else v[i] for k, v in seqs.items()}
+    return {k: (v[i, :n] if v.dim() == 2 else v[i].item()) if torch.is_tensor(v) else v[i] for k, v in seqs.items()}
 
 
 def micro_batches(seqs, size, pad_id):
@@ -352,35 +382,68 @@ def score(seqs, reward_fn, correct_fn, group_size, m):
                                     zip(seqs["text"], seqs["answer"])], device=dev, dtype=torch.float)
     for part in {p for _, parts in got for p in parts}:
         m.mean(f"reward_{part}", sum(parts.get(part, 0.0) for _, parts in got), N)
-    m.mean("reward_mean", seqs["reward"].sum(), N), m.mean("accuracy", seqs["correct"].sum(), N)
-    m.mean("completion_len_mean", seqs["length"].sum(), N), m.sum("reward_warnings", sum(warn.values()))
-    m.mean("truncated_frac", sum(f == "length" for f in seqs["finish"]), N)
+    m.mean("accuracy", seqs["correct"].sum(), N)
+    m.mean("completion_len_mean", seqs["length"].sum(), N), m.mean("prompt_len_mean", sum(map(len, seqs["prompt"])), N)
+    m.sum("reward_warnings", sum(warn.values()))
+    m.mean("truncated_frac", seqs["truncated"].sum(), N)
     m.mean("zero_std_groups_frac", flat_groups(seqs["reward"], group_size).sum(), N // group_size)
     return warn
 
 
-def completion_logprobs(model, b, temperature, entropy=False):
-    """Micro-batch b (pad_batch) -> (B, C) log-probs of its completion tokens under `model`, and (B, C) their
-    entropy (a metric: no gradient) if asked."""
+def shape_rewards(cfg, seqs, m):
+    """Reward terms of the flags, added to seqs["reward"] and logged as parts. Add yours here."""
+    if cfg.overlong_buffer:
+        penalty = cfg.overlong_penalty * overlong_penalty(seqs["length"], cfg.max_new_tokens, cfg.overlong_buffer)
+        seqs["reward"] = seqs["reward"] + penalty
+        m.mean("reward_overlong", penalty.sum(), len(penalty))
+
+
+def advantages(cfg, rewards):
+    """(N,) rewards -> (N,) advantages, by the flags: GRPO's or RLOO's baseline, scaled by the std of the group, of
+    the batch (over all ranks), or not at all."""
+    std = batch_std(rewards) if cfg.scale_rewards == "batch" else None
+    return group_advantages(rewards, cfg.group_size, cfg.scale_rewards != "none", rloo=cfg.adv_estimator == "rloo",
+                            std=std)
+
+
+def weights(cfg, seqs):
+    """(N,) a weight per sequence for the loss and its normalisers: 0 filters a sequence out. The rows stay (every
+    rank must run as many micro-batches); a step whose weights are all 0 skips its update."""
+    w = torch.ones_like(seqs["reward"])
+    if cfg.mask_truncated:  # TRL's mask_truncated_completions: a cut answer's ending says nothing of its reward
+        w = w * (seqs["truncated"] == 0)
+    if cfg.filter_flat_groups:  # DAPO: a group whose rewards are all equal has no signal (its advantages are 0)
+        w = w * ~flat_groups(seqs["reward"], cfg.group_size).repeat_interleave(cfg.group_size)
+    return w
+
+
+def completion_logprobs(model, b, temperature):
+    """Micro-batch b (pad_batch) -> (B, C) the log-probs of its completion tokens under `model`, log softmax(z / T)
+    at each token, and (B, C) the entropy of softmax(z / T), the distribution each was sampled from (a metric, and
+    the entropy bonus's). The LM head computes both from the final hidden states (HeadLogprobs, below the fence), a
+    chunk of tokens at a time and for the real tokens only: the (B, C, V) logits never exist."""
     pos = (b["attn"].cumsum(-1) - 1).clamp(min=0)  # positions ignore the left padding
-    logits = model(input_ids=b["ids"], attention_mask=b["attn"], position_ids=pos, logits_to_keep=b["C"] + 1).logits
-    logits = logits[:, :-1]  # (B, C, V): the logits that predict the C completion tokens
-    ent = token_entropy(logits, temperature) if entropy else None
-    return token_logprobs(logits, b["ids"][:, b["P"]:], temperature), ent
+    head = model.get_output_embeddings()
+    head.job = (b["ids"][:, b["P"]:], b["mask"].bool(), temperature)  # what the head scores (set up by shard())
+    lp = model(input_ids=b["ids"], attention_mask=b["attn"], position_ids=pos, logits_to_keep=b["C"] + 1).logits
+    return lp, head.__dict__.pop("entropy")
 
 
-def policy_loss(cfg, x, logp, old):
+def policy_loss(cfg, x, logp, old, ent):
     """The GRPO loss of micro-batch x (rows_of the table) per token, from the flags: where a loss variant is wired
-    in. (B, C) log-probs now and before this step's updates -> (loss, clipped, kl), each (B, C)."""
-    tis = tis_weights(old, x["server_lp"], cfg.tis_cap) if cfg.tis_cap > 0 else None
-    return grpo_token_loss(logp, old, x["adv"], x["mask"], cfg.clip_low, cfg.clip_high, cfg.ratio_level, tis,
-                           x.get("ref_lp"), cfg.beta)
+    in. (B, C) log-probs now and before this step's updates, their entropy -> (loss, clipped, kl), each (B, C).
+    The entropy bonus (TRL's entropy_coef) is per token, whatever the ratio level."""
+    tis = tis_weights(old, x["server_lp"], cfg.tis_cap, x["mask"], cfg.tis_mode) if cfg.tis_cap > 0 else None
+    loss, clipped, kl = grpo_token_loss(logp, old, x["adv"], x["mask"], cfg.clip_low, cfg.clip_high, cfg.ratio_level,
+                                        tis, x.get("ref_lp"), cfg.beta, cfg.loss_type)
+    return loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss, clipped, kl
 
 
 def train(cfg, model, opt, seqs, mbs, world, check, m):
     """cfg.mu optimizer steps on this rank's micro-batches. The first forward gives the trainer's log-probs under the
     weights the server holds (lp0; at mu = 1 also the old policy's), and check(seqs, m) then compares them with the
     server's before any weight moves (it stops the run if they differ). A step whose weights are all 0 is skipped."""
+    m.mean("reward_mean", seqs["reward"].sum(), len(seqs["reward"]))  # the reward that trains, shaping included
     n_seqs, n_tokens = batch_counts(seqs, mbs)  # over all ranks, weighted; every rank must run as many micro-batches
     norm = loss_norm(cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
     seqs["lp0"], skipped = torch.zeros_like(seqs["mask"]), 0
@@ -388,13 +451,13 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
         for k, b in enumerate(mbs):
             model.set_requires_gradient_sync(k == len(mbs) - 1)  # reduce gradients once per update
             x = rows_of(seqs, b)  # (B,) and (B, C) slices of the table
-            logp, ent = completion_logprobs(model, b, cfg.temperature, entropy=update == 0)
+            logp, ent = completion_logprobs(model, b, cfg.temperature)
             old = x["old_lp"] if cfg.mu > 1 else logp.detach()
             if update == 0:  # under the weights the server holds: the check's log-probs, and the batch's metrics
                 seqs["lp0"][b["rows"], : b["C"]] = old
-                m.mean("entropy", (ent * x["mask"]).sum(), x["mask"].sum())
+                m.mean("entropy", (ent.detach() * x["mask"]).sum(), x["mask"].sum())
                 mismatch_stats(old, x["server_lp"], x["mask"], cfg.tis_cap, m)
-            loss, clipped, kl = policy_loss(cfg, x, logp, old)
+            loss, clipped, kl = policy_loss(cfg, x, logp, old, ent)
             loss = aggregate(loss, x["mask"], x["weight"], cfg.loss_agg, max(norm, 1e-9))
             (loss * world).backward()  # FSDP averages gradients over ranks: * world gives the batch's gradient
             w = x["mask"] * x["weight"].unsqueeze(1)  # the tokens that count, with their sequence's weight
@@ -447,8 +510,10 @@ def main(cfg):
         clock.lap("train")
         # 3. rewards, then group-relative advantages and a weight per sequence (a filter sets it to 0)
         warn = score(seqs, reward_fn, correct_fn, cfg.group_size, m)
-        seqs["adv"] = group_advantages(seqs["reward"], cfg.group_size, cfg.scale_rewards)  # (N,)
-        seqs["weight"] = torch.ones_like(seqs["adv"])  # (N,)
+        shape_rewards(cfg, seqs, m)  # the flags' reward terms (DAPO's overlong penalty)
+        seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)
+        seqs["weight"] = weights(cfg, seqs)  # (N,): 1, or 0 for a sequence the flags filter out
+        set_lr(opt, cfg.lr * lr_factor(step, cfg.steps, cfg.lr_warmup_steps, cfg.lr_schedule, cfg.min_lr_ratio), m)
         clock.lap("score")
         # 4. mu optimizer steps on the GRPO loss; before the first, the check that the server holds our weights
         train(cfg, model, opt, seqs, mbs, rt.world, check, m)
@@ -493,12 +558,9 @@ def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):
     if int(os.environ.get("RANK", 0)) != 0:
         return None
     t0 = time.time()
-    outs = server.rollout(evals, step, greedy=True)["outs"]
-    warn, texts = Counter(), [tok.decode(o[0], skip_special_tokens=True) for o in outs]
-    samples = [{"text": t, "answer": e["answer"], "prompt": e["ids"], "completion": o[0], "finish": o[2],
-                "length": len(o[0])} for t, e, o in zip(texts, evals, outs)]  # no log-probs here
-    acc = sum(reward_fns.safe_reward(correct_fn, s["text"], s["answer"], warn) == 1 for s in samples) / len(evals)
-    reward = sum(reward_fn(s, warn)[0] for s in samples) / len(evals)
+    seqs = sequences(server.rollout(evals, step, greedy=True), tok, 1, "cpu")  # the table, as in training
+    score(seqs, reward_fn, correct_fn, 1, Metrics())
+    acc, reward = seqs["correct"].mean().item(), seqs["reward"].mean().item()
     print0(f"eval step {step}: accuracy {acc:.3f}, reward {reward:.3f} on {len(evals)} held-out prompts (greedy, "
            f"{time.time() - t0:.1f}s)")
     return {"step": step, "eval_accuracy": acc, "eval_reward": reward}
@@ -564,15 +626,23 @@ class MetricsLog:
     """metrics.jsonl (and wandb) on rank 0, the one log line per step, and the NaN/Inf stop rule."""
     def __init__(self, cfg, rt, start, n_train):
         self.cfg, self.master, self.nonfinite_run = cfg, rt.master, 0
-        print0(f"batch: {cfg.prompts_per_step} prompts x {cfg.group_size} completions = {cfg.prompts_per_step * cfg.group_size} "
-               f"sequences per step, {cfg.prompts_per_step // rt.world * cfg.group_size} per rank x {rt.world} ranks; micro-batch "
-               f"{cfg.micro_batch}; {cfg.mu} optimizer step(s) per rollout; {cfg.steps} steps = "
-               f"{cfg.steps * cfg.prompts_per_step / n_train:.2f} epochs")
-        print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from θ_{s-1} while the server "
-                               "samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
+        n = cfg.prompts_per_step * cfg.group_size
+        print0(f"batch: {cfg.prompts_per_step} prompts x {cfg.group_size} completions = {n} sequences per step, "
+               f"{n // rt.world} per rank x {rt.world} ranks; micro-batch {cfg.micro_batch}; {cfg.mu} optimizer "
+               f"step(s) per rollout; {cfg.steps} steps = {cfg.steps * cfg.prompts_per_step / n_train:.2f} epochs")
+        print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from θ_{s-1} while the "
+                               "server samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
         if self.master:
             json.dump(saved_config(cfg), open(os.path.join(cfg.out_dir, "config.json"), "w"), indent=1)
-            self.file = open_metrics(cfg, start)
+            # metrics.jsonl, for appending. A resumed run first drops the rows after its checkpoint (and the
+            # evaluation it repeats), so that the file holds each step once (a fresh run starts in an empty folder).
+            path = os.path.join(cfg.out_dir, "metrics.jsonl")
+            rows = [json.loads(line) for line in open(path) if line.strip()] if os.path.exists(path) else []
+            keep = [r for r in rows if r["step"] < start or (r["step"] == start and "eval_accuracy" not in r)]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in keep)
+            os.replace(path + ".tmp", path)
+            self.file = open(path, "a")
             if cfg.wandb:
                 try:
                     import wandb
@@ -592,11 +662,12 @@ class MetricsLog:
         if warn:  # rewards that raised or returned NaN/None count as 0; say which (rank 0's)
             print0(f"reward warnings at step {m['step']}: {dict(warn)}")
         f = lambda k, spec: "-" if m.get(k) is None else format(m[k], spec)
-        print0(f"step {m['step']:4d} | reward {f('reward_mean', '.3f')} acc {f('accuracy', '.3f')} | kl {f('kl', '.4f')} "
-               f"clip {f('clip_frac', '.3f')} ent {f('entropy', '.2f')} | len {f('completion_len_mean', '.0f')} | rollout "
-               f"{m['time_rollout']:.2f}s train {m['time_train']:.2f}s sync {m['time_sync']:.2f}s step "
-               f"{m['time_step']:.2f}s | {m['rollout_tokens_per_s']:.0f} tok/s | check {f('check_mismatch_mean', '.4f')} "
-               f"mismatch {f('mismatch_mean', '.4f')} from v{m['sampled_from_version']}")
+        print0(f"step {m['step']:4d} | reward {f('reward_mean', '.3f')} acc {f('accuracy', '.3f')} | "
+               f"kl {f('kl', '.4f')} clip {f('clip_frac', '.3f')} ent {f('entropy', '.2f')} | "
+               f"len {f('completion_len_mean', '.0f')} | rollout {m['time_rollout']:.2f}s train {m['time_train']:.2f}s "
+               f"sync {m['time_sync']:.2f}s step {m['time_step']:.2f}s | {m['rollout_tokens_per_s']:.0f} tok/s | "
+               f"check {f('check_mismatch_mean', '.4f')} mismatch {f('mismatch_mean', '.4f')} "
+               f"from v{m['sampled_from_version']}")
         if self.cfg.sample_every and m["step"] % self.cfg.sample_every == 0:
             print0(f"  sample (reward {float(seqs['reward'][0]):g}): {seqs['text'][0][:300]!r}")
         if m.get("empty_batch_skips"):
@@ -604,11 +675,12 @@ class MetricsLog:
         self.write(m)
         self.nonfinite_run = self.nonfinite_run + 1 if m["nonfinite_skips"] else 0  # the same on all ranks
         if m["nonfinite_skips"]:
-            print0(f"warning: NaN/Inf gradient at step {m['step']}: {m['nonfinite_skips']} of {self.cfg.mu} update(s) skipped")
+            print0(f"warning: NaN/Inf gradient at step {m['step']}: {m['nonfinite_skips']} of {self.cfg.mu} "
+                   f"update(s) skipped")
         if self.nonfinite_run >= self.cfg.max_nonfinite_steps:
-            raise UserError(f"NaN/Inf gradients in {self.nonfinite_run} steps in a row (--max_nonfinite_steps); the weights "
-                            f"were left as they were. Lower --lr, check the rewards and --tis_cap, then --resume "
-                            f"from the last checkpoint in {self.cfg.out_dir}.")
+            raise UserError(f"NaN/Inf gradients in {self.nonfinite_run} steps in a row (--max_nonfinite_steps); the "
+                            f"weights were left as they were. Lower --lr, check the rewards and --tis_cap, then "
+                            f"--resume from the last checkpoint in {self.cfg.out_dir}.")
 
     def close(self):
         if self.master and self.cfg.wandb:
@@ -645,10 +717,10 @@ def parse_config(argv=None):
 
 
 # Flags a resumed run may change: how and where it runs, not what it trains (README, "Resuming").
-RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project", "device",
-             "micro_batch", "tf32_head", "grad_checkpointing", "max_nonfinite_steps", "server_url", "api_key", "server_gpu",
-             "colocate", "request_timeout", "request_retries", "sync", "sync_bucket_mb", "nccl_master_addr", "nccl_port",
-             "mismatch_max", "check_seqs"}
+RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
+             "device", "micro_batch", "tf32_head", "grad_checkpointing", "max_nonfinite_steps", "server_url", "api_key",
+             "server_gpu", "colocate", "request_timeout", "request_retries", "sync", "sync_bucket_mb",
+             "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
 
 
 def restore_config(cfg):
@@ -662,16 +734,16 @@ def restore_config(cfg):
     except (OSError, ValueError) as e:
         raise UserError(f"--resume: {path} cannot be read ({e}); it holds the flags of the run to resume") from None
     fields = {f.name: f.default for f in dataclasses.fields(Config)}
-    given = getattr(cfg, "given", None)
+    given = getattr(cfg, "given", None)  # None: a Config built in code, whose given flags are those not at default
     given = {k for k in fields if getattr(cfg, k) != fields[k]} if given is None else given
     changed = [(k, saved[k], getattr(cfg, k)) for k in sorted(given) if k in saved and k not in RESUMABLE
                and saved[k] != getattr(cfg, k)]
     if changed:
-        raise UserError(f"--resume: these flags differ from the run in {cfg.out_dir} (its config.json), and a resumed run "
-                        f"must train what it trained: " + "; ".join(f"--{k.rstrip('_')} was {a!r}, now {b!r}" for k, a, b
-                                                                     in changed) + ". Drop them to continue that run, or "
-                        f"start a new run in another --out_dir. Flags a resume may change: " +
-                        ", ".join(f"--{k.rstrip('_')}" for k in sorted(RESUMABLE)))
+        was = "; ".join(f"--{k.rstrip('_')} was {a!r}, now {b!r}" for k, a, b in changed)
+        raise UserError(f"--resume: these flags differ from the run in {cfg.out_dir} (its config.json), and a resumed "
+                        f"run must train what it trained: {was}. Drop them to continue that run, or start a new run "
+                        f"in another --out_dir. Flags a resume may change: "
+                        + ", ".join(f"--{k.rstrip('_')}" for k in sorted(RESUMABLE)))
     for k, v in saved.items():
         if k in fields and k not in given and k != "api_key":
             setattr(cfg, k, v)
@@ -703,9 +775,13 @@ def check_config(cfg, world):
     except OSError as e:
         raise UserError(f"--out_dir {cfg.out_dir!r} cannot be created or written: {e.strerror}") from None
     if cfg.ratio_level == "sequence" and max(cfg.clip_low, cfg.clip_high) >= 0.01:
-        print0(f"warning: GSPO (--ratio_level sequence) with --clip_low {cfg.clip_low} / --clip_high {cfg.clip_high}: a "
-               f"sequence's ratio is the geometric mean of its tokens', so GRPO's clips almost never bite; GSPO uses ~3e-4")
-    check_out_dir(cfg)
+        print0(f"warning: GSPO (--ratio_level sequence) with --clip_low {cfg.clip_low} / --clip_high "
+               f"{cfg.clip_high}: a sequence's ratio is the geometric mean of its tokens', so GRPO's clips almost "
+               f"never bite; GSPO uses ~3e-4")
+    there = [f for f in ("latest", "metrics.jsonl") if os.path.exists(os.path.join(cfg.out_dir, f))]
+    if there and not cfg.resume:  # it would overwrite that run's checkpoints and mix the two in metrics.jsonl
+        raise UserError(f"--out_dir {cfg.out_dir} already holds a run ({' and '.join(there)}): continue it with "
+                        f"--resume, or start this one in another --out_dir (or delete that one)")
     return servers
 
 
@@ -725,8 +801,12 @@ def parse_servers(cfg):
     """--server_url, --server_gpu -> [(url, [its GPUs])], one per server (one --server_gpu entry serves them all)."""
     urls, gpus = [u.strip() for u in cfg.server_url.split(",")], str(cfg.server_gpu).split(",")
     for u in urls:
-        p = urlparse(u)
-        if p.scheme not in ("http", "https") or not p.hostname or not port_ok(p):
+        try:  # .port raises on a port that is not a number, or out of range
+            p = urlparse(u)
+            ok = p.scheme in ("http", "https") and p.hostname and p.port != 0
+        except ValueError:
+            ok = False
+        if not ok:
             raise UserError(f"--server_url {u!r} is not a server address: it must look like http://127.0.0.1:30000")
     urls = [u.rstrip("/") for u in urls]
     twice = [u for u in urls if urls.count(u) > 1]
@@ -735,16 +815,9 @@ def parse_servers(cfg):
     gpus = gpus * len(urls) if len(gpus) == 1 else gpus
     if len(gpus) != len(urls) or not all(x.strip().isdigit() for g in gpus for x in g.split("+")):
         raise UserError(f"--server_gpu {cfg.server_gpu!r} must name the GPU of each --server_url ({len(urls)}), as "
-                        f"serve.sh's GPU: one entry per server (comma-separated; '+' joins a tensor-parallel server's GPUs, "
-                        f"e.g. 2+3), or one entry for all")
+                        f"serve.sh's GPU: one entry per server (comma-separated; '+' joins a tensor-parallel server's "
+                        f"GPUs, e.g. 2+3), or one entry for all")
     return [(u, [int(x) for x in g.split("+")]) for u, g in zip(urls, gpus)]
-
-
-def port_ok(url):
-    try:
-        return url.port is None or 0 < url.port < 65536
-    except ValueError:  # not a number, or out of range
-        return False
 
 
 def setup(cfg):
@@ -760,7 +833,8 @@ def setup(cfg):
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if use_cuda:
-        dev_idx, server_idx = gpu_layout(servers, cfg.colocate, local_rank, local_world, visible, torch.cuda.device_count())
+        dev_idx, server_idx = gpu_layout(servers, cfg.colocate, local_rank, local_world, visible,
+                                         torch.cuda.device_count())
         device = torch.device("cuda", dev_idx)
         torch.cuda.set_device(device)
     else:
@@ -770,7 +844,8 @@ def setup(cfg):
     if sync == "nccl":  # SGLang's server runs NCCL with cuMem off unless told otherwise: both ends must agree
         os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
     if "RANK" not in os.environ:  # plain `python grpo_sglang.py`: a world of one
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"), RANK="0", WORLD_SIZE="1")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"), RANK="0",
+                          WORLD_SIZE="1")
     # No device_id: a default group bound to a device makes torch build every later NCCL group by splitting
     # it, and the weight-update group must instead meet the server (found on the GPU: the server waited).
     dist.init_process_group("nccl" if use_cuda else "gloo")
@@ -779,8 +854,9 @@ def setup(cfg):
     if use_cuda:  # CUDA-IPC handles then name the GPU by UUID (see the weight sync); CUDA tensors only
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         monkey_patch_torch_reductions()
-    return SimpleNamespace(rank=rank, world=world, master=rank == 0, device=device, mesh=init_device_mesh(device.type, (world,)),
-                           sync=sync, why=why, servers=servers, server_idx=server_idx, ckpt=ckpt)
+    return SimpleNamespace(rank=rank, world=world, master=rank == 0, device=device,
+                           mesh=init_device_mesh(device.type, (world,)), sync=sync, why=why, servers=servers,
+                           server_idx=server_idx, ckpt=ckpt)
 
 
 def load_splits(cfg):
@@ -805,7 +881,7 @@ def load_splits(cfg):
 def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None):
     """Format and tokenize each question once: `fmt` 'chat' uses the tokenizer's chat template, 'plain'
     is 'question\ninstruction\n' (base models). Unusable rows are counted in `skipped`, never fatal."""
-    out = []
+    out, limit = [], max_len or cfg.max_prompt_tokens
     for r in rows:
         q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
         if not isinstance(q, str) or not q.strip():
@@ -816,13 +892,14 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None):
             continue
         text = f"{q.strip()}\n{instruction}".strip()
         if fmt == "chat":
-            text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                           add_generation_prompt=True)
             ids = tok(text, add_special_tokens=False)["input_ids"]  # the template has its special tokens
         else:
             ids = tok(text + "\n")["input_ids"]  # with BOS where the tokenizer adds one
-        if len(ids) > (max_len or cfg.max_prompt_tokens):
-            skipped[f"prompt longer than max_prompt_tokens={cfg.max_prompt_tokens}" if (max_len or cfg.max_prompt_tokens)
-                    == cfg.max_prompt_tokens else f"prompt longer than {max_len} tokens (the server's context)"] += 1
+        if len(ids) > limit:
+            skipped[f"prompt longer than max_prompt_tokens={limit}" if limit == cfg.max_prompt_tokens
+                    else f"prompt longer than {limit} tokens (the server's context)"] += 1
             continue
         out.append({"ids": ids, "answer": str(a), "question": q})
     return out
@@ -835,8 +912,8 @@ def load_data(cfg, context=None):
     tok = AutoTokenizer.from_pretrained(cfg.model)
     fmt = ("chat" if tok.chat_template else "plain") if cfg.prompt_format == "auto" else cfg.prompt_format
     if fmt == "chat" and not tok.chat_template:
-        raise UserError(f"--prompt_format chat, but the tokenizer of {cfg.model} has no chat template (a base model?): "
-                        f"use --prompt_format plain (or auto)")
+        raise UserError(f"--prompt_format chat, but the tokenizer of {cfg.model} has no chat template (a base "
+                        f"model?): use --prompt_format plain (or auto)")
     task = "arithmetic" if cfg.dataset == "builtin" else "gsm8k"
     try:
         reward_fn = reward_fns.combine(cfg.reward, task)  # (sample, warnings) -> (reward, its named parts)
@@ -847,21 +924,23 @@ def load_data(cfg, context=None):
     if context and context - cfg.max_new_tokens - 1 < max_len:  # SGLang refuses prompt + max_new_tokens >= context
         max_len = context - cfg.max_new_tokens - 1
         if max_len < 1:
-            raise UserError(f"--max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt: the server's context is "
-                            f"{context} tokens, prompt and completion together. Lower --max_new_tokens.")
-        print0(f"prompts longer than {max_len} tokens are skipped: the server's context ({context}) minus --max_new_tokens")
+            raise UserError(f"--max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt: the server's context "
+                            f"is {context} tokens, prompt and completion together. Lower --max_new_tokens.")
+        print0(f"prompts longer than {max_len} tokens are skipped: the server's context ({context}) minus "
+               f"--max_new_tokens")
     raw_train, raw_eval, held_out = load_splits(cfg)
     train, evals = (tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len) for rows in (raw_train, raw_eval))
     print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
            f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
-    print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat" else "('question\\ninstruction\\n')"))
+    print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat"
+                                      else "('question\\ninstruction\\n')"))
     if not train or not evals:
         fields = any("_field" in why for why in skipped) and raw_train
-        raise UserError(f"no usable rows left for {'training' if not train else 'evaluation'} (skipped: {dict(skipped)})" +
-                        (f"; the rows have the fields {sorted(raw_train[0])}: name the question's and the answer's with "
-                         f"--prompt_field and --answer_field" if fields else "") +
-                        ("; raise --max_prompt_tokens (or lower --max_new_tokens)" if any("longer" in w for w in skipped)
-                         else ""))
+        hint = (f"; the rows have the fields {sorted(raw_train[0])}: name the question's and the answer's with "
+                f"--prompt_field and --answer_field" if fields else "")
+        hint += "; raise --max_prompt_tokens (or lower --max_new_tokens)" if any("longer" in w for w in skipped) else ""
+        raise UserError(f"no usable rows left for {'training' if not train else 'evaluation'} (skipped: "
+                        f"{dict(skipped)}){hint}")
     return tok, train, evals, reward_fn, reward_fns.CORRECT[task]
 
 
@@ -874,8 +953,9 @@ def load_hf_dataset(cfg):
             for f in sorted(os.listdir(cfg.dataset)):
                 if f.endswith((".json", ".jsonl")):
                     read_rows(os.path.join(cfg.dataset, f))
-        raise UserError(f"could not load dataset {cfg.dataset!r} ({type(e).__name__}: {str(e)[:300]}). --dataset takes "
-                        f"a dataset on the HF hub, a local folder of data files, a .json/.jsonl file, or 'builtin'") from None
+        raise UserError(f"could not load dataset {cfg.dataset!r} ({type(e).__name__}: {str(e)[:300]}). --dataset "
+                        f"takes a dataset on the HF hub, a local folder of data files, a .json/.jsonl file, or "
+                        f"'builtin'") from None
     for flag, split in (("train_split", cfg.train_split), ("eval_split", cfg.eval_split)):
         if split and split not in ds:
             raise UserError(f"--{flag}: dataset {cfg.dataset!r} has no split {split!r} (it has {list(ds)})" +
@@ -886,9 +966,11 @@ def load_hf_dataset(cfg):
 def read_rows(path):
     """A .jsonl file (one JSON object per line) or a .json file (a list of objects) -> rows; errors name the line."""
     example = '{"question": "What is 2 + 3?", "answer": "5"}'
+    if not os.path.exists(path):
+        raise UserError(f"--dataset {path}: no such file")
     if not path.endswith((".json", ".jsonl")) or not os.path.isfile(path):
-        raise UserError(f"--dataset {path}: " + ("no such file" if not os.path.exists(path) else "a local file must be .jsonl (one "
-                        f"JSON object per line, e.g. {example}) or .json (a list of such objects)"))
+        raise UserError(f"--dataset {path}: a local file must be .jsonl (one JSON object per line, e.g. {example}) "
+                        f"or .json (a list of such objects)")
     try:
         text = open(path, encoding="utf-8").read()
     except UnicodeDecodeError:
@@ -920,20 +1002,22 @@ def load_models(cfg, rt):
         print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
     if rt.ckpt:
         check_architecture(rt.ckpt, cfg.model)
-    model = shard(load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing), rt.mesh, torch.bfloat16, cfg.tf32_head)
+    model = load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing)
+    model = shard(model, rt.mesh, torch.bfloat16, cfg.tf32_head)
     ref = None
     if cfg.beta > 0:
         ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(rt.device).eval()
         ref = shard(ref, rt.mesh, torch.bfloat16, cfg.tf32_head).requires_grad_(False)
     # fused: one kernel and no temporaries; the default (foreach) Adam allocates a copy of a moment per step,
     # which for a 7B model on one H200 is the difference between fitting and an OOM at the first step
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=rt.device.type == "cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            fused=rt.device.type == "cuda")
     start = load_checkpoint(rt.ckpt, model, opt) if rt.ckpt else 0
     if rt.ckpt:
         print0(f"resumed from {rt.ckpt} at step {start}")
     if start >= cfg.steps:
-        raise UserError(f"--resume: the checkpoint in {cfg.out_dir} is at step {start} and --steps is {cfg.steps}: nothing "
-                        f"left to train (raise --steps)")
+        raise UserError(f"--resume: the checkpoint in {cfg.out_dir} is at step {start} and --steps is {cfg.steps}: "
+                        f"nothing left to train (raise --steps)")
     return model, ref, opt, start
 
 
@@ -958,19 +1042,22 @@ class Server:
 
     def __init__(self, cfg, rt):
         self.cfg, self.rt, self.urls = cfg, rt, [u for u, _ in rt.servers]
-        info = on_all_ranks(lambda: rt.master and [check_server(cfg, u) for u in self.urls])  # every rank stops on a bad one
-        info = on_all_ranks(lambda: check_servers_once(cfg, rt, rank0(info)))
+        info = [on_all_ranks(lambda: rt.master and [check_server(cfg, u) for u in self.urls])]  # rank 0 asks
+        dist.broadcast_object_list(info, src=0)  # its answers, on every rank
+        info = on_all_ranks(check_servers_once, cfg, rt, info[0])
         self.context = min((s["context"] for s in info if s["context"]), default=None)  # tokens: prompt + completion
-        self.link, servers = None, [{"url": u, **s, "device": torch.device("cuda", i) if rt.device.type == "cuda" and
-                                     i is not None else rt.device}  # rank 0's way to each server's weights
-                                    for u, s, i in zip(self.urls, info, rt.server_idx)]
+        servers = [{"url": u, **s, "device": torch.device("cuda", i) if rt.device.type == "cuda" and i is not None
+                    else rt.device} for u, s, i in zip(self.urls, info, rt.server_idx)]  # where rank 0 stages weights
+        self.link = None  # rank 0's way to the servers' weights
         if rt.master and rt.sync == "tensor":
             self.link = {"kind": "tensor", "servers": servers, "device": servers[0]["device"]}
-        self.link = on_all_ranks(lambda: connect_nccl(cfg, rt.device, servers) if rt.master and rt.sync == "nccl" else self.link)
+        self.link = on_all_ranks(lambda: connect_nccl(cfg, rt.device, servers) if rt.master and rt.sync == "nccl"
+                                 else self.link)
+        tp = [s["tp"] for s in servers]
         where = f", NCCL group at {self.link['where']}" if self.link and "where" in self.link else ""
         print0(f"layout: training on {rt.device} x {rt.world}{' (server colocated)' if cfg.colocate else ''}; server"
-               f"{'s' if len(self.urls) > 1 else ''} at {', '.join(self.urls)}" + (f" (tensor parallel: {[s['tp'] for s in servers]})"
-               if info and max(s["tp"] for s in servers) > 1 else "") + f"; weight sync: {rt.sync} ({rt.why}{where})")
+               f"{'s' if len(self.urls) > 1 else ''} at {', '.join(self.urls)}"
+               + (f" (tensor parallel: {tp})" if max(tp) > 1 else "") + f"; weight sync: {rt.sync} ({rt.why}{where})")
 
     def rollout(self, rows, version, greedy=False):
         """group_size completions of each prompt row (one, greedy, to evaluate), which must come from θ_version.
@@ -978,17 +1065,20 @@ class Server:
         and a group never straddles two servers. -> the batch: rows, outs = [(completion ids, the server's logprobs
         of them, finish reason)], srv (each completion's server), version, span."""
         cfg, t0, n = self.cfg, time.time(), 1 if greedy else self.cfg.group_size
-        sp = {"max_new_tokens": cfg.max_new_tokens, "temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
-              "top_k": cfg.top_k}
+        sp = {"max_new_tokens": cfg.max_new_tokens, "temperature": 0.0 if greedy else cfg.temperature,
+              "top_p": cfg.top_p, "top_k": cfg.top_k}
         srv = [(self.rt.rank * len(rows) + j) % len(self.urls) for j in range(len(rows)) for _ in range(n)]
-        asked = {k: POOL.submit(generate, cfg, url, [r["ids"] for j, r in enumerate(rows) for _ in range(n) if srv[j * n] == k],
-                                str(version), "sampled", "this rollout", sampling_params=sp) for k, url in enumerate(self.urls) if k in srv}
+        ids = lambda k: [r["ids"] for j, r in enumerate(rows) for _ in range(n) if srv[j * n] == k]  # server k's
+        asked = {k: POOL.submit(generate, cfg, url, ids(k), str(version), "sampled", "this rollout", sampling_params=sp)
+                 for k, url in enumerate(self.urls) if k in srv}
         got, outs = {k: iter(f.result()) for k, f in asked.items()}, []  # each request has its own timeout
         for k in srv:
             o = next(got[k])
-            lps = [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]  # SGLang keeps EOS (and its logprob) in
-            if len(lps) != len(o["output_ids"]):                             # output_ids: the policy must learn to stop
-                raise UserError(f"/generate returned {len(o['output_ids'])} tokens but {len(lps)} logprobs: unexpected server version?")
+            # SGLang keeps EOS (and its logprob) in output_ids: the policy must learn to stop
+            lps = [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]
+            if len(lps) != len(o["output_ids"]):
+                raise UserError(f"/generate returned {len(o['output_ids'])} tokens but {len(lps)} logprobs: "
+                                f"unexpected server version?")
             outs.append((o["output_ids"], lps, (o["meta_info"].get("finish_reason") or {}).get("type", "?")))
         return {"rows": rows, "outs": outs, "srv": srv, "version": version, "span": (t0, time.time())}
 
@@ -996,8 +1086,7 @@ class Server:
         """-> check(seqs, m), which train() calls before its first update: the sync check of training on `batch` with
         θ_version, for every server. It compares trainer and server logprobs on the same tokens under the same
         weights: the batch's own if it was sampled from θ_version; else (--async: the batch is one step older) those
-        of a few of its sequences, which their server re-scores with θ_version now, while we train. Rows are found by
-        their index in the batch (the table's row), never by their place in a micro-batch."""
+        of a few of its sequences (rows of the table), which their server re-scores with θ_version now, meanwhile."""
         cfg, srv, outs = self.cfg, batch["srv"], batch["outs"]
         if batch["version"] == version:
             def check_batch(seqs, m):
@@ -1019,8 +1108,8 @@ class Server:
 
         def check_rescored(seqs, m):  # weights from before the update
             lps = t1 or [seqs["lp0"][i, : len(outs[i][0])] for i in rows]
-            now = on_all_ranks(lambda: {k: iter(waited(f, cfg.request_timeout, "re-scoring a batch for the sync check"))
-                                        for k, f in asked.items()})
+            what = "re-scoring a batch for the sync check"
+            now = on_all_ranks(lambda: {k: iter(waited(f, cfg.request_timeout, what)) for k, f in asked.items()})
             self.verdict(version, [rescored_stats(t, next(now[srv[i]]), outs[i][1]) for t, i in zip(lps, rows)],
                          [srv[i] for i in rows], m)
         return check_rescored
@@ -1036,11 +1125,11 @@ class Server:
         dist.all_reduce(total)
         for k, (d, n) in enumerate(total.tolist()):
             if n and d / n > self.cfg.mismatch_max:
-                raise UserError(f"weight sync check failed at step {version + 1}: the server at {self.urls[k]} had the "
-                                f"right version tag (the weights after step {version}), but on {n:.0f} sampled tokens its "
-                                f"logprobs differ from the trainer's, under those weights, by {d / n:.3f} nats on average "
-                                f"(--mismatch_max {self.cfg.mismatch_max}; kernel noise is ~0.01-0.03): it does not "
-                                f"generate with the weights it was sent.")
+                raise UserError(f"weight sync check failed at step {version + 1}: the server at {self.urls[k]} had "
+                                f"the right version tag (the weights after step {version}), but on {n:.0f} sampled "
+                                f"tokens its logprobs differ from the trainer's, under those weights, by {d / n:.3f} "
+                                f"nats on average (--mismatch_max {self.cfg.mismatch_max}; kernel noise is "
+                                f"~0.01-0.03): it does not generate with the weights it was sent.")
         for st in stats:
             m.mean("check_mismatch_mean", st[0], st[1]), m.max("check_mismatch_max", st[2])
             if len(st) > 3:  # re-scored: the staleness on the same tokens too
@@ -1052,26 +1141,29 @@ class Server:
 
     def close(self):
         for srv in self.link["servers"] if self.link and self.link["kind"] == "nccl" else []:
-            call(self.cfg, srv["url"], "/destroy_weights_update_group", {"group_name": srv["group_name"]}, timeout=30, retries=0)
+            call(self.cfg, srv["url"], "/destroy_weights_update_group", {"group_name": srv["group_name"]}, timeout=30,
+                 retries=0)
 
 
 def rescored_stats(trainer, now, then):
-    """One re-scored sequence: trainer (C,) vs the server now (same weights: kernel noise only, whatever the lr), and
-    the server when it sampled, one step older, vs now (the pure staleness) -> (|Δ| sum, tokens, max, stale sum, max)."""
+    """One re-scored sequence: trainer (C,) vs the server now (same weights: kernel noise only, whatever the lr),
+    and the server when it sampled, one step older, vs now (the pure staleness) -> (|Δ| sum, tokens, max, stale
+    sum, max)."""
     now = trainer.new_tensor(now)
     d, stale = (trainer[: len(now)] - now).abs(), (trainer.new_tensor(then) - now).abs()
     return d.sum().item(), len(now), d.max().item(), stale.sum().item(), stale.max().item()
 
 
 def call(cfg, url, path, payload=None, timeout=None, retries=None):
-    """POST (or GET without payload) to the server at `url`, with timeout, retries and backoff. -> parsed JSON or text."""
+    """POST (or GET without payload) to the server at `url`, with timeout, retries and backoff. -> JSON or text."""
     retries = cfg.request_retries if retries is None else retries
     for attempt in range(retries + 1):
         try:
             r = requests.request("GET" if payload is None else "POST", url + path, json=payload,
                                  headers=auth(cfg), timeout=timeout or cfg.request_timeout)
             if r.status_code in (401, 403):
-                raise UserError(f"the server at {url} refused {path} (HTTP {r.status_code}): wrong or missing --api_key")
+                raise UserError(f"the server at {url} refused {path} (HTTP {r.status_code}): wrong or missing "
+                                f"--api_key")
             if r.status_code >= 500 and attempt < retries:  # overloaded or restarting: try again
                 raise requests.ConnectionError(f"HTTP {r.status_code}: {r.text[:200]}")
             if r.status_code >= 400:
@@ -1100,8 +1192,8 @@ def check_server(cfg, url):
     if not isinstance(info, dict):
         raise UserError(f"{url} does not answer like an SGLang server (/model_info: {str(info)[:100]!r})")
     served = str(info.get("model_path", ""))
-    same = served == cfg.model or (os.path.exists(cfg.model) and os.path.realpath(served) == os.path.realpath(cfg.model))
-    if not same:
+    same = os.path.exists(cfg.model) and os.path.realpath(served) == os.path.realpath(cfg.model)
+    if served != cfg.model and not same:
         raise UserError(f"the server at {url} serves {served!r} but the trainer trains {cfg.model!r}.\n"
                         f"Restart it with the same model: bash serve.sh stop && MODEL={cfg.model} bash serve.sh")
     server_info = call(cfg, url, "/server_info", timeout=30)
@@ -1121,9 +1213,9 @@ def check_server(cfg, url):
 
 
 def check_servers_once(cfg, rt, info):
-    """Each server counted once: two names of one server (127.0.0.1 and localhost, or this host's name) would get every
-    push twice. The same server: the same address and port, or both on this host and listening on the same port (as
-    each reports it). A tensor-parallel server on this host must have all its GPUs in --server_gpu. -> info."""
+    """Each server counted once: two names of one server (127.0.0.1 and localhost, or this host's name) would get
+    every push twice. The same server: the same address and port, or both on this host and listening on the same
+    port (as each reports it). A tensor-parallel server on this host must have all its GPUs in --server_gpu."""
     where = [address(u) for u, _ in rt.servers]
     for j, ((host, port), s) in enumerate(zip(where, info)):
         for i in range(j):
@@ -1133,9 +1225,9 @@ def check_servers_once(cfg, rt, info):
                                 f"list each server once (else it gets every push twice)")
     for (url, gpus), s, (host, _) in zip(rt.servers, info, where):
         if on_this_host(host) and len(gpus) != s["tp"] and not (cfg.colocate and len(rt.servers) == 1):
-            raise UserError(f"--server_gpu gives the server at {url} {len(gpus)} GPU(s) ({'+'.join(map(str, gpus))}), but it "
-                            f"is tensor-parallel over {s['tp']}: name all its GPUs joined by '+' (e.g. 2+3), as serve.sh "
-                            f"prints them, so that no training rank lands on one of them")
+            raise UserError(f"--server_gpu gives the server at {url} {len(gpus)} GPU(s) ({'+'.join(map(str, gpus))}), "
+                            f"but it is tensor-parallel over {s['tp']}: name all its GPUs joined by '+' (e.g. 2+3), as "
+                            f"serve.sh prints them, so that no training rank lands on one of them")
     return info
 
 
@@ -1153,13 +1245,6 @@ def on_this_host(host):
     return host in ("localhost", "127.0.0.1", "::1", socket.gethostname()) or host == local_address(host)
 
 
-def rank0(obj):
-    """Rank 0's obj on every rank."""
-    out = [obj]
-    dist.broadcast_object_list(out, src=0)
-    return out[0]
-
-
 def generate(cfg, url, input_ids, version, did, what, **req):
     """One batched /generate (the server schedules all of it, and every rank's, together) -> its answers. Every
     answer must come from weights `version` (the tag of the last push), or we stop: a push was lost."""
@@ -1168,10 +1253,11 @@ def generate(cfg, url, input_ids, version, did, what, **req):
         raise UserError(f"/generate returned {type(out).__name__} of unexpected size (wanted {len(input_ids)} items)")
     for o in out:
         if str(o["meta_info"].get("weight_version")) != version:
-            raise UserError(f"the server at {url} {did} with weights of version {o['meta_info'].get('weight_version')!r}, but {what} "
-                            f"must come from version {version!r} (the trainer's weights after step {version}). A weight push "
-                            f"was skipped, rejected or reordered, or another client changed the server's weights. Stopping "
-                            f"rather than training on another policy's samples.")
+            raise UserError(f"the server at {url} {did} with weights of version "
+                            f"{o['meta_info'].get('weight_version')!r}, but {what} must come from version {version!r} "
+                            f"(the trainer's weights after step {version}). A weight push was skipped, rejected or "
+                            f"reordered, or another client changed the server's weights. Stopping rather than "
+                            f"training on another policy's samples.")
     return out
 
 
@@ -1181,8 +1267,8 @@ def rescore(cfg, url, seqs, version):
     raw logits (temperature 1) and start with None for the token at logprob_start_len: we start one early.
     Their token ids say that they line up with the tokens sent; SGLang reports ids >= vocab_size - 1 as 0
     (it clips image-token hashes so), and a random-weight model, sampling every id, does sample the last one."""
-    out = generate(cfg, url, [p + c for p, c in seqs], version, "re-scored the batch", "this check", sampling_params={
-        "max_new_tokens": 0}, logprob_start_len=[len(p) - 1 for p, _ in seqs])
+    out = generate(cfg, url, [p + c for p, c in seqs], version, "re-scored the batch", "this check",
+                   sampling_params={"max_new_tokens": 0}, logprob_start_len=[len(p) - 1 for p, _ in seqs])
     lps = [o["meta_info"]["input_token_logprobs"][-len(c):] for o, (_, c) in zip(out, seqs)]
     for got, (_, c) in zip(lps, seqs):
         off = [i for i, ((lp, t, *_), x) in enumerate(zip(got, c)) if lp is None or t not in (x, 0)]
@@ -1195,8 +1281,8 @@ def rescore(cfg, url, seqs, version):
 
 
 def check_rows(srv, k):
-    """About k of a rank's rows (srv: each row's server) for the re-score check, evenly spaced over each server's rows,
-    and at least one of each server's: a server that drops weights must be among the re-scored."""
+    """About k of a rank's rows (srv: each row's server) for the re-score check, evenly spaced over each server's
+    rows, and at least one of each server's: a server that drops weights must be among the re-scored."""
     per, rows = -(-k // len(set(srv))), []
     for server in sorted(set(srv)):
         idx = [i for i, s in enumerate(srv) if s == server]
@@ -1207,28 +1293,29 @@ def check_rows(srv, k):
 POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64)  # requests (to every server), NCCL sends, rollouts
 
 
-def waited(future, timeout, what):
-    """future.result(), its error raised here, and a timeout that ends in a clear message, never a hang."""
+def waited(future, timeout=None, what=None, hint=None):
+    """future.result(), its UserError raised here (with `hint` on a line of its own), and a timeout that ends in a
+    clear message, never a hang."""
     try:
         return future.result(timeout)
     except concurrent.futures.TimeoutError:
         raise UserError(f"{what} did not finish within {timeout:.0f}s (--request_timeout): is the server still alive? "
                         f"Its log (serve.log) says more.") from None
+    except UserError as e:
+        raise UserError(f"{e}\n{hint}" if hint else str(e)) from None
 
 
 def on_all_ranks(fn, *args):
     """fn(*args) on this rank; a UserError on ANY rank is raised on every rank, so none of them is
     left waiting in a collective for a rank that stopped."""
-    err = out = None
     try:
-        out = fn(*args)
+        out, err = fn(*args), None
     except UserError as e:
-        err = str(e)
+        out, err = None, str(e)
     errs = [None] * dist.get_world_size()
     dist.all_gather_object(errs, err)
-    errs = [e for e in errs if e]
-    if errs:
-        raise UserError(errs[0])
+    if any(errs):
+        raise UserError(next(e for e in errs if e))
     return out
 
 
@@ -1249,15 +1336,16 @@ def gpu_layout(servers, colocate, local_rank, local_world, visible, n_devices):
         raise UserError(f"{local_world} training ranks but only {n_devices} visible GPUs")
     if colocate and len(servers) == 1:
         return local_rank, [0]
-    ids, firsts = [s.strip() for s in visible.split(",")] if visible is not None else [str(i) for i in range(n_devices)], []
+    ids = [s.strip() for s in visible.split(",")] if visible is not None else [str(i) for i in range(n_devices)]
+    firsts = []
     for url, gpus in servers:
         stages = [ids.index(str(g)) if str(g) in ids else None for g in gpus]
         for gpu, stage in zip(gpus, stages):
             if stage is not None and stage < local_world and not colocate:
-                raise UserError(f"training rank {stage} would run on GPU {gpu}, which the SGLang server at {url} uses. Ranks "
-                                f"take the visible GPUs 0..n-1 in order: use fewer ranks or list the server's GPU last in "
-                                f"CUDA_VISIBLE_DEVICES, move the server (GPU=<id> bash serve.sh, --server_gpu <id>), or pass "
-                                f"--colocate to share it on purpose.")
+                raise UserError(f"training rank {stage} would run on GPU {gpu}, which the SGLang server at {url} "
+                                f"uses. Ranks take the visible GPUs 0..n-1 in order: use fewer ranks or list the "
+                                f"server's GPU last in CUDA_VISIBLE_DEVICES, move the server (GPU=<id> bash serve.sh, "
+                                f"--server_gpu <id>), or pass --colocate to share it on purpose.")
         firsts.append(stages[0])
     return local_rank, firsts
 
@@ -1269,12 +1357,13 @@ def pick_sync(cfg, servers, server_idx, visible):
     if cfg.sync == "nccl":
         return "nccl", "--sync nccl"
     if not away and None not in server_idx:
-        return "tensor", ("on the CPU: tensors shared through files" if server_idx[0] == "cpu" else "the server shares rank 0's "
-                          "GPU" if cfg.colocate and len(servers) == 1 else f"rank 0 sees the servers' GPU {cfg.server_gpu}")
+        return "tensor", ("on the CPU: tensors shared through files" if server_idx[0] == "cpu"
+                          else "the server shares rank 0's GPU" if cfg.colocate and len(servers) == 1
+                          else f"rank 0 sees the servers' GPU {cfg.server_gpu}")
     hidden = [gpus[0] for (_, gpus), i in zip(servers, server_idx) if i is None]
-    why = (f"the server's GPU {hidden[0]} (--server_gpu) is not visible to the trainer "
-           f"({f'CUDA_VISIBLE_DEVICES={visible}' if visible is not None else 'no such GPU here'})"
-           if not away else f"the server ({away[0]}) is on another host")
+    seen = f"CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "no such GPU here"
+    why = (f"the server ({away[0]}) is on another host" if away
+           else f"the server's GPU {hidden[0]} (--server_gpu) is not visible to the trainer ({seen})")
     if cfg.sync == "tensor":
         raise UserError(f"--sync tensor needs rank 0 to see the server's GPU on the same host, but {why}. Use "
                         f"--sync nccl (or auto), or fix the layout: --server_gpu <id>, or unset CUDA_VISIBLE_DEVICES.")
@@ -1311,21 +1400,15 @@ def weight_buckets(model, limit, keep):
 
 
 def pack(named, device):
-    """[(name, tensor)] -> (ONE flat uint8 buffer on `device` holding every tensor as bf16, back to
-    back; SGLang's FlattenedTensorMetadata of each): the layout its FlattenedTensorBucket reads."""
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
-    flat = torch.empty(sum(t.numel() * 2 for _, t in named), dtype=torch.uint8, device=device)
-    meta, off = [], 0
-    for name, t in named:
-        n = t.numel() * 2
-        flat[off: off + n].view(torch.bfloat16).copy_(t.reshape(-1))  # cast (+ cross-GPU copy)
-        meta.append(FlattenedTensorMetadata(name=name, shape=t.shape, dtype=torch.bfloat16,
-                                            start_idx=off, end_idx=off + n, numel=n))
-        off += n
+    """[(name, tensor)] -> SGLang's FlattenedTensorBucket of them, as (its flat uint8 buffer, its metadata): every
+    tensor as bf16, back to back, on `device`. (Its two copies of the bucket live only while it concatenates.)"""
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+    bucket = FlattenedTensorBucket(named_tensors=[(name, t.to(device, torch.bfloat16)) for name, t in named])
+    flat = bucket.get_flattened_tensor()
     if flat.is_cuda:  # the gathers and copies are done (on our GPU and the buffer's) before anyone reads it
         torch.cuda.synchronize()
         torch.cuda.synchronize(device)
-    return flat, meta
+    return flat, bucket.get_metadata()
 
 
 def send_bucket(cfg, link, flat, meta, last, version):
@@ -1335,34 +1418,33 @@ def send_bucket(cfg, link, flat, meta, last, version):
     nccl: every server posts its receive when the request reaches it, so all requests are in flight before our
     broadcasts (one per server's group) are waited on (a blocking request first would deadlock); the broadcasts run
     on a side thread and all are waited on with --request_timeout: a dead server is an error, never an NCCL hang."""
-    req, flats = {"load_format": "flattened_bucket", "flush_cache": last, "weight_version": version if last else None}, {}
+    req = {"load_format": "flattened_bucket", "flush_cache": last, "weight_version": version if last else None}
+    flats, sent, hint = {}, None, None
     if link["kind"] == "tensor":
         for d in {srv["device"] for srv in link["servers"]}:
             flats[d] = flat.to(d)  # the same tensor where it already is
             if flat.is_cuda:
                 torch.cuda.synchronize(d)
-        # one serialization for each receiving rank: each counts one reference to the shared memory, which that rank's
-        # rebuild releases (one payload read by three ranks released it three times: seen with stand-ins under load)
+        # one serialization for each receiving rank: each counts one reference to the shared memory, which that
+        # rank's rebuild releases (one payload read by three ranks released it three times: seen with stand-ins)
         posts = [POOL.submit(call, cfg, s["url"], "/update_weights_from_tensor", {
             **req, "serialized_named_tensors": [serialize_bucket(flats[s["device"]], meta) for _ in range(s["tp"])]})
                  for s in link["servers"]]
-        sent = None
     else:
         req.update(names=[m.name for m in meta], dtypes=["bfloat16"] * len(meta), shapes=[list(m.shape) for m in meta])
-        posts = [POOL.submit(call, cfg, s["url"], "/update_weights_from_distributed", {**req, "group_name": s["group_name"]},
-                             retries=0) for s in link["servers"]]  # a retry would expect a second send
+        posts = [POOL.submit(call, cfg, s["url"], "/update_weights_from_distributed",
+                             {**req, "group_name": s["group_name"]}, retries=0)  # a retry would expect a second send
+                 for s in link["servers"]]
         sent = POOL.submit(lambda: [broadcast(flat, s["group"]) for s in link["servers"]])
+        hint = ("The NCCL broadcast of a weight bucket did not complete. If the servers are alive, NCCL could not "
+                "connect the ends: run both sides with NCCL_DEBUG=INFO (see the README).")
 
     def wait():
         for srv, answered in zip(link["servers"], posts):
-            try:
-                r = answered.result()  # raises if the server refused or did not answer in time: nothing waits on NCCL
-            except UserError as e:
-                raise UserError(f"{e}\nThe NCCL broadcast of a weight bucket did not complete. If the servers are alive, NCCL "
-                                f"could not connect the ends: run both sides with NCCL_DEBUG=INFO (see the README).") if sent else e from None
+            r = waited(answered, hint=hint)  # the request has its own timeout: nothing here waits on NCCL
             if not (isinstance(r, dict) and r.get("success")):
-                raise UserError(f"the server at {srv['url']} rejected the weight update: {r}. Training on would sample from "
-                                f"stale weights, so we stop.")
+                raise UserError(f"the server at {srv['url']} rejected the weight update: {r}. Training on would "
+                                f"sample from stale weights, so we stop.")
         if sent:
             waited(sent, cfg.request_timeout, "the NCCL send of a weight bucket")
         return flat.numel()
@@ -1383,42 +1465,34 @@ def broadcast(flat, group):
 
 
 def connect_nccl(cfg, device, servers):
-    """Rank 0: one group with each server (us rank 0, its TP ranks 1..tp), built with SGLang's own helper and the same
-    group name on both sides. Not one group for all servers: NCCL refuses two ranks of a group on one GPU, and servers
-    that share a GPU (or rank 0's) are a layout we use. Everyone blocks until all have joined, so the requests run on
-    side threads. -> the link: its servers, each with its group."""
+    """Rank 0: one group with each server (us rank 0, its TP ranks 1..tp), built with SGLang's own helper and the
+    same group name on both sides. Not one group for all servers: NCCL refuses two ranks of a group on one GPU, and
+    servers that share a GPU (or rank 0's) are a layout we use. Everyone blocks until all have joined, so the
+    requests run on side threads. -> the link: its servers, each with its group."""
     from datetime import timedelta
     from sglang.srt.utils import init_custom_process_group
+    from torch.distributed.elastic.utils.distributed import get_free_port
     addr = cfg.nccl_master_addr or local_address(urlparse(servers[0]["url"]).hostname or "127.0.0.1")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # under torchrun, tcp:// rendezvous would only be a
-    #                                                       client of torchrun's store; we must host this one
+    # under torchrun, tcp:// rendezvous would only be a client of torchrun's store; we must host this one
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
     joins = []
     for k, srv in enumerate(servers):
-        port = cfg.nccl_port + k if cfg.nccl_port else free_port()
+        port = cfg.nccl_port + k if cfg.nccl_port else get_free_port()
         srv.update(group_name=f"grpo_sglang_{socket.gethostname()}_{os.getpid()}_{k}", where=f"{addr}:{port}")
-        joins.append((POOL.submit(call, cfg, srv["url"], "/init_weights_update_group", {
-            "master_address": addr, "master_port": port, "rank_offset": 1, "world_size": 1 + srv["tp"],
-            "group_name": srv["group_name"], "backend": backend}, retries=0), POOL.submit(
-            init_custom_process_group, backend=backend, init_method=f"tcp://{addr}:{port}", world_size=1 + srv["tp"], rank=0,
-            group_name=srv["group_name"], timeout=timedelta(seconds=cfg.request_timeout))))
+        group = {"backend": backend, "world_size": 1 + srv["tp"], "group_name": srv["group_name"]}  # on both ends
+        joins.append((POOL.submit(call, cfg, srv["url"], "/init_weights_update_group",
+                                  {**group, "master_address": addr, "master_port": port, "rank_offset": 1}, retries=0),
+                      POOL.submit(init_custom_process_group, **group, init_method=f"tcp://{addr}:{port}", rank=0,
+                                  timeout=timedelta(seconds=cfg.request_timeout))))
     for srv, (joined, group) in zip(servers, joins):
-        try:
-            r = joined.result()
-        except UserError as e:
-            raise UserError(f"{e}\nThe server at {srv['url']} did not join the NCCL group at {srv['where']}: it must reach "
-                            f"this address and port (--nccl_master_addr, --nccl_port, firewall; NCCL_SOCKET_IFNAME picks "
-                            f"the interface).") from None
+        r = waited(joined, hint=f"The server at {srv['url']} did not join the NCCL group at {srv['where']}: it must "
+                                f"reach this address and port (--nccl_master_addr, --nccl_port, firewall; "
+                                f"NCCL_SOCKET_IFNAME picks the interface).")
         if not (isinstance(r, dict) and r.get("success")):
             raise UserError(f"the server at {srv['url']} could not join the NCCL weight-update group: {r}")
         srv["group"] = waited(group, cfg.request_timeout, "joining the NCCL group")
     return {"kind": "nccl", "servers": servers, "device": device, "where": ", ".join(s["where"] for s in servers)}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def push_weights(cfg, model, link, version):
@@ -1467,33 +1541,87 @@ def load_policy(path, device, grad_checkpointing):
     return model
 
 
-class TF32Matmul(torch.autograd.Function):
-    """(..., H) @ (V, H)^T -> (..., V) in fp32, its forward and both backward GEMMs on TF32 tensor cores
-    (inputs rounded to 10 mantissa bits, fp32 sums and output). Scoped to this matmul: the global switch
-    would also round the fp32 RoPE angle matmul of transformers' models (transformers issue 48428)."""
+class HeadLogprobs(torch.autograd.Function):
+    """(N, H) final hidden states, (V, H) LM head weight, (N,) targets -> (N,) log p(target) and (N,) the entropy of
+    softmax(z), z = cap(x W^T) / temperature, in fp32, `chunk` rows at a time: the (N, V) fp32 logits never exist at
+    once, and backward recomputes each chunk's logits (one more head matmul) rather than keeping them (the idea of
+    Liger's fused linear cross-entropy). cap: Gemma's soft-capping, cap * tanh(logits / cap). TF32 matmuls if tf32:
+    scoped to the head, since the global switch would also round the fp32 RoPE angles (transformers issue 48428)."""
     @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w)
-        with tf32_matmuls():
-            return x @ w.T
+    def forward(ctx, x, w, targets, temperature, cap, tf32, chunk):
+        lp, ent, lse = (torch.empty(len(x), device=x.device) for _ in range(3))
+        for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
+            z = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)[0]  # (chunk, V)
+            lse[r] = torch.logsumexp(z, -1)
+            lp[r] = z.gather(1, targets[r, None]).squeeze(1) - lse[r]
+            ent[r] = lse[r] - torch.einsum("nv,nv->n", torch.exp(z - lse[r, None]), z)  # logsumexp(z) - Σ p z
+        ctx.save_for_backward(x, w, targets, lse, ent)
+        ctx.args = temperature, cap, tf32, chunk
+        ctx.set_materialize_grads(False)  # an output nobody used (the entropy, mostly) has no gradient to compute
+        return lp, ent
 
     @staticmethod
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        with tf32_matmuls():
-            dx = dy @ w if ctx.needs_input_grad[0] else None
-            dw = dy.flatten(0, -2).T @ x.flatten(0, -2) if ctx.needs_input_grad[1] else None
-        return dx, dw
+    def logits(x, w, temperature, cap, tf32):
+        """-> the rows' z, and dz/d(x W^T) / temperature where a soft-cap makes it more than that (else None)."""
+        with tf32_matmuls(tf32):
+            raw = x.float() @ w.float().T
+        if not cap:
+            return raw / temperature, None
+        t = torch.tanh(raw / cap)
+        return cap * t / temperature, 1 - t * t
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        """d log p_target / dz = onehot - p;  d entropy / dz = -p (log p + entropy)."""
+        x, w, targets, lse, ent = ctx.saved_tensors
+        temperature, cap, tf32, chunk = ctx.args
+        dx, dw = torch.empty_like(x) if ctx.needs_input_grad[0] else None, None
+        for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
+            z, dcap = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)
+            logp = z - lse[r, None]
+            p, gz = torch.exp(logp), torch.zeros_like(z)
+            if g_lp is not None:
+                gz = gz - p * g_lp[r, None]
+                gz.scatter_add_(1, targets[r, None], g_lp[r, None].float())
+            if g_ent is not None:
+                gz = gz - p * (logp + ent[r, None]) * g_ent[r, None]
+            gz = gz / temperature if dcap is None else gz * dcap / temperature
+            with tf32_matmuls(tf32):
+                if dx is not None:
+                    dx[r] = (gz @ w.float()).to(x.dtype)
+                if ctx.needs_input_grad[1]:
+                    dw = gz.T @ x[r].float() if dw is None else dw + gz.T @ x[r].float()
+        return dx, dw.to(w.dtype) if dw is not None else None, None, None, None, None, None
 
 
 @contextlib.contextmanager
-def tf32_matmuls():
+def tf32_matmuls(on=True):
     before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")  # TF32 (what SGLang's --enable-tf32-matmul sets)
+    torch.set_float32_matmul_precision("high" if on else before)  # TF32 (what SGLang's --enable-tf32-matmul sets)
     try:
         yield
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def install_head(model, tf32_head=False):
+    """The LM head computes the log-probs of the tokens that completion_logprobs asks for (head.job) and their
+    entropy, with HeadLogprobs, instead of the (B, C, V) logits; asked nothing, it returns the logits."""
+    head, cap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        raise UserError(f"{type(model).__name__}'s LM head is a {type(head).__name__} (with its bias, if any): the "
+                        f"trainer's head (HeadLogprobs) takes a Linear without bias, as Llama, Qwen and Gemma have")
+    model.config.final_logit_softcapping = None  # the head applies it: the model would apply it to what it returns
+    chunk = max(1, 2**27 // head.weight.shape[0])  # rows of fp32 logits per chunk: 512 MB
+
+    def head_forward(x):  # (B, C+1, H); head.weight: by now FSDP has swapped the gathered weight in
+        if "job" not in head.__dict__:  # a plain call: the logits (with an autograd of its own, in fp32)
+            return HeadLogprobs.logits(x, head.weight, 1.0, cap, tf32_head)[0]
+        targets, mask, temperature = head.__dict__.pop("job")  # set by completion_logprobs: (B, C), (B, C), T
+        lp, ent = HeadLogprobs.apply(x[:, :-1][mask], head.weight, targets[mask], temperature, cap, tf32_head, chunk)
+        head.entropy = torch.zeros(mask.shape, device=x.device).masked_scatter(mask, ent)
+        return torch.zeros(mask.shape, device=x.device).masked_scatter(mask, lp)  # (B, C): the log-probs
+    head.forward = head_forward
 
 
 def shard(model, mesh, param_dtype, tf32_head=False):
@@ -1508,20 +1636,14 @@ def shard(model, mesh, param_dtype, tf32_head=False):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.utils._pytree import tree_map
     to_compute = lambda t: t.to(param_dtype) if torch.is_tensor(t) and t.is_floating_point() else t
+    block = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for m in model.modules():
         if type(m).__name__ in (model._no_split_modules or []):
-            fully_shard(m, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32))
+            fully_shard(m, mesh=mesh, mp_policy=block)
             # FSDP casts a block's inputs to bf16, but not when checkpointing re-runs the block in backward:
             # the root's fp32 rotary cos/sin then met bf16 values in attention (an H200 run, transformers 5.12)
             m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)
-    head = model.get_output_embeddings()
-    if tf32_head and type(head) is torch.nn.Linear:
-        def head_forward(x):  # head.weight: by now FSDP has swapped the gathered weight in
-            y = TF32Matmul.apply(x.float(), head.weight)
-            return y if head.bias is None else y + head.bias
-        head.forward = head_forward
-    else:
-        head.register_forward_pre_hook(lambda m, args: (args[0].float(), *args[1:]))
+    install_head(model, tf32_head)
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
     return model
 
@@ -1552,9 +1674,10 @@ def save_checkpoint(cfg, model, opt, tok, step):
             os.replace(os.path.join(cfg.out_dir, "latest.tmp"), os.path.join(cfg.out_dir, "latest"))
         except Exception as e:  # a full disk (seen with a 7B model), a quota, permissions: say so, clean up
             shutil.rmtree(d, ignore_errors=True)
-            raise UserError(f"could not write the checkpoint {d} ({type(e).__name__}: {str(e)[:200]}). Is the disk full? "
-                            f"A checkpoint holds fp32 weights and Adam's two moments, ~{12 * n_params / 1e9:.1f} GB: free "
-                            f"space or use another --out_dir. The previous checkpoint there is intact (--resume).") from None
+            raise UserError(f"could not write the checkpoint {d} ({type(e).__name__}: {str(e)[:200]}). Is the disk "
+                            f"full? A checkpoint holds fp32 weights and Adam's two moments, ~{12 * n_params / 1e9:.1f} "
+                            f"GB: free space or use another --out_dir. The previous checkpoint there is intact "
+                            f"(--resume).") from None
         if old and os.path.basename(old) != f"step_{step}":
             shutil.rmtree(old, ignore_errors=True)
     on_all_ranks(lambda: dist.get_rank() == 0 and write())  # every rank stops if the write failed
@@ -1591,31 +1714,11 @@ def checkpoint_to_resume(out_dir):
         return d
     others = sorted((c for c in os.listdir(out_dir) if c.startswith("step_") and complete(os.path.join(out_dir, c))),
                     key=lambda c: int(c[5:]) if c[5:].isdigit() else -1)
-    raise UserError(f"--resume: {os.path.join(out_dir, 'latest')} names {os.path.basename(d)}, but "
-                    f"{'that folder is gone' if not os.path.isdir(d) else 'it is incomplete (no config.json or trainer_state.pt)'}. "
-                    + (f"Complete checkpoints here: {', '.join(others)}; to resume from the last one: echo {others[-1]} > "
-                       f"{os.path.join(out_dir, 'latest')}" if others else "There is no other checkpoint here: start afresh in "
-                       "another --out_dir."))
-
-
-def open_metrics(cfg, start):
-    """metrics.jsonl for appending. A fresh run never writes into another run's folder; a resumed one first drops
-    the rows after its checkpoint (and the evaluation it repeats), so that the file holds each step once."""
-    path = os.path.join(cfg.out_dir, "metrics.jsonl")
-    rows = [json.loads(line) for line in open(path) if line.strip()] if os.path.exists(path) else []
-    keep = [r for r in rows if r["step"] < start or (r["step"] == start and "eval_accuracy" not in r)]
-    with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in keep)
-    os.replace(path + ".tmp", path)
-    return open(path, "a")
-
-
-def check_out_dir(cfg):
-    """A fresh run into a folder that holds a run would overwrite its checkpoints and mix the two in metrics.jsonl."""
-    there = [f for f in ("latest", "metrics.jsonl") if os.path.exists(os.path.join(cfg.out_dir, f))]
-    if there and not cfg.resume:
-        raise UserError(f"--out_dir {cfg.out_dir} already holds a run ({' and '.join(there)}): continue it with --resume, or "
-                        f"start this one in another --out_dir (or delete that one)")
+    latest = os.path.join(out_dir, "latest")
+    why = "that folder is gone" if not os.path.isdir(d) else "it is incomplete (no config.json or trainer_state.pt)"
+    fix = (f"Complete checkpoints here: {', '.join(others)}; to resume from the last one: echo {others[-1]} > {latest}"
+           if others else "There is no other checkpoint here: start afresh in another --out_dir.")
+    raise UserError(f"--resume: {latest} names {os.path.basename(d)}, but {why}. {fix}")
 
 
 def all_reduce_named(values, op, device):
@@ -1626,6 +1729,20 @@ def all_reduce_named(values, op, device):
     t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=device).reshape(()) for k in keys])
     dist.all_reduce(t, op=op)
     return dict(zip(keys, t.tolist()))
+
+
+def batch_std(x):
+    """All ranks: (N,) this rank's values -> the unbiased std of the whole batch's (TRL's scale_rewards='batch')."""
+    t = torch.stack([torch.tensor(float(len(x)), device=x.device), x.sum(), (x * x).sum()]).double()
+    dist.all_reduce(t)
+    n, s, ss = t.tolist()
+    return torch.tensor(max(ss - s * s / n, 0.0) / max(n - 1, 1), device=x.device).sqrt()
+
+
+def set_lr(opt, lr, m):
+    for group in opt.param_groups:
+        group["lr"] = lr
+    m.max("lr", lr)
 
 
 def batch_counts(seqs, mbs):

@@ -48,12 +48,31 @@ def test_group_advantages_hand_values():
     assert torch.equal(g.group_advantages(r, 8)[:8], torch.zeros(8)) and g.group_advantages(r, 8)[8:].abs().sum() > 1
 
 
-def test_token_logprobs_matches_log_softmax_and_temperature():
-    logits = torch.tensor([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]])  # (1, 2, 3)
-    lp = g.token_logprobs(logits, torch.tensor([[2, 1]]))
-    assert torch.allclose(lp, torch.tensor([[3 - math.log(math.e + math.e ** 2 + math.e ** 3), -math.log(3)]]))
-    lp2 = g.token_logprobs(logits, torch.tensor([[2, 1]]), temperature=2.0)
-    assert torch.allclose(lp2[0, 0], torch.tensor(1.5 - math.log(math.e ** 0.5 + math.e + math.e ** 1.5)))
+def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
+    """The LM head's log-probs and entropies, chunk by chunk, and its own backward, against log_softmax and autograd
+    in float64 on fresh random inputs: temperatures, chunks that do not divide the rows, Gemma's soft-capping, the
+    log-probs alone (no entropy gradient) and both."""
+    logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])  # hand values: x = the logits, W = I
+    lp, ent = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 1.0, None, False, 1)
+    assert torch.allclose(lp, torch.tensor([3 - math.log(math.e + math.e ** 2 + math.e ** 3), -math.log(3)]))
+    assert torch.allclose(ent[1], torch.tensor(math.log(3)))
+    lp2, _ = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 2.0, None, False, 5)
+    assert torch.allclose(lp2[0], torch.tensor(1.5 - math.log(math.e ** 0.5 + math.e + math.e ** 1.5)))
+    torch.manual_seed(0)
+    for cap, T, chunk, both in ((None, 1.0, 3, True), (None, 0.7, 5, False), (30.0, 0.8, 4, True), (2.0, 1.0, 99, True)):
+        x, w = torch.randn(11, 6, dtype=torch.float64, requires_grad=True), torch.randn(13, 6, dtype=torch.float64,
+                                                                                      requires_grad=True)
+        t, gl, ge = torch.randint(0, 13, (11,)), torch.randn(11, dtype=torch.float64), torch.randn(11, dtype=torch.float64)
+        z = (cap * torch.tanh(x @ w.T / cap) if cap else x @ w.T) / T
+        lp_ref, p = torch.log_softmax(z, -1).gather(1, t[:, None]).squeeze(1), torch.softmax(z, -1)
+        ent_ref = -(p * torch.log_softmax(z, -1)).sum(-1)
+        want = torch.autograd.grad((lp_ref * gl).sum() + (both * ent_ref * ge).sum(), (x, w))
+        x32, w32 = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+        lp, ent = g.HeadLogprobs.apply(x32, w32, t, T, cap, False, chunk)
+        got = torch.autograd.grad((lp * gl.float()).sum() + ((ent * ge.float()).sum() if both else 0), (x32, w32))
+        rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()
+        assert rel(lp, lp_ref) < 1e-6 and rel(ent, ent_ref) < 1e-5, (cap, T, chunk)
+        assert rel(got[0], want[0]) < 1e-5 and rel(got[1], want[1]) < 1e-5, (cap, T, chunk)
 
 
 def test_kl_k3_hand_values():
@@ -148,16 +167,6 @@ def test_gspo_with_one_token_completions_is_grpo():
     assert all(torch.equal(a, b) for a, b in zip(tok, seq))
 
 
-def test_token_entropy_hand_values():
-    logits = torch.log(torch.tensor([[[0.5, 0.5, 1e-30], [1.0, 1e-30, 1e-30]], [[0.25, 0.25, 0.5], [1 / 3, 1 / 3, 1 / 3]]]))
-    want = torch.tensor([[math.log(2), 0.0], [1.5 * math.log(2), math.log(3)]])
-    assert torch.allclose(g.token_entropy(logits), want, atol=1e-5)
-    z = torch.randn(3, 4, 7)  # at temperature T it is the entropy of softmax(z / T), what the server samples from
-    p = torch.softmax(z / 0.7, -1)
-    assert torch.allclose(g.token_entropy(z, 0.7), -(p * p.log()).sum(-1), atol=1e-5)
-    assert not g.token_entropy(z.requires_grad_(True)).requires_grad  # a metric: no graph
-
-
 def test_policy_loss_reads_the_flags_into_the_loss():
     """The call site that wires flags into the math: unequal clips each on their side, TIS with the trainer's
     logprobs over the server's (not the reverse), the ratio level, the reference at --beta."""
@@ -165,13 +174,13 @@ def test_policy_loss_reads_the_flags_into_the_loss():
     old = torch.log(torch.tensor([[0.4, 0.3], [0.4, 0.5]]))  # ratios 1.5 and 1 (A > 0); 0.5 and 1 (A < 0)
     b = {"adv": torch.tensor([1.0, -1.0]), "mask": torch.ones(2, 2), "server_lp": old - math.log(2)}  # π_old / π_server = 2
     cfg = g.Config(clip_low=0.1, clip_high=0.3, tis_cap=1.5)
-    loss, clipped, kl = g.policy_loss(cfg, b, logp, old)
+    loss, clipped, kl = g.policy_loss(cfg, b, logp, old, None)
     # TIS min(2, 1.5) = 1.5; row 0: min(1.5, 1.3) = 1.3; row 1: -min(-0.5, -0.9) = 0.9; the ratio-1 tokens: -/+1
     assert torch.allclose(loss, 1.5 * torch.tensor([[-1.3, -1.0], [0.9, 1.0]]), atol=1e-6) and kl is None
     b["ref_lp"] = logp.detach() - 0.5
-    loss_kl, _, kl = g.policy_loss(dataclasses.replace(cfg, beta=0.1, tis_cap=0.0), b, logp, old)
+    loss_kl, _, kl = g.policy_loss(dataclasses.replace(cfg, beta=0.1, tis_cap=0.0), b, logp, old, None)
     assert torch.allclose(loss_kl, torch.tensor([[-1.3, -1.0], [0.9, 1.0]]) + 0.1 * kl) and kl.gt(0).all()
-    seq, _, _ = g.policy_loss(dataclasses.replace(cfg, ratio_level="sequence"), b, logp, old)
+    seq, _, _ = g.policy_loss(dataclasses.replace(cfg, ratio_level="sequence"), b, logp, old, None)
     assert not torch.allclose(seq, loss)  # --ratio_level reaches the loss
 
 
@@ -893,6 +902,7 @@ def test_architectures_train_and_push(arch, tmp_path):
 def test_left_padding_batched_logprobs_equal_each_sequence_alone(tmp_path):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(build_tiny(str(tmp_path), "qwen2"), dtype=torch.float32).eval()
+    g.install_head(model)  # what shard() does: the head scores the completion tokens itself
     samples = [{"prompt": [4, 5, 6, 7, 8, 9, 10], "completion": [11, 12, 3]},  # prompt lengths differ, as in GSM8K
                {"prompt": [6, 7], "completion": [13, 14, 15, 16, 3]}, {"prompt": [8, 9, 10, 4], "completion": [17]}]
     b = g.pad_batch(samples, 0, "cpu")
@@ -989,7 +999,7 @@ def one_step(cfg, model, batch, tok, reward, weight=None):
     g.old_and_ref_logprobs(cfg, model, None, seqs, mbs)
     m = g.Metrics()
     g.score(seqs, lambda s, w: (reward(s["text"], s["answer"]), {}), lambda c, a: 0.0, cfg.group_size, m)
-    seqs["adv"] = g.group_advantages(seqs["reward"], cfg.group_size, cfg.scale_rewards)
+    seqs["adv"] = g.advantages(cfg, seqs["reward"])
     seqs["weight"] = torch.ones_like(seqs["adv"]) if weight is None else weight
     g.train(cfg, model, torch.optim.SGD(model.parameters(), lr=0.05), seqs, mbs, 1, lambda seqs, m: None, m)
     return seqs, m.reduce("cpu")
@@ -1017,7 +1027,7 @@ def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantag
             def decode(self, ids, skip_special_tokens):
                 return texts[tuple(ids)]
         alone = lambda p, c, temp: g.completion_logprobs(model, g.pad_batch([{"prompt": p, "completion": c}], 0, "cpu"),
-                                                         temp, entropy=True)
+                                                         temp)
         with torch.no_grad():  # the trainer's logprobs and entropies before the step; the server's differ by known amounts
             before, ents = zip(*[(lp[0], e[0]) for lp, e in (alone(prompts[k // G], c, T) for k, c in enumerate(completions))])
         server = [(lp + (0.7 if k % 3 == 0 else -0.1)).tolist() for k, lp in enumerate(before)]  # TIS: capped, or 1.105
@@ -1687,6 +1697,7 @@ def test_a_step_on_a_known_reward_raises_the_rewarded_completions(tiny_model, se
     assert 0 < rewards.sum() < len(rewards) - 8, rewards  # signal in some groups
     models = [AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), None]
     models[1] = AutoModelForCausalLM.from_pretrained(g.latest_checkpoint(str(tmp_path)), dtype=torch.float32)
+    [g.install_head(m) for m in models]
     with torch.no_grad():
         total = [torch.stack([g.completion_logprobs(m, g.pad_batch([{"prompt": p, "completion": c}], 0, "cpu"), 1.0)[0].sum()
                               for p, c, _ in gens]) for m in models]
@@ -1822,7 +1833,7 @@ def test_ratio_level_takes_the_documented_names_from_the_command_line(tmp_path):
     g.check_config(cfg, 1)
     logp, old, mask = torch.tensor([[0.0, -2.0]]), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2)
     b = {"adv": torch.tensor([1.0]), "mask": mask, "server": old}
-    assert torch.equal(g.policy_loss(dataclasses.replace(cfg, tis_cap=0), b, logp, old)[0],  # one ratio, exp(0) = 1
+    assert torch.equal(g.policy_loss(dataclasses.replace(cfg, tis_cap=0), b, logp, old, None)[0],  # one ratio, exp(0) = 1
                        torch.tensor([[-1.0, -1.0]]))
     with pytest.raises(g.UserError, match=re.escape("--ratio_level 'seq' is out of range: it must be token or sequence")):
         g.check_config(g.parse_config(["--ratio_level", "seq", "--out_dir", str(tmp_path)]), 1)
@@ -1908,6 +1919,188 @@ def test_run_ends_every_process_of_a_run_that_times_out(tmp_path, monkeypatch):
     pids = [int(p) for p in os.listdir(tmp_path / "pids")]
     assert len(pids) == 2 and time.time() - t0 < 60, pids  # both workers had started
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_step_whose_weights_are_all_0_skips_its_update(tiny_model, monkeypatch):
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed as dist
+    dist_init()
+    try:
+        model = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False), init_device_mesh("cpu", (1,)), torch.bfloat16)
+        batch = {"rows": [{"ids": [4, 5], "answer": "1"}], "version": 0, "srv": [0] * 4,
+                 "outs": [([11 + k, 3], [-1.0, -1.0], "stop") for k in range(4)]}
+
+        class Tok:
+            def decode(self, ids, skip_special_tokens):
+                return str(ids[0])
+        steps = []
+        monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a: steps.append(1))
+        cfg = g.Config(group_size=4, micro_batch=2, mu=2)
+        _, got = one_step(cfg, model, batch, Tok(), lambda c, a: float(c == "11"), torch.zeros(4))
+        assert got["empty_batch_skips"] == 2 and not steps and got["loss"] == 0  # both updates skipped, nothing trained
+        _, got = one_step(cfg, model, batch, Tok(), lambda c, a: float(c == "11"))
+        assert got["empty_batch_skips"] == 0 and len(steps) == 2
+    finally:
+        dist.destroy_process_group()
+
+
+DROPS_ON_RANK_1 = """import os, sys
+sys.path.insert(0, {here!r})
+import grpo_sglang as g
+mbs = g.micro_batches  # the obvious filter, done wrong: rank 1 drops a micro-batch's rows
+g.micro_batches = lambda seqs, size, pad: mbs(seqs, size, pad)[: -1 if os.environ["RANK"] == "1" else None]
+try:
+    g.main(g.parse_config())
+except g.UserError as e:
+    g.exit_now(1, f"error: {{e}}")
+g.exit_now(0)
+"""
+
+
+def test_ranks_that_would_run_different_numbers_of_micro_batches_stop_with_one_error_not_a_hang(tiny_model, server,
+                                                                                               tmp_path):
+    script = tmp_path / "drops.py"
+    script.write_text(DROPS_ON_RANK_1.format(here=HERE))
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--micro_batch", "2", nproc=2)
+    code, out = run([c if not c.endswith("grpo_sglang.py") else str(script) for c in cmd], timeout=180)
+    says = "the ranks would run different numbers of micro-batches ([2, 1]), and FSDP would hang"
+    assert code == 1 and out.count(says) == 1 and "seqs['weight'] to 0" in out, out
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--skip", "2"), "sampled with weights of version '1', but this rollout must come from version '2'"),
+    (("--skip", "2-6", "--tag_skipped"), "weight sync check failed at step 3: the server at {url} had the right")])
+def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, server, tmp_path, flags, says):
+    cmd = train_cmd(tiny_model, server.url, tmp_path, "--steps", "6")
+    tool = os.path.join(HERE, "results", "tools", "negative_control.py")
+    code, out = run([cmd[0], tool, *flags, *cmd[2:]], timeout=120)
+    assert code == 1 and says.format(url=server.url) in out and "negative control: the push of version 2" in out, out
+    assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]
+
+
+WORKED_EXAMPLES = """import os, sys
+sys.path.insert(0, {here!r})
+import reward_fns
+from reward_fns import gsm8k_reward, REWARD_FNS
+{reward}
+src = open(os.path.join({here!r}, "grpo_sglang.py")).read()
+anchor = '    if cfg.overlong_buffer:'  # the first line of shape_rewards' body
+assert src.count(anchor) == 1 and src.count('x.get("ref_lp"), cfg.beta, cfg.loss_type)') == 1
+src = src.replace(anchor, {kl_line!r} + "\\n" + anchor).replace('x.get("ref_lp"), cfg.beta,', 'x.get("ref_lp"), 0.0,')
+exec(compile(src, "grpo_sglang_worked_examples.py", "exec"), {{"__name__": "__main__"}})
+"""
+
+
+def test_the_readmes_worked_examples_run(tiny_model, server, tmp_path):
+    """The README's two worked examples, taken from it and applied to a copy: the KL penalty moved into the reward
+    (two edits) and a reward that sees the sample (its length and finish reason), mixed with another."""
+    readme = open(os.path.join(HERE, "README.md")).read()
+    blocks = re.findall(r"```python\n(.*?)```", readme[readme.index("**Worked example 1"):], re.S)
+    script = tmp_path / "worked.py"
+    script.write_text(WORKED_EXAMPLES.format(here=HERE, reward=blocks[1], kl_line=blocks[0].rstrip("\n")))
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "2", "--beta", "0.5", "--reward",
+                    "gsm8k:1,concise:0.5", "--max_new_tokens", "30")
+    code, out = run([cmd[0], str(script), *cmd[2:]])
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
+    mix = [r["reward_gsm8k"] + 0.5 * r["reward_concise"] for r in m]  # each part logged, unweighted
+    assert all(abs(r["reward_mean"] - w) > 1e-6 for r, w in zip(m, mix)), m  # the reward that trained took the KL
+    assert any(r["reward_concise"] != 0 for r in m) and not any(r["reward_warnings"] for r in m), m  # it saw the sample
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. the GRPO variants of TRL, verl and slime, each a flag: hand values against the formula written here
+
+def test_lr_schedule_hand_values():
+    f = lambda step, schedule, warmup=2, min_ratio=0.1: g.lr_factor(step, 12, warmup, schedule, min_ratio)
+    assert [f(s, "constant") for s in (0, 1, 2, 11)] == [0.5, 1.0, 1.0, 1.0]  # linear warmup over 2 steps, then flat
+    assert f(2, "cosine") == pytest.approx(1.0) and f(11, "cosine") == pytest.approx(0.1)  # decay to min_lr_ratio
+    assert f(6, "cosine") == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 9)))
+    assert f(6, "linear") == pytest.approx(0.1 + 0.9 * (1 - 4 / 9)) and f(0, "linear", 0) == pytest.approx(1.0)
+
+
+def test_overlong_penalty_hand_values():
+    got = g.overlong_penalty(torch.tensor([50.0, 80, 90, 95, 100]), 100, 20)
+    assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.5, -0.75, -1.0]))  # DAPO eq. 13 with L_max 100, L_cache 20
+
+
+def test_rloo_and_batch_std_advantages_hand_values():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 1.0, 1.0])
+    rloo = g.group_advantages(r, 4, scale=False, rloo=True)  # r_i - the mean of the other three
+    assert torch.allclose(rloo, torch.tensor([1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3, 3 - 1, 1 - 5 / 3, 1 - 5 / 3, 1 - 5 / 3]))
+    batch = g.group_advantages(r, 4, std=torch.tensor(2.0), eps=0.0)  # TRL's scale_rewards='batch': one std for all
+    assert torch.allclose(batch, torch.tensor([0.25, -0.25, -0.25, 0.25, 0.75, -0.25, -0.25, -0.25]))
+
+
+def test_importance_sampling_modes_hand_values():
+    old = torch.log(torch.tensor([[0.8, 0.3, 0.5], [0.2, 0.2, 0.9]]))
+    server = torch.log(torch.tensor([[0.2, 0.6, 0.5], [0.4, 0.2, 0.1]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # token ratios [4, 0.5, (pad)], [0.5, 1, 9]
+    w = lambda mode: g.tis_weights(old, server, 2.0, mask, mode)
+    assert torch.allclose(w("token_truncate")[:, :2], torch.tensor([[2.0, 0.5], [0.5, 1.0]]))
+    assert torch.allclose(w("token_mask"), torch.tensor([[0.0, 0.5, 1.0], [0.5, 1.0, 0.0]]))
+    # one ratio per sequence, the product of its tokens': 4 * 0.5 = 2 (the pad left out), 0.5 * 1 * 9 = 4.5
+    assert torch.allclose(w("sequence_truncate"), torch.tensor([[2.0] * 3, [2.0] * 3]))
+    assert torch.allclose(w("sequence_mask"), torch.tensor([[2.0] * 3, [0.0] * 3]))
+    assert torch.allclose(g.tis_weights(old, server, 2.0), w("token_truncate"))  # the default is TIS as before
+
+
+def test_cispo_hand_values_and_its_gradient_flows_through_clipped_tokens():
+    logp = torch.log(torch.tensor([[0.6, 0.3]])).requires_grad_(True)
+    old = torch.log(torch.tensor([[0.3, 0.3]]))  # ratios 2 (over 1 + 0.28) and 1
+    adv = torch.tensor([2.0])
+    loss, clipped, _ = g.grpo_token_loss(logp, old, adv, torch.ones(1, 2), 0.2, 0.28, loss_type="cispo")
+    want = -torch.tensor([1.28, 1.0]) * 2 * torch.log(torch.tensor([0.6, 0.3]))  # -sg(min(ρ, 1.28)) A log π
+    assert torch.allclose(loss.detach(), want.unsqueeze(0)) and clipped.tolist() == [[True, False]]
+    loss.sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-1.28 * 2, -1.0 * 2]]))  # not 0 where clipped (PPO's would be)
+
+
+def test_entropy_bonus_enters_the_loss_per_token():
+    logp, old = torch.log(torch.tensor([[0.5, 0.25]])), torch.log(torch.tensor([[0.5, 0.25]]))
+    ent = torch.tensor([[1.0, 2.0]], requires_grad=True)
+    x = {"adv": torch.tensor([1.0]), "mask": torch.ones(1, 2), "server_lp": old}
+    cfg = g.Config(entropy_coef=0.1, tis_cap=0)
+    loss, _, _ = g.policy_loss(cfg, x, logp, old, ent)
+    assert torch.allclose(loss, torch.tensor([[-1.0 - 0.1, -1.0 - 0.2]]))
+    loss.sum().backward()
+    assert torch.allclose(ent.grad, torch.tensor([[-0.1, -0.1]]))
+    assert torch.equal(g.policy_loss(dataclasses.replace(cfg, entropy_coef=0.0), x, logp, old, ent)[0],
+                       torch.tensor([[-1.0, -1.0]]))
+
+
+def test_filters_set_weights_and_shaping_adds_the_overlong_penalty():
+    seqs = {"reward": torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5]),
+            "truncated": torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]),
+            "length": torch.tensor([3.0, 10, 9, 1, 2, 2, 10, 8])}
+    cfg = g.Config(group_size=4, max_new_tokens=10, overlong_buffer=4, overlong_penalty=0.5)
+    assert g.weights(cfg, seqs).tolist() == [1.0] * 8
+    assert g.weights(dataclasses.replace(cfg, mask_truncated=True), seqs).tolist() == [1, 0, 1, 1, 1, 1, 0, 1]
+    assert g.weights(dataclasses.replace(cfg, filter_flat_groups=True), seqs).tolist() == [1] * 4 + [0] * 4
+    m = g.Metrics()
+    g.shape_rewards(cfg, seqs, m)  # lengths 9, 10 over max - buffer = 6: -0.5 x 3/4, -0.5 x 1; 8: -0.5 x 2/4
+    assert torch.allclose(seqs["reward"], torch.tensor([1.0, -0.5, 1 - 0.375, 1.0, 0.5, 0.5, 0.0, 0.25]))
+
+
+def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_model, tmp_path):
+    """All the variants together (two ranks, async, sequence-level ratio): the run goes on, the learning rate follows
+    its schedule, the overlong penalty is a logged part of the reward, and the sync check still passes."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--async", "--prompts_per_step", "4",
+                                  "--lr_warmup_steps", "1", "--lr_schedule", "cosine", "--min_lr_ratio", "0.5",
+                                  "--entropy_coef", "0.01", "--mask_truncated", "--overlong_buffer", "2",
+                                  "--filter_flat_groups", "--tis_mode", "sequence_mask", "--adv_estimator", "rloo",
+                                  "--scale_rewards", "batch", "--loss_type", "cispo", "--ratio_level", "sequence",
+                                  "--clip_low", "3e-4", "--clip_high", "4e-4", "--reward", "has_number:1,always_1:0.1",
+                                  nproc=2, rewards=True), timeout=240)
+        assert code == 0, out
+        m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+        assert [r["lr"] for r in m] == pytest.approx([3e-2, 3e-2, 1.5e-2])  # warmup 1 step, then cosine to 0.5
+        assert all(r["reward_overlong"] <= 0 and r["reward_always_1"] == 1 for r in m)
+        assert all(r["check_mismatch_mean"] < 0.01 for r in m) and all(math.isfinite(r["loss"]) for r in m)
+    finally:
+        s.close()
 
 
 def test_sync_check_replayed_on_the_recorded_gpu_runs():
