@@ -33,9 +33,10 @@ train() { # log-name out-dir timeout, then flags (CUDA_VISIBLE_DEVICES from the 
   log "train $name: $*"
   rm -rf "$out"  # a run never writes into another run's folder
   timeout "$t" python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) \
-    grpo_sglang.py --out_dir "$out" "$@" > "$RES/$name.log" 2>&1
+    ${SCRIPT:-grpo_sglang.py} --out_dir "$out" "$@" > "$RES/$name.log" 2>&1
   log "train $name: exit $? ($(tail -n 1 "$RES/$name.log" | cut -c1-160))"
   [ -f "$out/metrics.jsonl" ] && cp "$out/metrics.jsonl" "$RES/$name.metrics.jsonl"; }
+NEG="results/tools/negative_control.py --skip"  # the negative controls: pushes skipped on purpose (SCRIPT="$NEG 6")
 SMOL=(--model "$K" --dataset builtin --builtin_max_operand 20 --prompts_per_step 16 --group_size 8 --max_new_tokens 128
       --micro_batch 128 --lr 1e-5 --beta 0.04 --save_every 0)
 BIG=(--dataset builtin --prompts_per_step 24 --group_size 8 --max_new_tokens 128 --lr 1e-6 --eval_every 0
@@ -73,10 +74,12 @@ phase_a() {
   serve coloc 0 30000 "$K" 0.3
   local U=(--server_url http://127.0.0.1:30000 --colocate --no-async)
   CUDA_VISIBLE_DEVICES=0 train check_v2_main /tmp/r/main 900 "${SMOL[@]}" "${U[@]}" --steps 300 --eval_every 100
-  CUDA_VISIBLE_DEVICES=0 train check_v2_skip_one /tmp/r/skip1 300 "${SMOL[@]}" "${U[@]}" --steps 12 --eval_every 0 --debug_skip_sync 6
-  CUDA_VISIBLE_DEVICES=0 train check_v2_stop_syncing /tmp/r/stop3 300 "${SMOL[@]}" "${U[@]}" --steps 40 --eval_every 0 --debug_skip_sync 4-40
-  CUDA_VISIBLE_DEVICES=0 train check_v2_dropped_tagged /tmp/r/drop3 300 "${SMOL[@]}" "${U[@]}" --steps 40 --eval_every 0 \
-    --debug_skip_sync 4-40 --debug_tag_skipped
+  CUDA_VISIBLE_DEVICES=0 SCRIPT="$NEG 6" train check_v2_skip_one /tmp/r/skip1 300 "${SMOL[@]}" "${U[@]}" --steps 12 \
+    --eval_every 0
+  CUDA_VISIBLE_DEVICES=0 SCRIPT="$NEG 4-40" train check_v2_stop_syncing /tmp/r/stop3 300 "${SMOL[@]}" "${U[@]}" \
+    --steps 40 --eval_every 0
+  CUDA_VISIBLE_DEVICES=0 SCRIPT="$NEG 4-40 --tag_skipped" train check_v2_dropped_tagged /tmp/r/drop3 300 "${SMOL[@]}" \
+    "${U[@]}" --steps 40 --eval_every 0
   CUDA_VISIBLE_DEVICES=0 train coloc_sync /tmp/r/coloc_sync 300 "${SMOL[@]}" "${U[@]}" --steps 30 --eval_every 0
   CUDA_VISIBLE_DEVICES=0 train coloc_async /tmp/r/coloc_async 300 "${SMOL[@]}" "${U[@]}" --steps 30 --eval_every 0 --async
   stop coloc
@@ -221,10 +224,10 @@ check_async() {
   if ! python3 -c "import json, sys; sys.exit(not any(r.get('mismatch_mean', 0) > 0.1 for r in map(json.loads, open('$RES/async_lr5e-5.metrics.jsonl'))))"; then
     train async_lr1e-4 /tmp/r/ca4 400 "${SMOL[@]}" "${U[@]}" --lr 1e-4 --steps 120 --eval_every 40
   fi
-  train neg_async_skip_one /tmp/r/n1 200 "${SMOL[@]}" "${U[@]}" --steps 12 --eval_every 0 --debug_skip_sync 6
-  train neg_async_stop_syncing /tmp/r/n2 200 "${SMOL[@]}" "${U[@]}" --steps 40 --eval_every 0 --debug_skip_sync 4-40
-  train neg_async_dropped_tagged /tmp/r/n3 300 "${SMOL[@]}" "${U[@]}" --steps 120 --eval_every 0 --debug_skip_sync 4-120 \
-    --debug_tag_skipped
+  SCRIPT="$NEG 6" train neg_async_skip_one /tmp/r/n1 200 "${SMOL[@]}" "${U[@]}" --steps 12 --eval_every 0
+  SCRIPT="$NEG 4-40" train neg_async_stop_syncing /tmp/r/n2 200 "${SMOL[@]}" "${U[@]}" --steps 40 --eval_every 0
+  SCRIPT="$NEG 4-120 --tag_skipped" train neg_async_dropped_tagged /tmp/r/n3 300 "${SMOL[@]}" "${U[@]}" --steps 120 \
+    --eval_every 0
   wait $Q15
   for c in 32 0; do
     train x2_q15_async_check$c /tmp/r/q15c$c 300 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 \
@@ -288,6 +291,73 @@ multi_bench() {
   log "multi_bench done"
 }
 multi() { multi_tests; multi_bench; }
+
+# PHASES="speed learn variants coloc": the train-speed issue's before/after (results/x2/train_speed/) and the hack-surface issue's guard
+# (results/x2/layout/). "before" is grpo_sglang.py and reward_fns.py at d7f3a11 (git show d7f3a11:FILE), carried to the
+# machine in .gpukit/before/; "after" is the working tree. Runs of one pair alternate, on the same server.
+BEFORE=.gpukit/before/grpo_sglang.py
+pair() { # name timeout, then flags: SCRIPT=before, then after, one after the other
+  local name=$1 t=$2; shift 2
+  SCRIPT=$BEFORE train ${name}_before /tmp/r/${name}_b "$t" "$@"
+  train ${name}_after /tmp/r/${name}_a "$t" "$@"; }
+speed() {
+  make_model qwen2.5-1.5b-random 300 make_models.log & MK=$!  # GPU 0 builds it while GPU 1 starts SmolLM2's server
+  serve_dedicated 0.15
+  local U=(--server_url http://127.0.0.1:30010 --server_gpu 1 --steps 40 --eval_every 0)
+  pair speed_smol_noasync 300 "${SMOL[@]}" "${U[@]}" --no-async
+  pair speed_smol_async 300 "${SMOL[@]}" "${U[@]}" --async
+  python3 -m pytest -q -n 8 -p no:cacheprovider test_smoke.py > "$RES/cpu_suite_torch211.log" 2>&1 &  # CPU cores
+  wait $MK
+  serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3
+  pair speed_q15 600 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 6 \
+    --micro_batch 8 --max_new_tokens 1024 --no-async
+  stop q15
+  log "speed done"
+}
+learn() {  # SmolLM2 async, 100 steps, seeds 0 (alone: its step time is the guard's), 1 and 2 (together, two servers)
+  serve_dedicated 0.15
+  train layout_seed0 /tmp/r/l0 400 "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 --steps 100 \
+    --eval_every 50 --async --seed 0
+  GPU=1 SERVERS=2 PORT=30013 MODEL="$K" MEM_FRACTION=0.15 LOG="$RES/serve_seeds.log" PIDFILE=/tmp/serve_seeds.pid \
+    timeout 600 bash serve.sh >> "$RES/pipeline.log" 2>&1 &
+  gpu_tests 500
+  wait
+  for k in 1 2; do
+    train layout_seed$k /tmp/r/l$k 400 "${SMOL[@]}" --server_url http://127.0.0.1:$((30012 + k)) --server_gpu 1 \
+      --steps 100 --eval_every 50 --async --seed $k &
+  done
+  wait
+  log "learn done"
+}
+# PHASES=variants (after learn: its three servers on GPU 1): each variant alone for 40 steps, three at a time (one
+# server each; their step times are those of three runs sharing both GPUs), then all of them together for 100 steps.
+variants() {
+  local V=("--lr_schedule cosine --lr_warmup_steps 5 --min_lr_ratio 0.1" "--entropy_coef 0.001" "--mask_truncated"
+           "--overlong_buffer 32" "--filter_flat_groups" "--tis_mode sequence_mask" "--adv_estimator rloo --scale_rewards none"
+           "--loss_type cispo --clip_high 3" "--scale_rewards batch" "--reward arithmetic:1,format:0.1") P=(30010 30013 30014)
+  for i in "${!V[@]}"; do
+    # shellcheck disable=SC2086
+    train variant_$i /tmp/r/v$i 400 "${SMOL[@]}" --server_url http://127.0.0.1:${P[$((i % 3))]} --server_gpu 1 --steps 40 \
+      --eval_every 40 --async ${V[$i]} &
+    [ $((i % 3)) = 2 ] && wait
+  done
+  wait
+  # shellcheck disable=SC2086
+  train variants_all /tmp/r/vall 600 "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 --steps 100 \
+    --eval_every 50 --async ${V[0]} --entropy_coef 0.001 --mask_truncated --overlong_buffer 32 --filter_flat_groups \
+    --tis_mode sequence_mask --adv_estimator rloo --scale_rewards batch --loss_type cispo --clip_high 3 \
+    --reward arithmetic:1,format:0.1
+  PIDFILE=/tmp/serve_seeds.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  log "variants done"
+}
+coloc() {  # the colocated before/after of the train-speed issue: server and trainer on GPU 0
+  serve coloc 0 30000 "$K" 0.3
+  CUDA_VISIBLE_DEVICES=0 pair speed_coloc 300 "${SMOL[@]}" --server_url http://127.0.0.1:30000 --colocate --async \
+    --steps 40 --eval_every 0
+  stop coloc
+  log "coloc done"
+}
 
 if [ "${PHASES:-all}" = all ]; then
   phase_a & A=$!
