@@ -2017,6 +2017,9 @@ def test_lr_schedule_hand_values():
     assert f(2, "cosine") == pytest.approx(1.0) and f(11, "cosine") == pytest.approx(0.1)  # decay to min_lr_ratio
     assert f(6, "cosine") == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 9)))
     assert f(6, "linear") == pytest.approx(0.1 + 0.9 * (1 - 4 / 9)) and f(0, "linear", 0) == pytest.approx(1.0)
+    opt, m = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), g.Metrics()
+    g.set_lr(opt, 0.25, m)
+    assert opt.param_groups[0]["lr"] == 0.25 and m.maxes["lr"] == 0.25
 
 
 def test_overlong_penalty_hand_values():

@@ -316,14 +316,14 @@ speed() {
 }
 learn() {  # SmolLM2 async, 100 steps, seeds 0 (alone: its step time is the guard's), 1 and 2 (together, two servers)
   serve_dedicated 0.15
-  train layout_seed0 /tmp/r/l0 400 "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 --steps 100 \
+  train smol_async_seed0 /tmp/r/l0 400 "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 --steps 100 \
     --eval_every 50 --async --seed 0
   GPU=1 SERVERS=2 PORT=30013 MODEL="$K" MEM_FRACTION=0.15 LOG="$RES/serve_seeds.log" PIDFILE=/tmp/serve_seeds.pid \
     timeout 600 bash serve.sh >> "$RES/pipeline.log" 2>&1 &
   gpu_tests 500
   wait
   for k in 1 2; do
-    train layout_seed$k /tmp/r/l$k 400 "${SMOL[@]}" --server_url http://127.0.0.1:$((30012 + k)) --server_gpu 1 \
+    train smol_async_seed$k /tmp/r/l$k 400 "${SMOL[@]}" --server_url http://127.0.0.1:$((30012 + k)) --server_gpu 1 \
       --steps 100 --eval_every 50 --async --seed $k &
   done
   wait

@@ -230,7 +230,7 @@ def check_async():
 def layout():
     """The guard of the student-first layout (results/x2/layout/): SmolLM2 async, 100 steps, and the GPU tests; the
     size of grpo_sglang.py at its last commit, which changed after the run only in the re-score check (ef0c56d, 77e7fd5)."""
-    d = "results/x2/layout/"
+    d = "results/x2/layout/at-9fe208f/"  # results/x2/layout/ itself: summarize_speed.py (aea69c7, three seeds)
     rows, _ = steps_of(d + "x2_smol_async")
     ev = {r["step"]: r["eval_accuracy"] for r in map(json.loads, open(d + "x2_smol_async.metrics.jsonl")) if "eval_accuracy" in r}
     train = statistics.median([r["time_score"] + r["time_train"] for r in rows[3:]])
@@ -255,7 +255,7 @@ def layout():
                               f"accuracy on 110 prompts has a binomial std of ~3 points per run",
                      "reward_81_100": {"this run": reward(d + "x2_smol_async.metrics.jsonl", 81, 100),
                                        "recorded (c5458af)": reward("results/x2/async/x2_smol_async.metrics.jsonl", 81, 100),
-                                       "7547a64": reward(d + "at-7547a64/x2_smol_async.metrics.jsonl", 81, 100)},
+                                       "7547a64": reward("results/x2/layout/at-7547a64/x2_smol_async.metrics.jsonl", 81, 100)},
                      "eval_final_other_runs": {"recorded (c5458af)": 0.9273, "7547a64": 0.9455,
                                                "c5458af, exact fp32 head": 0.9091, "c5458af, --no-async": 0.9455},
                      "lines": f"lines_total and fence_line: grpo_sglang.py at {head}; at the run's commit {COMMIT_MULTI2}: "

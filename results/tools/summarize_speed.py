@@ -41,26 +41,31 @@ def main(commit):
         out[f"q15_mfu_{v}"] = round(6 * Q15_PARAMS * tokens / t / PEAK, 4) if t and tokens else None
         out[f"q15_peak_gb_{v}"] = max((r["peak_mem_gb"] for r in run(SPEED, f"speed_q15_{v}")), default=None)
     out["q7_train_s_before"] = out["q7_train_s_after"] = None  # not run: device time (the note says so)
-    seeds = [s for s in (0, 1, 2) if run(LAYOUT, f"layout_seed{s}")]
-    reward = {s: round(statistics.mean(r["reward_mean"] for r in run(LAYOUT, f"layout_seed{s}") if r["step"] > 80), 4)
+    seeds = [s for s in (0, 1, 2) if run(LAYOUT, f"smol_async_seed{s}")]
+    reward = {s: round(statistics.mean(r["reward_mean"] for r in run(LAYOUT, f"smol_async_seed{s}") if r["step"] > 80), 4)
               for s in seeds}
-    out["check_mismatch_median_after"] = med(run(LAYOUT, "layout_seed0"), "check_mismatch_mean", 2)
+    out["check_mismatch_median_after"] = med(run(LAYOUT, "smol_async_seed0"), "check_mismatch_mean", 2)  # steps 2-100
     out["reward_81_100_after"] = reward
     out["notes"] = {"tokens_per_step_q15": tokens, "flop_count": "6 x parameters x (prompt + completion tokens) per "
                     "step, no extra for the recomputed LM head; peak 989.4 TFLOP/s", "medians": "steps 4 to the last"}
-    json.dump(out, open(os.path.join(SPEED, "summary.json"), "w"), indent=1)
+    if run(SPEED, "speed_smol_noasync_after"):  # (at aea69c7 these files were lost: train_speed/README.md)
+        json.dump(out, open(os.path.join(SPEED, "summary.json"), "w"), indent=1)
 
-    s0 = run(LAYOUT, "layout_seed0")
+    s0 = run(LAYOUT, "smol_async_seed0")
     bound = [max(r["time_rollout"], r["time_score"] + r["time_train"] + r["time_sync"]) for r in s0 if r["step"] >= 4]
     lines = open("grpo_sglang.py", encoding="utf-8").read().splitlines()
     lay = {"smol_async_step_s": med(s0, "time_step"), "smol_own_bound_s": round(statistics.median(bound), 4) if bound
-           else None, "reward_81_100": reward, "eval_final": {s: evals(os.path.join(LAYOUT, f"layout_seed{s}.metrics.jsonl"))
+           else None, "reward_81_100": reward, "eval_final": {s: evals(os.path.join(LAYOUT, f"smol_async_seed{s}.metrics.jsonl"))
                                                                  .get(100) for s in seeds},
            "seeds": seeds, "lines_total": len(lines), "fence_line": next(i + 1 for i, l in enumerate(lines)
                                                                       if l.startswith("# ---- Plumbing below")),
            "lines_over_120": sum(len(l) > 120 for l in lines), "commit": commit,
-           "notes": {"bound": "max(rollout, score + train + sync), medians over steps 4-100 of seed 0's run (alone on "
-                              "the GPUs); seeds 1 and 2 ran together, each with its own server on GPU 1"}}
+           "notes": {"bound": "max(rollout, score + train + sync), medians over steps 4-100 of seed 0's run",
+                     "runs": "the three seeds one after another, alone on the GPUs, against one server on GPU 1 "
+                             "(results/x2/layout/README.md has the command)",
+                     "step_over_bound_per_seed": {s: round(med(run(LAYOUT, f"smol_async_seed{s}"), "time_step") / statistics.median(
+                         max(r["time_rollout"], r["time_score"] + r["time_train"] + r["time_sync"]) for r in
+                         run(LAYOUT, f"smol_async_seed{s}") if r["step"] >= 4), 3) for s in seeds}}}
     json.dump(lay, open(os.path.join(LAYOUT, "summary.json"), "w"), indent=1)
     print(json.dumps(out, indent=1), json.dumps(lay, indent=1))
 
