@@ -2181,32 +2181,8 @@ def test_serve_sh_starts_several_and_tensor_parallel_servers_and_stops_them_all(
     """GPU=1,2 SERVERS=2: with TP=2 two TP-2 servers on consecutive ports that share GPUs 1 and 2 (the GPU list wraps
     around), so the second starts once the first is healthy (each sizes its KV cache from the memory it finds free);
     with TP=1 one server per GPU, started at once. The trainer flags are printed; 'stop' stops both."""
-    fake = tmp_path / "fakepython"
-    fake.write_text(f"""#!/usr/bin/env bash
-if [ "$1" = "-m" ]; then
-  echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $@ at $(date +%s.%N)" >> {tmp_path}/argv
-  port=$(echo "$@" | sed -E 's/.*--port ([0-9]+).*/\\1/')
-  exec {sys.executable} -c "import http.server as h, time
-time.sleep(1)
-class H(h.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-h.HTTPServer(('127.0.0.1', $port), H).serve_forever()"
-fi
-exec {sys.executable} "$@"
-""")
-    fake.chmod(0o755)
-    port = free_port()
-    while True:  # two free ports in a row
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-                break
-            except OSError:
-                port = free_port()
-    env = dict(os.environ, PYTHON=str(fake), PORT=str(port), GPU="1,2", TP=str(tp), SERVERS="2", LOG=str(tmp_path / "serve.log"),
-               PIDFILE=str(tmp_path / "serve.pid"), TIMEOUT="30")
-    p = subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True, timeout=60)
+    p, env = _serve_sh(tmp_path, GPU="1,2", TP=str(tp), SERVERS="2")
+    port = int(env["PORT"])
     try:
         assert p.returncode == 0 and p.stdout.count("healthy after") == 2, p.stdout + p.stderr
         argv = sorted((tmp_path / "argv").read_text().splitlines(), key=lambda a: int(re.search(r"--port (\d+)", a).group(1)))
@@ -2236,11 +2212,12 @@ def test_serve_sh_reports_a_server_that_dies_at_start(tmp_path):
 
 def _serve_sh(tmp_path, **settings):
     """serve.sh with these settings (and none of the caller's own) against a fake `python` that appends each server's
-    CUDA_VISIBLE_DEVICES and arguments to argv and answers on its port -> (the finished run, its environment)."""
+    CUDA_VISIBLE_DEVICES, arguments and start time to argv and answers on its port -> (the finished run, its
+    environment)."""
     fake = tmp_path / "fakepython"
     fake.write_text(f"""#!/usr/bin/env bash
 if [ "$1" = "-m" ]; then
-  echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $@" >> {tmp_path}/argv
+  echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $@ at $(date +%s.%N)" >> {tmp_path}/argv
   port=$(echo "$@" | sed -E 's/.*--port ([0-9]+).*/\\1/')
   exec {sys.executable} -c "import http.server as h, time
 time.sleep(1)
