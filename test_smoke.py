@@ -46,6 +46,8 @@ def test_group_advantages_hand_values():
     r = torch.tensor([0.1] * 8 + [0.0] * 7 + [1.1])
     assert torch.equal(g.flat_groups(r, 8), torch.tensor([True, False]))
     assert torch.equal(g.group_advantages(r, 8)[:8], torch.zeros(8)) and g.group_advantages(r, 8)[8:].abs().sum() > 1
+    assert g.flat_groups(torch.tensor([0.1] * 8), 8).tolist() == [True]  # alone, their float std is 8e-9 here
+    assert torch.equal(g.group_advantages(torch.tensor([0.1] * 8), 8), torch.zeros(8))
 
 
 def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
@@ -1957,6 +1959,33 @@ g.exit_now(0)
 """
 
 
+ONE_RANKS_METRIC = """import os, sys
+sys.path.insert(0, {here!r})
+import grpo_sglang as g
+score = g.score  # a metric only rank 1 logs (a reward part only its samples have, say)
+def score_and_more(seqs, reward_fn, correct_fn, group_size, m):
+    if os.environ["RANK"] == "1":
+        m.mean("only_on_rank_1", 3.0, 2), m.max("max_on_rank_1", 5.0)
+    return score(seqs, reward_fn, correct_fn, group_size, m)
+g.score = score_and_more
+try:
+    g.main(g.parse_config())
+except g.UserError as e:
+    g.exit_now(1, f"error: {{e}}")
+g.exit_now(0)
+"""
+
+
+def test_a_metric_only_one_rank_logs_neither_hangs_nor_shifts_the_others(tiny_model, server, tmp_path):
+    script = tmp_path / "one_rank.py"
+    script.write_text(ONE_RANKS_METRIC.format(here=HERE))
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "1", nproc=2)
+    code, out = run([c if not c.endswith("grpo_sglang.py") else str(script) for c in cmd], timeout=180)
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r][0]
+    assert m["only_on_rank_1"] == 1.5 and m["max_on_rank_1"] == 5.0 and 0 <= m["accuracy"] <= 1
+
+
 def test_ranks_that_would_run_different_numbers_of_micro_batches_stop_with_one_error_not_a_hang(tiny_model, server,
                                                                                                tmp_path):
     script = tmp_path / "drops.py"
@@ -2023,8 +2052,8 @@ def test_lr_schedule_hand_values():
 
 
 def test_overlong_penalty_hand_values():
-    got = g.overlong_penalty(torch.tensor([50.0, 80, 90, 95, 100]), 100, 20)
-    assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.5, -0.75, -1.0]))  # DAPO eq. 13 with L_max 100, L_cache 20
+    got = g.overlong_penalty(torch.tensor([50.0, 80, 90, 95, 100, 130]), 100, 20)
+    assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.5, -0.75, -1.0, -1.0]))  # DAPO eq. 13, L_max 100, L_cache 20
 
 
 def test_rloo_and_batch_std_advantages_hand_values():

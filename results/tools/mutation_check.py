@@ -112,7 +112,7 @@ M = [  # (name, file, old, new, -k expression)
  ('normaliser unweighted', 'grpo_sglang.py', 'dist.all_gather_object(got, (len(mbs), float(w.sum()), float((w * seqs["length"]).sum())))', 'dist.all_gather_object(got, (len(mbs), float(len(w)), float(seqs["length"].sum())))', 'train_step_is'),
  ('micro-batch counts unchecked', 'grpo_sglang.py', '    if len({n for n, _, _ in got}) > 1:', '    if False:', 'different_numbers_of_micro'),
  ('an all-zero-weight step still steps', 'grpo_sglang.py', '        if finite and n_seqs > 0:', '        if finite:', 'all_0_skips'),
- ('metric names not agreed over ranks', 'grpo_sglang.py', '        sums, maxes = (sorted(set().union(*(n[j] for n in names))) for j in (0, 1))', '        sums, maxes = sorted(self.sums), sorted(self.maxes)', 'metrics_are'),
+ ('metric names not agreed over ranks', 'grpo_sglang.py', '        sums, maxes = (sorted(set().union(*(n[j] for n in names))) for j in (0, 1))', '        sums, maxes = sorted(self.sums), sorted(self.maxes)', 'metrics_are or only_one_rank_logs'),
  ('reward parts not logged', 'grpo_sglang.py', '        m.mean(f"reward_{part}",', '        0 and m.mean(f"reward_{part}",', 'score_counts or worked_examples'),
  ('a reward never sees the sample', 'reward_fns.py', 'r = fn(completion, answer, sample=sample) if wants_sample(fn) else fn(completion, answer)', 'r = fn(completion, answer, sample=None) if wants_sample(fn) else fn(completion, answer)', 'score_counts or worked_examples'),
  ('a Config rule unchecked', 'grpo_sglang.py', '        if ok is not None and not (v in ok if isinstance(ok, tuple) else obeys(v, ok)):', '        if ok is not None and not (v in ok if isinstance(ok, tuple) else True):', 'out_of_range'),
