@@ -239,7 +239,7 @@ def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token
                     loss_type="grpo"):
     """(B, T) log-probs now and before this step's updates, (B,) advantages, (B, T) completion mask -> per-token
     loss (B, T), where clipping was active (B, T), per-token KL to the reference (B, T) or None.
-    loss = -min(ρA, clip(ρ)A) · w + β · k3(π, π_ref),  ρ = π / π_old (see log_ratio),  w: TIS weight (1 if None)
+    loss = -min(ρA, clip(ρ)A)·w + β·k3(π, π_ref), ρ = π / π_old (see log_ratio), w: TIS weight (1 if None)
     CISPO (MiniMax-M1, ScaleRL; TRL's loss_type='cispo'): -sg(min(ρ, 1 + clip_high)) A log π: the weight is clipped
     and carries no gradient, so every token keeps its log π gradient, clipped or not."""
     ratio = torch.exp(log_ratio(logp, old_logp, mask, level))
@@ -335,10 +335,12 @@ def sequences(batch, tok, group_size, device):
             "server_lp": torch.tensor([lps + [0.0] * (C - len(lps)) for _, lps, _ in outs], device=device)}
 
 
-def sample(seqs, i):
-    """Row i of the table as a dict, per-token values cut to its length: what a reward function sees."""
-    n = len(seqs["completion"][i])
-    return {k: (v[i, :n] if v.dim() == 2 else v[i].item()) if torch.is_tensor(v) else v[i] for k, v in seqs.items()}
+def samples(seqs):
+    """The table's rows as dicts, per-token values cut to each row's length: what a reward function sees. The
+    per-sequence numbers come to the CPU once (one copy each, not one GPU sync per row)."""
+    cols = {k: v.tolist() if torch.is_tensor(v) and v.dim() == 1 else v for k, v in seqs.items()}
+    return [{k: v[i, : len(seqs["completion"][i])] if torch.is_tensor(v) else v[i] for k, v in cols.items()}
+            for i in range(len(seqs["completion"]))]
 
 
 def micro_batches(seqs, size, pad_id):
@@ -375,7 +377,7 @@ def score(seqs, reward_fn, correct_fn, group_size, m):
     it correct (what accuracy counts, whatever the reward) -> seqs["reward"], seqs["correct"] (N,); the warnings of
     rewards that raised or returned no number (they count 0)."""
     warn = Counter()
-    got = [reward_fn(sample(seqs, i), warn) for i in range(len(seqs["text"]))]  # [(reward, {part: value})]
+    got = [reward_fn(row, warn) for row in samples(seqs)]  # [(reward, {part: value})]
     dev, N = seqs["mask"].device, len(got)
     seqs["reward"] = torch.tensor([r for r, _ in got], device=dev)
     seqs["correct"] = torch.tensor([reward_fns.safe_reward(correct_fn, t, a, warn) == 1 for t, a in
