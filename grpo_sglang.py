@@ -8,35 +8,28 @@ GRPO in one file, with rollouts from an SGLang server.
         --server_gpu 2,3                                                # two servers (serve.sh prints the flags)
     python grpo_sglang.py --help                                        # every flag
 
-Each step: the training ranks send their prompts to the SGLang server (`/generate`, token ids in, token ids +
-logprobs out); the trainer scores the completions (the no-grad forwards: the old policy and the reference), rewards
-them, turns rewards into group-relative advantages and a weight per sequence, takes `mu` optimizer steps on the
-clipped GRPO loss, and pushes the new weights to the server. Read it top to bottom: Config, the GRPO math, data, one
-training step, main() and its loop; the plumbing below the fence you should not need to read to change GRPO (the
-README's "Hacking guide" says where to change what).
+Each step: the ranks send their prompts to the SGLang server (`/generate`: token ids in, token ids + logprobs out),
+score the completions (the old policy's and the reference's no-grad forwards), reward them, turn the rewards into
+group-relative advantages and a weight per sequence, take `mu` optimizer steps on the clipped GRPO loss and push the
+new weights to the server. Read it top to bottom: Config, the GRPO math, data, one step, main(); the plumbing below
+the fence you should not need to read to change GRPO (the README's "Hacking guide" says where to change what).
 
-The GRPO choices this file makes (each a flag):
-  advantages   (r - mean(group)) / std(group), or without the std (Dr. GRPO, --scale_rewards none); a group whose
-               rewards are all equal has advantage 0 (found exactly, not by std == 0)
-  loss         PPO-style clipped surrogate, separate low/high clip range (DAPO's "clip higher")
+The GRPO choices this file makes (each a flag; the README has the peers' names for them):
+  advantages   (r - mean(group)) / std(group): the std of the batch or none (Dr. GRPO) by --scale_rewards, a
+               leave-one-out baseline by --adv_estimator rloo; a group of equal rewards has advantage 0, exactly
+  loss         PPO-style clipped surrogate with separate low/high clips (DAPO's "clip higher"), or CISPO
   ratio        per token (GRPO), or one per sequence, the geometric mean of its tokens' (GSPO, --ratio_level)
-  aggregation  token mean over the batch (DAPO, default), per-sequence mean (original GRPO),
-               or a constant divisor (Dr. GRPO); every sequence counts with its weight (1 unless a filter says 0)
-  KL           k3 estimator to a frozen reference model, only when --beta > 0 (default 0:
-               DAPO and Dr. GRPO drop it and it costs a second model)
-  updates      mu optimizer steps per rollout batch (mu=1: the ratio is 1 and clipping is moot)
-  TIS          truncated importance weight min(π_trainer / π_server, --tis_cap) on every token: it
-               corrects for the server's kernels and, with --async, for the one step of staleness
-               (decoupled PPO: the trust region is around the trainer's own policy)
-  rewards      a function of reward_fns.py, or a weighted mix (--reward gsm8k:1,format:0.1), each part logged
-  --async      (default; --no-async is on-policy) one step off-policy: the trainer trains step s on a batch
-               sampled from θ_{s-1} while the server samples step s+1's from θ_s, never pushed mid-generation
-Every push is tagged with a version and every rollout must come from that version, or we stop. Every step
-also compares trainer and server logprobs on the same tokens under the same weights (with --async: a few
-sequences that the server re-scores with the new weights), so a server that does not hold what it was sent
-stops the run even if its tag is right. The loss value is not a progress signal in GRPO: its gradient is what
-counts, and its value is near 0 (exactly 0 at mu = 1 only with --loss_agg seq and centred advantages; with the
-default token mean, long and short answers of one group weigh differently). Watch the reward.
+  aggregation  token mean over the batch (DAPO, default), per-sequence mean (GRPO) or a constant divisor (Dr. GRPO);
+               each sequence counts with its weight (1, or 0 where a filter drops it)
+  KL           k3 estimator to a frozen reference model, only when --beta > 0 (default 0, as DAPO and Dr. GRPO)
+  TIS          importance weight min(π_trainer / π_server, --tis_cap) on every token (or --tis_mode): it corrects
+               for the server's kernels and, with --async, for the one step of staleness (decoupled PPO)
+  --async      (default) one step off-policy: train step s on a batch sampled from θ_{s-1} while the server samples
+               step s+1's from θ_s, never pushed mid-generation (--no-async: on-policy)
+Every push is tagged with a version and every rollout must come from it, or we stop; and every step compares trainer
+and server logprobs on the same tokens under the same weights (with --async: a few sequences the server re-scores),
+so a server that does not hold what it was sent stops the run even if its tag is right. The loss value is not a
+progress signal in GRPO (its gradient is what counts): watch the reward.
 """
 import concurrent.futures
 import contextlib
@@ -78,36 +71,32 @@ class Config:
     top_p: float = arg(1.0, "keep 1.0 so the server samples the distribution the trainer scores", "0 < v <= 1")
     top_k: int = arg(-1, "-1 = off, for the same reason", "v == -1 or v >= 1")
     lr: float = arg(1e-6, "AdamW learning rate", "v >= 0")
-    weight_decay: float = arg(0.0, "AdamW weight decay", "v >= 0")
-    max_grad_norm: float = arg(1.0, "clip the gradient's norm to this (0: no clipping)", "v >= 0")
-    beta: float = arg(0.0, "KL coefficient to the reference model (0: no reference model is loaded)", "v >= 0")
-    clip_low: float = arg(0.2, "ratio clip below 1 - clip_low", "0 <= v < 1")
-    clip_high: float = arg(0.2, "ratio clip above 1 + clip_high (DAPO uses 0.28)", "v >= 0")
-    ratio_level: str = arg("token", "'token' (GRPO) or 'sequence' (GSPO: one ratio per completion; clips ~3e-4)",
-                           ("token", "sequence"))
-    loss_agg: str = arg("token", "'token' (DAPO), 'seq' (original GRPO) or 'constant' (Dr. GRPO)",
-                        ("token", "seq", "constant"))
-    scale_rewards: str = arg("group", "divide advantages by the std of their group or of the batch; 'none': Dr. GRPO",
-                             ("group", "batch", "none"))
-    adv_estimator: str = arg("grpo", "'grpo': r - the group's mean; 'rloo': r - the mean of the others (leave-one-out)",
-                             ("grpo", "rloo"))
-    loss_type: str = arg("grpo", "'grpo': the clipped surrogate; 'cispo': a clipped, stopped IS weight on log π",
-                         ("grpo", "cispo"))
-    entropy_coef: float = arg(0.0, "entropy bonus: the loss minus this x the tokens' entropy", "v >= 0")
-    mu: int = arg(1, "optimizer steps per rollout batch", "v >= 1")
-    tis_cap: float = arg(2.0, "truncated importance sampling cap on π_trainer / π_server (0 = off)",
-                         "v == 0 or v >= 1")
-    tis_mode: str = arg("token_truncate", "the ratio per token or sequence, truncated at the cap or masked above it",
-                        ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
-    mask_truncated: bool = arg(False, "completions cut by max_new_tokens get weight 0: out of the loss")
-    overlong_buffer: int = arg(0, "DAPO's soft overlong penalty: the last N tokens before max_new_tokens (0 = off)",
-                               "v >= 0")
-    overlong_penalty: float = arg(1.0, "the penalty's size at max_new_tokens (it falls linearly to -this)", "v >= 0")
-    filter_flat_groups: bool = arg(False, "DAPO's dynamic sampling, no resampling: groups with equal rewards weigh 0")
     lr_schedule: str = arg("constant", "after the warmup: constant, or a linear or cosine decay to min_lr_ratio",
                            ("constant", "linear", "cosine"))
     lr_warmup_steps: int = arg(0, "linear learning-rate warmup from 0 over this many steps", "v >= 0")
     min_lr_ratio: float = arg(0.0, "the decay's end, as a fraction of --lr", "0 <= v <= 1")
+    weight_decay: float = arg(0.0, "AdamW weight decay", "v >= 0")
+    max_grad_norm: float = arg(1.0, "clip the gradient's norm to this (0: no clipping)", "v >= 0")
+    mu: int = arg(1, "optimizer steps per rollout batch", "v >= 1")
+    beta: float = arg(0.0, "KL coefficient to the reference model (0: no reference model is loaded)", "v >= 0")
+    clip_low: float = arg(0.2, "ratio clip below 1 - clip_low", "0 <= v < 1")
+    clip_high: float = arg(0.2, "ratio clip above 1 + clip_high (DAPO uses 0.28)", "v >= 0")
+    ratio_level: str = arg("token", "'token' (GRPO) or 'sequence' (GSPO; it clips at ~3e-4)", ("token", "sequence"))
+    loss_agg: str = arg("token", "'token' (DAPO), 'seq' (GRPO) or 'constant' (Dr. GRPO)", ("token", "seq", "constant"))
+    loss_type: str = arg("grpo", "'grpo': the clipped surrogate; 'cispo': a clipped, stopped IS weight on log π",
+                         ("grpo", "cispo"))
+    adv_estimator: str = arg("grpo", "baseline: the group's mean ('grpo') or the others' mean (leave-one-out)",
+                             ("grpo", "rloo"))
+    scale_rewards: str = arg("group", "advantages / the std of the group, of the batch or 'none' (Dr. GRPO)",
+                             ("group", "batch", "none"))
+    entropy_coef: float = arg(0.0, "entropy bonus: the loss minus this x the tokens' entropy", "v >= 0")
+    tis_cap: float = arg(2.0, "importance sampling cap on π_trainer / π_server (0 = off)", "v == 0 or v >= 1")
+    tis_mode: str = arg("token_truncate", "the IS ratio per token or sequence, truncated at the cap or masked above",
+                        ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
+    mask_truncated: bool = arg(False, "completions cut by max_new_tokens get weight 0: out of the loss")
+    overlong_buffer: int = arg(0, "DAPO's overlong penalty over the last N tokens before the limit (0 = off)", "v >= 0")
+    overlong_penalty: float = arg(1.0, "the penalty at max_new_tokens (it falls linearly from 0 to -this)", "v >= 0")
+    filter_flat_groups: bool = arg(False, "DAPO's dynamic sampling, no resampling: groups with equal rewards weigh 0")
     async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
     # model and data
     model: str = arg("Qwen/Qwen2.5-0.5B-Instruct", "HF model name or local path; the server must serve the same")
@@ -120,19 +109,16 @@ class Config:
     instruction: str = arg("auto", "text appended to each question ('auto': fits the task)")
     prompt_format: str = arg("auto", "'chat' (chat template), 'plain' (base models) or 'auto' (chat if it has one)",
                              ("auto", "chat", "plain"))
-    reward: str = arg("auto", f"a reward of reward_fns.py {sorted(reward_fns.REWARD_FNS)}, a weighted mix of them "
-                              "('gsm8k:1,format:0.1': each part logged), or 'auto' (the task's)")
+    reward: str = arg("auto", f"one of reward_fns.py's {sorted(reward_fns.REWARD_FNS)}, a weighted mix "
+                              "('gsm8k:1,format:0.1', each part logged) or 'auto' (the task's)")
     builtin_max_operand: int = arg(20, "built-in task: operands of 'a + b' are drawn from 0..this", "v >= 1")
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)", "v >= 1")
-    eval_size: int = arg(200, "held-out prompts per evaluation (without an eval split: at most 10% of the train rows)",
-                         "v >= 1")
+    eval_size: int = arg(200, "held-out prompts per eval (no eval split: at most 10% of the train rows)", "v >= 1")
     # the trainer's compute
-    micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster, if memory allows)",
-                           "v >= 1")
+    micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster if it fits)", "v >= 1")
     tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster); off: exact fp32")
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
-    max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient (each is skipped)",
-                                   "v >= 1")
+    max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient", "v >= 1")
     device: str = arg("auto", "'cuda', 'cpu' (tests) or 'auto'", ("auto", "cuda", "cpu"))
     seed: int = arg(0, "seed for data order and torch")
     # the server and weight sync
@@ -140,8 +126,7 @@ class Config:
     api_key: str = arg("", "server API key (default: $SGLANG_API_KEY), sent as a Bearer token")
     server_gpu: str = arg("3", "each server's GPU (serve.sh's GPU), comma-separated; '+' joins a TP server's: 2+3")
     colocate: bool = arg(False, "the server shares rank 0's GPU on purpose (one-GPU machines)")
-    request_timeout: float = arg(300.0, "seconds before one request to the server (or one NCCL send) is given up",
-                                 "v > 0")
+    request_timeout: float = arg(300.0, "seconds before a request to the server (or an NCCL send) fails", "v > 0")
     request_retries: int = arg(3, "retries (with backoff) for a failed request before stopping", "v >= 0")
     sync: str = arg("auto", "'tensor' (CUDA IPC: rank 0 sees the server's GPU), 'nccl' (any host) or 'auto'",
                     ("auto", "tensor", "nccl"))
@@ -149,10 +134,8 @@ class Config:
     nccl_master_addr: str = arg("", "--sync nccl: rank 0's address the server connects to (default: on its route)")
     nccl_port: int = arg(0, "--sync nccl: TCP port of that rendezvous on rank 0's host (0: a free one)",
                          "0 <= v <= 65535")
-    mismatch_max: float = arg(0.1, "stop when trainer and server, holding the same weights, differ by more than this "
-                                   "(mean nats)", "v > 0")
-    check_seqs: int = arg(32, "--async: sequences a step the server re-scores with the weights it holds (0: none)",
-                          "v >= 0")
+    mismatch_max: float = arg(0.1, "stop if trainer and server, same weights, differ by more (mean nats)", "v > 0")
+    check_seqs: int = arg(32, "--async: sequences a step the server re-scores with its weights (0: none)", "v >= 0")
     # eval, checkpoints, logging
     eval_every: int = arg(50, "evaluate (greedy, via the server) every N steps; 0 = only at start and end", "v >= 0")
     save_every: int = arg(100, "checkpoint every N steps (0 = only at the end)", "v >= 0")
@@ -272,38 +255,19 @@ def loss_norm(mode, seqs, tokens, max_new_tokens):
     return {"seq": seqs, "token": tokens, "constant": seqs * max_new_tokens}[mode]
 
 
-def mismatch_stats(trainer_lp, server_lp, mask, cap, m):
-    """(B, T) logprobs of the sampled tokens under the trainer and under the server that sampled them, into the
-    metrics m: |Δ|, k3 estimate of KL(server || trainer), and the importance ratio π_trainer / π_server (how often
-    TIS truncates it at `cap`). The numbers TRL, verl and slime log."""
-    d, n = (trainer_lp - server_lp) * mask, mask.sum()
-    ratio = torch.exp(d) * mask
-    m.mean("mismatch_mean", d.abs().sum(), n), m.max("mismatch_max", d.abs().max())
-    m.mean("mismatch_kl", (kl_k3(server_lp, trainer_lp) * mask).sum(), n)
-    m.mean("is_ratio_mean", ratio.sum(), n), m.max("is_ratio_max", ratio.max())
-    m.mean("is_truncated_frac", ((ratio > cap) if cap > 0 else ratio < 0).sum(), n)
-
-
 # ----------------------------------------------------------------------------------------
 # Data: a built-in task, a local JSON/JSONL file, or any HF dataset with question/answer columns.
 
 def builtin_rows(max_operand, seed=1234):
-    """'What is a + b?' for all a, b in 0..max_operand, shuffled. Small models get a fair share
-    right (SmolLM2-135M: see README), so GRPO has signal from the first step."""
+    """'What is a + b?' for all a, b in 0..max_operand, shuffled: small models get a fair share right (README)."""
     pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
     random.Random(seed).shuffle(pairs)
     return [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in pairs]
 
 
-INSTRUCTIONS = {
-    "gsm8k": "Solve the problem step by step, then give the final answer on its own line as '#### <number>'.",
-    "arithmetic": "Answer with the number only.",
-}
-
-
 def prompts_for_step(n_rows, step, per_step, seed):
-    """Row indices used at `step`: a fresh shuffle every epoch, so the data position is just the
-    step number and resuming at step s continues with exactly the prompts it would have seen."""
+    """Row indices used at `step`: a fresh shuffle every epoch, so the data position is just the step number and a
+    run resumed at step s sees exactly the prompts it would have seen."""
     idx = []
     for k in range(step * per_step, (step + 1) * per_step):
         epoch, i = divmod(k, n_rows)
@@ -420,10 +384,9 @@ def weights(cfg, seqs):
 
 
 def completion_logprobs(model, b, temperature):
-    """Micro-batch b (pad_batch) -> (B, C) the log-probs of its completion tokens under `model`, log softmax(z / T)
-    at each token, and (B, C) the entropy of softmax(z / T), the distribution each was sampled from (a metric, and
-    the entropy bonus's). The LM head computes both from the final hidden states (HeadLogprobs, below the fence), a
-    chunk of tokens at a time and for the real tokens only: the (B, C, V) logits never exist."""
+    """Micro-batch b (pad_batch) -> (B, C) log softmax(z / T) of its completion tokens under `model` and (B, C) the
+    entropy of softmax(z / T). The LM head computes both for the real tokens only, a chunk at a time
+    (head_logprobs, below the fence): the (B, C, V) logits never exist."""
     pos = (b["attn"].cumsum(-1) - 1).clamp(min=0)  # positions ignore the left padding
     head = model.get_output_embeddings()
     head.job = (b["ids"][:, b["P"]:], b["mask"].bool(), temperature)  # what the head scores (set up by shard())
@@ -432,9 +395,8 @@ def completion_logprobs(model, b, temperature):
 
 
 def policy_loss(cfg, x, logp, old, ent):
-    """The GRPO loss of micro-batch x (rows_of the table) per token, from the flags: where a loss variant is wired
-    in. (B, C) log-probs now and before this step's updates, their entropy -> (loss, clipped, kl), each (B, C).
-    The entropy bonus (TRL's entropy_coef) is per token, whatever the ratio level."""
+    """Micro-batch x's GRPO loss per token, by the flags (where a loss variant is wired in): (B, C) log-probs now and
+    before this step's updates, their entropy -> (loss, clipped, kl), each (B, C). The entropy bonus is per token."""
     tis = tis_weights(old, x["server_lp"], cfg.tis_cap, x["mask"], cfg.tis_mode) if cfg.tis_cap > 0 else None
     loss, clipped, kl = grpo_token_loss(logp, old, x["adv"], x["mask"], cfg.clip_low, cfg.clip_high, cfg.ratio_level,
                                         tis, x.get("ref_lp"), cfg.beta, cfg.loss_type)
@@ -467,8 +429,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
             m.mean("kl", (kl.detach() * w).sum() if kl is not None else 0.0, w.sum())
         if update == 0:
             check(seqs, m)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))  # 0: no clip
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        grad_norm = clip_grads(model.parameters(), cfg.max_grad_norm or float("inf"))  # 0: no clipping
         finite = bool(torch.isfinite(grad_norm))  # else the step is skipped: it would poison the weights and the server
         m.mean("grad_norm", grad_norm, 1)
         skipped += not finite
@@ -542,9 +503,8 @@ def main(cfg):
 # ======================================================================================================
 
 def pad_batch(samples, pad_id, device):
-    """[{prompt, completion}] -> a micro-batch {ids, attn (B, P+C), mask (B, C), P, C}: prompts left-padded,
-    completions right-padded, so every completion starts at column P and the model only needs logits for the last
-    C+1 columns (logits_to_keep)."""
+    """[{prompt, completion}] -> {ids, attn (B, P+C), mask (B, C), P, C}: prompts left-padded, completions
+    right-padded, so every completion starts at column P and the head runs on the last C+1 columns only."""
     P, C = max(len(s["prompt"]) for s in samples), max(len(s["completion"]) for s in samples)
     ids = torch.full((len(samples), P + C), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
@@ -569,9 +529,9 @@ def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):
 
 
 class Metrics:
-    """A step's named metrics, each logged by what it is: m.sum(name, x), m.mean(name, total, count) (the mean of
-    what `total` sums, e.g. over tokens) or m.max(name, x); summed (maxed) over micro-batches, updates and ranks. A
-    new name needs no other edit. Values may be 0-d tensors on the GPU: nothing waits for them until reduce()."""
+    """A step's named metrics: m.sum(name, x), m.mean(name, total, count) (the mean of what `total` sums, e.g. over
+    tokens) or m.max(name, x), over micro-batches, updates and ranks; a new name needs no other edit. Values may be
+    0-d tensors on the GPU: nothing waits for them until reduce()."""
     def __init__(self):
         self.sums, self.maxes = defaultdict(float), {}
 
@@ -587,8 +547,8 @@ class Metrics:
                                                                            torch.as_tensor(x).to(self.maxes[name]))
 
     def reduce(self, device):
-        """All ranks -> {name: value}; the names are agreed first, so that a rank without one cannot hang the others.
-        A mean over nothing is None."""
+        """All ranks -> {name: value} (a mean over nothing: None); the names are agreed first, so that a rank
+        without one cannot hang the others."""
         names = [None] * dist.get_world_size()
         dist.all_gather_object(names, (sorted(self.sums), sorted(self.maxes)))
         sums, maxes = (sorted(set().union(*(n[j] for n in names))) for j in (0, 1))
@@ -596,6 +556,18 @@ class Metrics:
         mx = all_reduce_named({k: self.maxes.get(k, -float("inf")) for k in maxes}, dist.ReduceOp.MAX, device)
         out = {k: (s[k] / s[k + "#n"] if s[k + "#n"] else None) if k + "#n" in s else s[k] for k in s if "#" not in k}
         return {**out, **mx}
+
+
+def mismatch_stats(trainer_lp, server_lp, mask, cap, m):
+    """(B, T) logprobs of the sampled tokens under the trainer and under the server that sampled them, into the
+    metrics m: |Δ|, k3 estimate of KL(server || trainer), and the importance ratio π_trainer / π_server (how often
+    TIS truncates it at `cap`). The numbers TRL, verl and slime log."""
+    d, n = (trainer_lp - server_lp) * mask, mask.sum()
+    ratio = torch.exp(d) * mask
+    m.mean("mismatch_mean", d.abs().sum(), n), m.max("mismatch_max", d.abs().max())
+    m.mean("mismatch_kl", (kl_k3(server_lp, trainer_lp) * mask).sum(), n)
+    m.mean("is_ratio_mean", ratio.sum(), n), m.max("is_ratio_max", ratio.max())
+    m.mean("is_truncated_frac", ((ratio > cap) if cap > 0 else ratio < 0).sum(), n)
 
 
 def step_metrics(cfg, step, batch, m, clock, t_run, nbytes, rt):
@@ -612,8 +584,8 @@ def step_metrics(cfg, step, batch, m, clock, t_run, nbytes, rt):
 
 
 class Clock:
-    """A step's phases: lap(name) ends the phase that began at the previous lap; a name may come back (its time adds
-    up, its span runs from its first start to its last end)."""
+    """lap(name) ends the phase that began at the previous lap; a name that comes back adds up its time, and its
+    span runs from its first start to its last end."""
     def __init__(self):
         self.t0 = self.t = time.time()
         self.spans, self.time = {}, defaultdict(float)
@@ -650,8 +622,7 @@ class MetricsLog:
                     import wandb
                 except ImportError:
                     raise UserError("--wandb needs the wandb package: pip install wandb") from None
-                self.wandb = wandb
-                wandb.init(project=cfg.wandb_project, config=saved_config(cfg))
+                self.wandb, _ = wandb, wandb.init(project=cfg.wandb_project, config=saved_config(cfg))
 
     def write(self, m):
         if self.master and m:
@@ -905,6 +876,12 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None):
             continue
         out.append({"ids": ids, "answer": str(a), "question": q})
     return out
+
+
+INSTRUCTIONS = {
+    "gsm8k": "Solve the problem step by step, then give the final answer on its own line as '#### <number>'.",
+    "arithmetic": "Answer with the number only.",
+}
 
 
 def load_data(cfg, context=None):
@@ -1543,57 +1520,23 @@ def load_policy(path, device, grad_checkpointing):
     return model
 
 
-class HeadLogprobs(torch.autograd.Function):
+def head_logprobs(x, w, targets, temperature, cap, tf32, chunk):
     """(N, H) final hidden states, (V, H) LM head weight, (N,) targets -> (N,) log p(target) and (N,) the entropy of
-    softmax(z), z = cap(x W^T) / temperature, in fp32, `chunk` rows at a time: the (N, V) fp32 logits never exist at
-    once, and backward recomputes each chunk's logits (one more head matmul) rather than keeping them (the idea of
-    Liger's fused linear cross-entropy). cap: Gemma's soft-capping, cap * tanh(logits / cap). TF32 matmuls if tf32:
-    scoped to the head, since the global switch would also round the fp32 RoPE angles (transformers issue 48428)."""
-    @staticmethod
-    def forward(ctx, x, w, targets, temperature, cap, tf32, chunk):
-        lp, ent, lse = (torch.empty(len(x), device=x.device) for _ in range(3))
-        for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
-            z = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)[0]  # (chunk, V)
-            lse[r] = torch.logsumexp(z, -1)
-            lp[r] = z.gather(1, targets[r, None]).squeeze(1) - lse[r]
-            ent[r] = lse[r] - torch.einsum("nv,nv->n", torch.exp(z - lse[r, None]), z)  # logsumexp(z) - Σ p z
-        ctx.save_for_backward(x, w, targets, lse, ent)
-        ctx.args = temperature, cap, tf32, chunk
-        ctx.set_materialize_grads(False)  # an output nobody used (the entropy, mostly) has no gradient to compute
-        return lp, ent
+    softmax(z), z = cap(x W^T) / temperature, in fp32, `chunk` rows at a time, each chunk under activation
+    checkpointing: the (N, V) fp32 logits never exist at once, and backward recomputes a chunk's logits rather than
+    keeping them (the idea of Liger's fused linear cross-entropy). cap: Gemma's soft-capping, cap * tanh(z / cap).
+    TF32 matmuls if tf32: scoped to the head, since the global switch would also round the fp32 RoPE angles
+    (transformers issue 48428)."""
+    from torch.utils.checkpoint import checkpoint
 
-    @staticmethod
-    def logits(x, w, temperature, cap, tf32):
-        """-> the rows' z, and dz/d(x W^T) / temperature where a soft-cap makes it more than that (else None)."""
+    def rows(x, targets):  # (n, H), (n,) -> (n,), (n,)
         with tf32_matmuls(tf32):
-            raw = x.float() @ w.float().T
-        if not cap:
-            return raw / temperature, None
-        t = torch.tanh(raw / cap)
-        return cap * t / temperature, 1 - t * t
-
-    @staticmethod
-    def backward(ctx, g_lp, g_ent):
-        """d log p_target / dz = onehot - p;  d entropy / dz = -p (log p + entropy)."""
-        x, w, targets, lse, ent = ctx.saved_tensors
-        temperature, cap, tf32, chunk = ctx.args
-        dx, dw = torch.empty_like(x) if ctx.needs_input_grad[0] else None, None
-        for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
-            z, dcap = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)
-            logp = z - lse[r, None]
-            p, gz = torch.exp(logp), torch.zeros_like(z)
-            if g_lp is not None:
-                gz = gz - p * g_lp[r, None]
-                gz.scatter_add_(1, targets[r, None], g_lp[r, None].float())
-            if g_ent is not None:
-                gz = gz - p * (logp + ent[r, None]) * g_ent[r, None]
-            gz = gz / temperature if dcap is None else gz * dcap / temperature
-            with tf32_matmuls(tf32):
-                if dx is not None:
-                    dx[r] = (gz @ w.float()).to(x.dtype)
-                if ctx.needs_input_grad[1]:
-                    dw = gz.T @ x[r].float() if dw is None else dw + gz.T @ x[r].float()
-        return dx, dw.to(w.dtype) if dw is not None else None, None, None, None, None, None
+            z = x.float() @ w.float().T
+        logp = torch.log_softmax((cap * torch.tanh(z / cap) if cap else z) / temperature, -1)
+        return logp.gather(1, targets[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+    out = [checkpoint(rows, x[s: s + chunk], targets[s: s + chunk], use_reentrant=False)
+           for s in range(0, len(x), chunk)]
+    return torch.cat([lp for lp, _ in out]), torch.cat([ent for _, ent in out])
 
 
 @contextlib.contextmanager
@@ -1608,26 +1551,29 @@ def tf32_matmuls(on=True):
 
 def install_head(model, tf32_head=False):
     """The LM head computes the log-probs of the tokens that completion_logprobs asks for (head.job) and their
-    entropy, with HeadLogprobs, instead of the (B, C, V) logits; asked nothing, it returns the logits."""
+    entropy, with head_logprobs, instead of the (B, C, V) logits; asked nothing, it returns the logits."""
     head, cap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
     if type(head) is not torch.nn.Linear or head.bias is not None:
         raise UserError(f"{type(model).__name__}'s LM head is a {type(head).__name__} (with its bias, if any): the "
-                        f"trainer's head (HeadLogprobs) takes a Linear without bias, as Llama, Qwen and Gemma have")
+                        f"trainer's head (head_logprobs) takes a Linear without bias, as Llama, Qwen and Gemma have")
     model.config.final_logit_softcapping = None  # the head applies it: the model would apply it to what it returns
     chunk = max(1, 2**27 // head.weight.shape[0])  # rows of fp32 logits per chunk: 512 MB
 
     def head_forward(x):  # (B, C+1, H); head.weight: by now FSDP has swapped the gathered weight in
-        if "job" not in head.__dict__:  # a plain call: the logits (with an autograd of its own, in fp32)
-            return HeadLogprobs.logits(x, head.weight, 1.0, cap, tf32_head)[0]
+        if "job" not in head.__dict__:  # a plain call: the logits, in fp32
+            with tf32_matmuls(tf32_head):
+                z = x.float() @ head.weight.float().T
+            return cap * torch.tanh(z / cap) if cap else z
         targets, mask, temperature = head.__dict__.pop("job")  # set by completion_logprobs: (B, C), (B, C), T
-        lp, ent = HeadLogprobs.apply(x[:, :-1][mask], head.weight, targets[mask], temperature, cap, tf32_head, chunk)
+        lp, ent = head_logprobs(x[:, :-1][mask], head.weight, targets[mask], temperature, cap, tf32_head, chunk)
         head.entropy = torch.zeros(mask.shape, device=x.device).masked_scatter(mask, ent)
         return torch.zeros(mask.shape, device=x.device).masked_scatter(mask, lp)  # (B, C): the log-probs
     head.forward = head_forward
 
 
-def shard(model, mesh, param_dtype, tf32_head=False):
-    """FSDP2: each transformer block its own unit computing in bf16; fp32 master weights and grads.
+def shard(model, mesh, param_dtype, tf32_head=False, unit_params=1e8):
+    """FSDP2: consecutive transformer blocks in units of about `unit_params` parameters (one block each for 7B;
+    SmolLM2's 30 blocks in one: FSDP's hooks cost CPU time per unit), computing in bf16; fp32 master weights, grads.
     The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
     steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
     0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same).
@@ -1639,12 +1585,16 @@ def shard(model, mesh, param_dtype, tf32_head=False):
     from torch.utils._pytree import tree_map
     to_compute = lambda t: t.to(param_dtype) if torch.is_tensor(t) and t.is_floating_point() else t
     block = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for m in model.modules():
-        if type(m).__name__ in (model._no_split_modules or []):
-            fully_shard(m, mesh=mesh, mp_policy=block)
-            # FSDP casts a block's inputs to bf16, but not when checkpointing re-runs the block in backward:
-            # the root's fp32 rotary cos/sin then met bf16 values in attention (an H200 run, transformers 5.12)
-            m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)
+    units = [[]]
+    for m in (m for m in model.modules() if type(m).__name__ in (model._no_split_modules or [])):
+        if sum(p.numel() for b in units[-1] for p in b.parameters()) >= unit_params:
+            units.append([])
+        units[-1].append(m)
+        # FSDP casts a block's inputs to bf16, but not when checkpointing re-runs the block in backward:
+        # the root's fp32 rotary cos/sin then met bf16 values in attention (an H200 run, transformers 5.12)
+        m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)
+    for unit in units if units[0] else []:
+        fully_shard(unit, mesh=mesh, mp_policy=block)
     install_head(model, tf32_head)
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
     return model
@@ -1739,6 +1689,17 @@ def batch_std(x):
     dist.all_reduce(t)
     n, s, ss = t.tolist()
     return torch.tensor(max(ss - s * s / n, 0.0) / max(n - 1, 1), device=x.device).sqrt()
+
+
+def clip_grads(params, max_norm):
+    """All ranks: torch's clip_grad_norm_ on FSDP's sharded gradients, without DTensor's dispatch per tensor (~20 ms
+    a step for SmolLM2's 272): this rank's shards' squared norms, one all-reduce, one scale. -> the total norm."""
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
+    total = torch.stack(torch._foreach_norm(grads)).double().square().sum()
+    dist.all_reduce(total)
+    total = total.sqrt().float()
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0).to(grads[0].device))
+    return total
 
 
 def set_lr(opt, lr, m):

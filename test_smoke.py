@@ -55,10 +55,10 @@ def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
     in float64 on fresh random inputs: temperatures, chunks that do not divide the rows, Gemma's soft-capping, the
     log-probs alone (no entropy gradient) and both."""
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])  # hand values: x = the logits, W = I
-    lp, ent = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 1.0, None, False, 1)
+    lp, ent = g.head_logprobs(logits, torch.eye(3), torch.tensor([2, 1]), 1.0, None, False, 1)
     assert torch.allclose(lp, torch.tensor([3 - math.log(math.e + math.e ** 2 + math.e ** 3), -math.log(3)]))
     assert torch.allclose(ent[1], torch.tensor(math.log(3)))
-    lp2, _ = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 2.0, None, False, 5)
+    lp2, _ = g.head_logprobs(logits, torch.eye(3), torch.tensor([2, 1]), 2.0, None, False, 5)
     assert torch.allclose(lp2[0], torch.tensor(1.5 - math.log(math.e ** 0.5 + math.e + math.e ** 1.5)))
     torch.manual_seed(0)
     for cap, T, chunk, both in ((None, 1.0, 3, True), (None, 0.7, 5, False), (30.0, 0.8, 4, True), (2.0, 1.0, 99, True)):
@@ -70,7 +70,7 @@ def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
         ent_ref = -(p * torch.log_softmax(z, -1)).sum(-1)
         want = torch.autograd.grad((lp_ref * gl).sum() + (both * ent_ref * ge).sum(), (x, w))
         x32, w32 = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
-        lp, ent = g.HeadLogprobs.apply(x32, w32, t, T, cap, False, chunk)
+        lp, ent = g.head_logprobs(x32, w32, t, T, cap, False, chunk)
         got = torch.autograd.grad((lp * gl.float()).sum() + ((ent * ge.float()).sum() if both else 0), (x32, w32))
         rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()
         assert rel(lp, lp_ref) < 1e-6 and rel(ent, ent_ref) < 1e-5, (cap, T, chunk)
@@ -993,6 +993,34 @@ def test_tf32_head_computes_the_same_logprobs_and_grads_and_stays_scoped(arch, t
     assert inside == "high" and seen == ["highest", "highest"] and torch.get_float32_matmul_precision() == "highest"
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fsdp_units_of_several_blocks_compute_what_one_block_per_unit_does(checkpointing, tmp_path):
+    """shard() puts consecutive blocks in one FSDP unit up to unit_params (fewer hooks: CPU time on small models).
+    The log-probs and every gradient must be those of one block per unit, bit for bit, with and without
+    checkpointing; and the units must be what the rule says."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    d, results = build_tiny(str(tmp_path), "qwen2"), []
+    batch = g.pad_batch([{"prompt": [4, 5, 6], "completion": [7, 8, 9]}, {"prompt": [5], "completion": [10, 11]}], 0,
+                        "cpu")
+    try:
+        for units_of in ({"unit_params": 1}, {}):  # one block per unit; the default: the tiny model's blocks in one
+            model = g.shard(g.load_policy(d, torch.device("cpu"), checkpointing), init_device_mesh("cpu", (1,)),
+                            torch.bfloat16, **units_of)
+            units = {id(fully_shard.state(b)) for b in model.model.layers}
+            lp = g.completion_logprobs(model, batch, 0.7)[0]
+            (lp * torch.tensor([[1.0, -2.0, 0.5], [3.0, 1.0, 0.0]])).sum().backward()
+            results.append((len(units), lp.detach(), {n: p.grad.full_tensor() for n, p in model.named_parameters()}))
+    finally:
+        dist.destroy_process_group()
+    (n0, lp0, g0), (n1, lp1, g1) = results
+    assert (n0, n1) == (len(model.model.layers), 1) and n0 > 1
+    assert torch.equal(lp0, lp1) and g0.keys() == g1.keys() and all(torch.equal(g0[n], g1[n]) for n in g0)
+
+
 def one_step(cfg, model, batch, tok, reward, weight=None):
     """One step in-process, the way main() runs it: the table, micro-batches, the no-grad forwards, rewards,
     advantages and weights, then train(). -> (the table, the step's metrics)."""
@@ -1054,11 +1082,40 @@ def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantag
             assert up > down, (grp, gain)
         assert all(seqs["lp0"][k, : len(c)].tolist() == pytest.approx(before[k].tolist(), abs=1e-5)
                    for k, c in enumerate(completions))  # row k of lp0 is completion k, whatever the micro-batches
-        norms, clip = [], torch.nn.utils.clip_grad_norm_
-        monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: norms.append(clip(*a, **k)) or norms[-1])
+        norms, clip = [], g.clip_grads
+        monkeypatch.setattr(g, "clip_grads", lambda *a, **k: norms.append(clip(*a, **k)) or norms[-1])
         _, got2 = one_step(dataclasses.replace(cfg, mu=2), model, batch, Tok(), reward)
         assert len(norms) == 2 and norms[0].item() != norms[1].item()  # .item(): torch 2.11 has no DTensor `!=`
         assert got2["grad_norm"] == pytest.approx((norms[0].item() + norms[1].item()) / 2, rel=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_clip_grads_is_torchs_clip_grad_norm_on_sharded_gradients():
+    """clip_grads (the trainer's clipping, on FSDP's local shards) against torch.nn.utils.clip_grad_norm_ on the same
+    DTensor gradients: the same total norm, the same clipped gradients; no clipping under the norm or at inf."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        mesh, torch_gen = init_device_mesh("cpu", (1,)), torch.Generator().manual_seed(0)
+        shapes = [(4, 3), (7,), (2, 2, 5)]
+        grads = [torch.randn(s, generator=torch_gen) for s in shapes]
+        for max_norm in (0.5, 1e3, float("inf")):
+            runs = []
+            for fn in (torch.nn.utils.clip_grad_norm_, g.clip_grads):
+                ps = [torch.nn.Parameter(distribute_tensor(torch.zeros(s), mesh, [Shard(0)])) for s in shapes]
+                for p, gr in zip(ps, grads):
+                    p.grad = distribute_tensor(gr.clone(), mesh, [Shard(0)])
+                norm = fn(ps, max_norm)
+                runs.append((float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm),
+                             [p.grad.full_tensor() for p in ps]))
+            (n0, g0), (n1, g1) = runs
+            assert n1 == pytest.approx(n0, rel=1e-6) and n0 == pytest.approx(torch.cat([x.flatten() for x in grads]).norm().item())
+            assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(g0, g1)), max_norm
+            assert (max_norm < n0) == (not torch.allclose(g1[0], grads[0]))  # clipped only above the norm
     finally:
         dist.destroy_process_group()
 
@@ -2005,6 +2062,16 @@ def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model
     code, out = run([cmd[0], tool, *flags, *cmd[2:]], timeout=120)
     assert code == 1 and says.format(url=server.url) in out and "negative control: the push of version 2" in out, out
     assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]
+
+
+def test_the_profile_tool_profiles_the_steps_it_is_asked_for(tiny_model, server, tmp_path):
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "4", "--eval_every", "0")
+    tool = os.path.join(HERE, "results", "tools", "profile_train.py")
+    code, out = run([cmd[0], tool, "--out", str(tmp_path / "prof"), "--profile_steps", "1-2", *cmd[2:]], timeout=180)
+    summary = json.load(open(tmp_path / "prof" / "summary.json"))
+    assert code == 0 and len(summary["train_wall_s_per_step"]) == 2 and summary["top_cpu_total_s_per_step"], out
+    assert "Self CPU" in (tmp_path / "prof" / "ops_by_cpu.txt").read_text()
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2, 3, 4]
 
 
 WORKED_EXAMPLES = """import os, sys

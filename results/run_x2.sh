@@ -35,7 +35,8 @@ train() { # log-name out-dir timeout, then flags (CUDA_VISIBLE_DEVICES from the 
   timeout "$t" python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) \
     ${SCRIPT:-grpo_sglang.py} --out_dir "$out" "$@" > "$RES/$name.log" 2>&1
   log "train $name: exit $? ($(tail -n 1 "$RES/$name.log" | cut -c1-160))"
-  [ -f "$out/metrics.jsonl" ] && cp "$out/metrics.jsonl" "$RES/$name.metrics.jsonl"; }
+  [ -f "$out/metrics.jsonl" ] && cp "$out/metrics.jsonl" "$RES/$name.metrics.jsonl"
+  [ -f "$out/config.json" ] && cp "$out/config.json" "$RES/$name.config.json"; }
 NEG="results/tools/negative_control.py --skip"  # the negative controls: pushes skipped on purpose (SCRIPT="$NEG 6")
 SMOL=(--model "$K" --dataset builtin --builtin_max_operand 20 --prompts_per_step 16 --group_size 8 --max_new_tokens 128
       --micro_batch 128 --lr 1e-5 --beta 0.04 --save_every 0)
@@ -292,30 +293,43 @@ multi_bench() {
 }
 multi() { multi_tests; multi_bench; }
 
-# PHASES="speed learn variants coloc": the train-speed issue's before/after (results/x2/train_speed/) and the hack-surface issue's guard
-# (results/x2/layout/). "before" is grpo_sglang.py and reward_fns.py at d7f3a11 (git show d7f3a11:FILE), carried to the
+# PHASES="learn variants speed profile coloc q15" (in this order at the final commit of the hack-surface, train-speed
+# and variants issues): the hack-surface issue's guard (learn: results/x2/layout/), the variants (results/x2/variants/),
+# the train-speed issue's before/after (results/x2/train_speed/). "before" is grpo_sglang.py and reward_fns.py at d7f3a11 (git show d7f3a11:FILE), carried to the
 # machine in .gpukit/before/; "after" is the working tree. Runs of one pair alternate, on the same server.
 BEFORE=.gpukit/before/grpo_sglang.py
 pair() { # name timeout, then flags: SCRIPT=before, then after, one after the other
   local name=$1 t=$2; shift 2
   SCRIPT=$BEFORE train ${name}_before /tmp/r/${name}_b "$t" "$@"
   train ${name}_after /tmp/r/${name}_a "$t" "$@"; }
-speed() {
-  make_model qwen2.5-1.5b-random 300 make_models.log & MK=$!  # GPU 0 builds it while GPU 1 starts SmolLM2's server
+speed() {  # the SmolLM2 pairs, the server alone on GPU 1
   serve_dedicated 0.15
-  local U=(--server_url http://127.0.0.1:30010 --server_gpu 1 --steps 40 --eval_every 0)
+  local U=(--server_url http://127.0.0.1:30010 --server_gpu 1 --steps 30 --eval_every 0)
   pair speed_smol_noasync 300 "${SMOL[@]}" "${U[@]}" --no-async
   pair speed_smol_async 300 "${SMOL[@]}" "${U[@]}" --async
-  python3 -m pytest -q -n 8 -p no:cacheprovider test_smoke.py > "$RES/cpu_suite_torch211.log" 2>&1 &  # CPU cores
-  wait $MK
+  log "speed done"
+}
+profile() {  # where the SmolLM2 train phase goes (--no-async, steps 8-10 profiled): results/tools/profile_train.py
+  serve_dedicated 0.15
+  log "profile"
+  timeout 300 python3 -m torch.distributed.run --nproc_per_node 1 --master_port 29533 results/tools/profile_train.py \
+    --out "$RES/profile" --profile_steps 8-10 -- "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 \
+    --steps 12 --eval_every 0 --no-async --out_dir /tmp/r/prof > "$RES/profile.log" 2>&1
+  log "profile: exit $?"
+  PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+}
+q15() {  # the 1.5B-shaped pair: 24 x 8, 1024 new tokens, micro-batch 8, --no-async, server on GPU 1
+  [ -d "$M/qwen2.5-1.5b-random" ] || make_model qwen2.5-1.5b-random 300 make_models.log
   serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3
   pair speed_q15 600 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 6 \
     --micro_batch 8 --max_new_tokens 1024 --no-async
   stop q15
-  log "speed done"
+  log "q15 done"
 }
 learn() {  # SmolLM2 async, 100 steps, seeds 0 (alone: its step time is the guard's), 1 and 2 (together, two servers)
+  make_model qwen2.5-1.5b-random 300 make_models.log & MK=$!  # GPU 0 builds it while GPU 1 starts SmolLM2's server
   serve_dedicated 0.15
+  wait $MK
   train smol_async_seed0 /tmp/r/l0 400 "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 --steps 100 \
     --eval_every 50 --async --seed 0
   GPU=1 SERVERS=2 PORT=30013 MODEL="$K" MEM_FRACTION=0.15 LOG="$RES/serve_seeds.log" PIDFILE=/tmp/serve_seeds.pid \
@@ -335,26 +349,29 @@ variants() {
   local V=("--lr_schedule cosine --lr_warmup_steps 5 --min_lr_ratio 0.1" "--entropy_coef 0.001" "--mask_truncated"
            "--overlong_buffer 32" "--filter_flat_groups" "--tis_mode sequence_mask" "--adv_estimator rloo --scale_rewards none"
            "--loss_type cispo --clip_high 3" "--scale_rewards batch" "--reward arithmetic:1,format:0.1") P=(30010 30013 30014)
-  for i in "${!V[@]}"; do
+  for i in 0 1 2 3 4 5 6 7 8; do
     # shellcheck disable=SC2086
     train variant_$i /tmp/r/v$i 400 "${SMOL[@]}" --server_url http://127.0.0.1:${P[$((i % 3))]} --server_gpu 1 --steps 40 \
       --eval_every 40 --async ${V[$i]} &
     [ $((i % 3)) = 2 ] && wait
   done
-  wait
+  # the last variant beside all of them together (100 steps)
+  # shellcheck disable=SC2086
+  train variant_9 /tmp/r/v9 400 "${SMOL[@]}" --server_url http://127.0.0.1:30013 --server_gpu 1 --steps 40 \
+    --eval_every 40 --async ${V[9]} &
   # shellcheck disable=SC2086
   train variants_all /tmp/r/vall 600 "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 --steps 100 \
     --eval_every 50 --async ${V[0]} --entropy_coef 0.001 --mask_truncated --overlong_buffer 32 --filter_flat_groups \
     --tis_mode sequence_mask --adv_estimator rloo --scale_rewards batch --loss_type cispo --clip_high 3 \
-    --reward arithmetic:1,format:0.1
-  PIDFILE=/tmp/serve_seeds.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
-  PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+    --reward arithmetic:1,format:0.1 &
+  wait
+  PIDFILE=/tmp/serve_seeds.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1  # the dedicated server stays for speed
   log "variants done"
 }
 coloc() {  # the colocated before/after of the train-speed issue: server and trainer on GPU 0
   serve coloc 0 30000 "$K" 0.3
   CUDA_VISIBLE_DEVICES=0 pair speed_coloc 300 "${SMOL[@]}" --server_url http://127.0.0.1:30000 --colocate --async \
-    --steps 40 --eval_every 0
+    --steps 30 --eval_every 0
   stop coloc
   log "coloc done"
 }

@@ -41,6 +41,8 @@ def main(commit):
         out[f"q15_mfu_{v}"] = round(6 * Q15_PARAMS * tokens / t / PEAK, 4) if t and tokens else None
         out[f"q15_peak_gb_{v}"] = max((r["peak_mem_gb"] for r in run(SPEED, f"speed_q15_{v}")), default=None)
     out["q7_train_s_before"] = out["q7_train_s_after"] = None  # not run: device time (the note says so)
+    prof = os.path.join(SPEED, "profile", "summary.json")
+    out["profile_after"] = json.load(open(prof)) if os.path.exists(prof) else None
     seeds = [s for s in (0, 1, 2) if run(LAYOUT, f"smol_async_seed{s}")]
     reward = {s: round(statistics.mean(r["reward_mean"] for r in run(LAYOUT, f"smol_async_seed{s}") if r["step"] > 80), 4)
               for s in seeds}
@@ -61,8 +63,8 @@ def main(commit):
                                                                       if l.startswith("# ---- Plumbing below")),
            "lines_over_120": sum(len(l) > 120 for l in lines), "commit": commit,
            "notes": {"bound": "max(rollout, score + train + sync), medians over steps 4-100 of seed 0's run",
-                     "runs": "the three seeds one after another, alone on the GPUs, against one server on GPU 1 "
-                             "(results/x2/layout/README.md has the command)",
+                     "runs": "seed 0 alone on the GPUs against one server on GPU 1 (its step time is the guard's); "
+                             "seeds 1 and 2 together, one more server each on GPU 1 (run_x2.sh's learn phase)",
                      "step_over_bound_per_seed": {s: round(med(run(LAYOUT, f"smol_async_seed{s}"), "time_step") / statistics.median(
                          max(r["time_rollout"], r["time_score"] + r["time_train"] + r["time_sync"]) for r in
                          run(LAYOUT, f"smol_async_seed{s}") if r["step"] >= 4), 3) for s in seeds}}}
