@@ -386,7 +386,7 @@ def weights(cfg, seqs):
 def completion_logprobs(model, b, temperature):
     """Micro-batch b (pad_batch) -> (B, C) log softmax(z / T) of its completion tokens under `model` and (B, C) the
     entropy of softmax(z / T). The LM head computes both for the real tokens only, a chunk at a time
-    (head_logprobs, below the fence): the (B, C, V) logits never exist."""
+    (HeadLogprobs, below the fence): the (B, C, V) logits never exist."""
     pos = (b["attn"].cumsum(-1) - 1).clamp(min=0)  # positions ignore the left padding
     head = model.get_output_embeddings()
     head.job = (b["ids"][:, b["P"]:], b["mask"].bool(), temperature)  # what the head scores (set up by shard())
@@ -1520,23 +1520,57 @@ def load_policy(path, device, grad_checkpointing):
     return model
 
 
-def head_logprobs(x, w, targets, temperature, cap, tf32, chunk):
+class HeadLogprobs(torch.autograd.Function):
     """(N, H) final hidden states, (V, H) LM head weight, (N,) targets -> (N,) log p(target) and (N,) the entropy of
-    softmax(z), z = cap(x W^T) / temperature, in fp32, `chunk` rows at a time, each chunk under activation
-    checkpointing: the (N, V) fp32 logits never exist at once, and backward recomputes a chunk's logits rather than
-    keeping them (the idea of Liger's fused linear cross-entropy). cap: Gemma's soft-capping, cap * tanh(z / cap).
-    TF32 matmuls if tf32: scoped to the head, since the global switch would also round the fp32 RoPE angles
-    (transformers issue 48428)."""
-    from torch.utils.checkpoint import checkpoint
+    softmax(z), z = cap(x W^T) / temperature, in fp32, `chunk` rows at a time: the (N, V) fp32 logits never exist at
+    once, and backward recomputes each chunk's logits (one more head matmul) rather than keeping them (the idea of
+    Liger's fused linear cross-entropy). cap: Gemma's soft-capping, cap * tanh(logits / cap). TF32 matmuls if tf32:
+    scoped to the head, since the global switch would also round the fp32 RoPE angles (transformers issue 48428)."""
+    @staticmethod
+    def forward(ctx, x, w, targets, temperature, cap, tf32, chunk):
+        lp, ent, lse = (torch.empty(len(x), device=x.device) for _ in range(3))
+        for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
+            z = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)[0]  # (chunk, V)
+            lse[r] = torch.logsumexp(z, -1)
+            lp[r] = z.gather(1, targets[r, None]).squeeze(1) - lse[r]
+            ent[r] = lse[r] - torch.einsum("nv,nv->n", torch.exp(z - lse[r, None]), z)  # logsumexp(z) - Σ p z
+        ctx.save_for_backward(x, w, targets, lse, ent)
+        ctx.args = temperature, cap, tf32, chunk
+        ctx.set_materialize_grads(False)  # an output nobody used (the entropy, mostly) has no gradient to compute
+        return lp, ent
 
-    def rows(x, targets):  # (n, H), (n,) -> (n,), (n,)
+    @staticmethod
+    def logits(x, w, temperature, cap, tf32):
+        """-> the rows' z, and dz/d(x W^T) / temperature where a soft-cap makes it more than that (else None)."""
         with tf32_matmuls(tf32):
-            z = x.float() @ w.float().T
-        logp = torch.log_softmax((cap * torch.tanh(z / cap) if cap else z) / temperature, -1)
-        return logp.gather(1, targets[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
-    out = [checkpoint(rows, x[s: s + chunk], targets[s: s + chunk], use_reentrant=False)
-           for s in range(0, len(x), chunk)]
-    return torch.cat([lp for lp, _ in out]), torch.cat([ent for _, ent in out])
+            raw = x.float() @ w.float().T
+        if not cap:
+            return raw / temperature, None
+        t = torch.tanh(raw / cap)
+        return cap * t / temperature, 1 - t * t
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        """d log p_target / dz = onehot - p;  d entropy / dz = -p (log p + entropy)."""
+        x, w, targets, lse, ent = ctx.saved_tensors
+        temperature, cap, tf32, chunk = ctx.args
+        dx, dw = torch.empty_like(x) if ctx.needs_input_grad[0] else None, None
+        for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
+            z, dcap = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)
+            logp = z - lse[r, None]
+            p, gz = torch.exp(logp), torch.zeros_like(z)
+            if g_lp is not None:
+                gz = gz - p * g_lp[r, None]
+                gz.scatter_add_(1, targets[r, None], g_lp[r, None].float())
+            if g_ent is not None:
+                gz = gz - p * (logp + ent[r, None]) * g_ent[r, None]
+            gz = gz / temperature if dcap is None else gz * dcap / temperature
+            with tf32_matmuls(tf32):
+                if dx is not None:
+                    dx[r] = (gz @ w.float()).to(x.dtype)
+                if ctx.needs_input_grad[1]:
+                    dw = gz.T @ x[r].float() if dw is None else dw + gz.T @ x[r].float()
+        return dx, dw.to(w.dtype) if dw is not None else None, None, None, None, None, None
 
 
 @contextlib.contextmanager
@@ -1551,21 +1585,19 @@ def tf32_matmuls(on=True):
 
 def install_head(model, tf32_head=False):
     """The LM head computes the log-probs of the tokens that completion_logprobs asks for (head.job) and their
-    entropy, with head_logprobs, instead of the (B, C, V) logits; asked nothing, it returns the logits."""
+    entropy, with HeadLogprobs, instead of the (B, C, V) logits; asked nothing, it returns the logits."""
     head, cap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
     if type(head) is not torch.nn.Linear or head.bias is not None:
         raise UserError(f"{type(model).__name__}'s LM head is a {type(head).__name__} (with its bias, if any): the "
-                        f"trainer's head (head_logprobs) takes a Linear without bias, as Llama, Qwen and Gemma have")
+                        f"trainer's head (HeadLogprobs) takes a Linear without bias, as Llama, Qwen and Gemma have")
     model.config.final_logit_softcapping = None  # the head applies it: the model would apply it to what it returns
     chunk = max(1, 2**27 // head.weight.shape[0])  # rows of fp32 logits per chunk: 512 MB
 
     def head_forward(x):  # (B, C+1, H); head.weight: by now FSDP has swapped the gathered weight in
-        if "job" not in head.__dict__:  # a plain call: the logits, in fp32
-            with tf32_matmuls(tf32_head):
-                z = x.float() @ head.weight.float().T
-            return cap * torch.tanh(z / cap) if cap else z
+        if "job" not in head.__dict__:  # a plain call: the logits (with an autograd of its own, in fp32)
+            return HeadLogprobs.logits(x, head.weight, 1.0, cap, tf32_head)[0]
         targets, mask, temperature = head.__dict__.pop("job")  # set by completion_logprobs: (B, C), (B, C), T
-        lp, ent = head_logprobs(x[:, :-1][mask], head.weight, targets[mask], temperature, cap, tf32_head, chunk)
+        lp, ent = HeadLogprobs.apply(x[:, :-1][mask], head.weight, targets[mask], temperature, cap, tf32_head, chunk)
         head.entropy = torch.zeros(mask.shape, device=x.device).masked_scatter(mask, ent)
         return torch.zeros(mask.shape, device=x.device).masked_scatter(mask, lp)  # (B, C): the log-probs
     head.forward = head_forward

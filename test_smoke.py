@@ -55,10 +55,10 @@ def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
     in float64 on fresh random inputs: temperatures, chunks that do not divide the rows, Gemma's soft-capping, the
     log-probs alone (no entropy gradient) and both."""
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])  # hand values: x = the logits, W = I
-    lp, ent = g.head_logprobs(logits, torch.eye(3), torch.tensor([2, 1]), 1.0, None, False, 1)
+    lp, ent = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 1.0, None, False, 1)
     assert torch.allclose(lp, torch.tensor([3 - math.log(math.e + math.e ** 2 + math.e ** 3), -math.log(3)]))
     assert torch.allclose(ent[1], torch.tensor(math.log(3)))
-    lp2, _ = g.head_logprobs(logits, torch.eye(3), torch.tensor([2, 1]), 2.0, None, False, 5)
+    lp2, _ = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 2.0, None, False, 5)
     assert torch.allclose(lp2[0], torch.tensor(1.5 - math.log(math.e ** 0.5 + math.e + math.e ** 1.5)))
     torch.manual_seed(0)
     for cap, T, chunk, both in ((None, 1.0, 3, True), (None, 0.7, 5, False), (30.0, 0.8, 4, True), (2.0, 1.0, 99, True)):
@@ -70,7 +70,7 @@ def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
         ent_ref = -(p * torch.log_softmax(z, -1)).sum(-1)
         want = torch.autograd.grad((lp_ref * gl).sum() + (both * ent_ref * ge).sum(), (x, w))
         x32, w32 = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
-        lp, ent = g.head_logprobs(x32, w32, t, T, cap, False, chunk)
+        lp, ent = g.HeadLogprobs.apply(x32, w32, t, T, cap, False, chunk)
         got = torch.autograd.grad((lp * gl.float()).sum() + ((ent * ge.float()).sum() if both else 0), (x32, w32))
         rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()
         assert rel(lp, lp_ref) < 1e-6 and rel(ent, ent_ref) < 1e-5, (cap, T, chunk)

@@ -368,6 +368,13 @@ variants() {
   PIDFILE=/tmp/serve_seeds.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1  # the dedicated server stays for speed
   log "variants done"
 }
+final() {  # the final commit on a fresh machine: SmolLM2 async seed 0 (the layout guard's run) and the GPU tests
+  serve_dedicated 0.15
+  train smol_async_final /tmp/r/f0 400 "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 --steps 100 \
+    --eval_every 50 --async --seed 0
+  gpu_tests 300
+  log "final done"
+}
 coloc() {  # the colocated before/after of the train-speed issue: server and trainer on GPU 0
   serve coloc 0 30000 "$K" 0.3
   CUDA_VISIBLE_DEVICES=0 pair speed_coloc 300 "${SMOL[@]}" --server_url http://127.0.0.1:30000 --colocate --async \

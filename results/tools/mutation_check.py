@@ -3,7 +3,7 @@ it: each must fail ("CAUGHT"). The mutations: the bugs of the first sync-check w
 (the TF32 head of c5458af, the checkpoint write error of 32cd255), the one-line bugs the exact-async-check issue put
 into a copy of the script (its part 4), one per fix of that issue and of the layout issue (GSPO, entropy), several
 servers, the resume-and-layouts issue (its one-line bugs and each safeguard, serve.sh's included), the step's table
-and weights, the LM head's log-probs (head_logprobs), the GRPO variants, FSDP's units and the profile tool.
+and weights, the LM head's log-probs (HeadLogprobs), the GRPO variants, FSDP's units and the profile tool.
 
     python3 results/tools/mutation_check.py [name-substring ...]      # from the repo root, CPU only
     python3 results/tools/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
@@ -19,9 +19,9 @@ M = [  # (name, file, old, new, -k expression)
  ('token count not all-reduced', 'grpo_sglang.py', 'return sum(s for _, s, _ in got), sum(t for _, _, t in got)', 'return got[dist.get_rank()][1], got[dist.get_rank()][2]', 'one_rank_and_two'),
  ('kl_k3 args swapped', 'grpo_sglang.py', 'kl = kl_k3(logp, ref_logp) if', 'kl = kl_k3(ref_logp, logp) if', 'grpo_token_loss'),
  ('same order every epoch', 'grpo_sglang.py', 'manual_seed(seed + epoch)', 'manual_seed(seed)', 'epochs_are'),
- ('no fp32 cast at the head', 'grpo_sglang.py', '            z = x.float() @ w.float().T', '            z = (x @ w.float().T).float()', 'architectures and gemma3'),
- ('head: log-probs of the next chunk\'s targets', 'grpo_sglang.py', 'checkpoint(rows, x[s: s + chunk], targets[s: s + chunk], use_reentrant=False)', 'checkpoint(rows, x[s: s + chunk], targets.roll(-1)[s: s + chunk], use_reentrant=False)', 'head_logprobs'),
- ('head: temperature dropped', 'grpo_sglang.py', 'if cap else z) / temperature, -1)', 'if cap else z), -1)', 'head_logprobs'),
+ ('no fp32 cast at the head', 'grpo_sglang.py', 'raw = x.float() @ w.float().T', 'raw = (x @ w.float().T).float()', 'architectures and gemma3'),
+ ('TF32 head: wrong input gradient', 'grpo_sglang.py', 'dx[r] = (gz @ w.float()).to(x.dtype)', 'dx[r] = (1.01 * gz @ w.float()).to(x.dtype)', 'tf32 or head_logprobs'),
+ ('TF32 head: wrong weight gradient', 'grpo_sglang.py', 'dw = gz.T @ x[r].float() if dw is None else dw + gz.T @ x[r].float()', 'dw = gz.T @ x[r].float() if dw is None else dw + 0.99 * gz.T @ x[r].float()', 'head_logprobs'),
  ('TF32 left on after the head (RoPE)', 'grpo_sglang.py', '        torch.set_float32_matmul_precision(before)', '        pass', 'tf32'),
  ('checkpoint write error raw', 'grpo_sglang.py', '        except Exception as e:  # a full disk', '        except ZeroDivisionError as e:  # a full disk', 'cannot_be_written'),
  ('eval mode kept', 'grpo_sglang.py', 'dtype=torch.float32).to(device).train()', 'dtype=torch.float32).to(device)', 'training_mode'),
@@ -61,7 +61,7 @@ M = [  # (name, file, old, new, -k expression)
  ('nccl_port unbounded', 'grpo_sglang.py', '"0 <= v <= 65535")', '"v >= 0")', 'out_of_range'),
  ('broken checkpoint resumed', 'grpo_sglang.py', '    if d is None or complete(d):', '    if True:', 'resume_from'),
  ('bad JSONL line unnamed', 'grpo_sglang.py', 'raise UserError(f"{path} line {n} is not valid JSON', 'raise UserError(f"{path} is not valid JSON', 'bad_data'),
- ('head: entropy with the wrong sign', 'grpo_sglang.py', '-(logp.exp() * logp).sum(-1)', '(logp.exp() * logp).sum(-1)', 'head_logprobs or train_step_is'),
+ ('entropy at temperature 1', 'grpo_sglang.py', 'ent[r] = lse[r] - torch.einsum(', 'ent[r] = lse[r] + torch.einsum(', 'head_logprobs or train_step_is'),
  ('GSPO ratio per token', 'grpo_sglang.py', '    if level == "sequence":\n        d = ', '    if level == "sequences":\n        d = ', 'gspo'),
  ('every prompt to the first server', 'grpo_sglang.py', 'srv = [(self.rt.rank * len(rows) + j) % len(self.urls)', 'srv = [0 * (self.rt.rank * len(rows) + j) % len(self.urls)', 'several_servers_and'),
  ('pushes to the first server only', 'grpo_sglang.py', 'range(s["tp"])]})\n                 for s in link["servers"]]', 'range(s["tp"])]})\n                 for s in link["servers"][:1]]', 'several_servers_and'),
@@ -117,8 +117,8 @@ M = [  # (name, file, old, new, -k expression)
  ('a reward never sees the sample', 'reward_fns.py', 'r = fn(completion, answer, sample=sample) if wants_sample(fn) else fn(completion, answer)', 'r = fn(completion, answer, sample=None) if wants_sample(fn) else fn(completion, answer)', 'score_counts or worked_examples'),
  ('a Config rule unchecked', 'grpo_sglang.py', '        if ok is not None and not (v in ok if isinstance(ok, tuple) else obeys(v, ok)):', '        if ok is not None and not (v in ok if isinstance(ok, tuple) else True):', 'out_of_range'),
  ('rows of a micro-batch written to other rows', 'grpo_sglang.py', '                seqs["lp0"][b["rows"], : b["C"]] = old', '                seqs["lp0"][b["rows"].flip(0), : b["C"]] = old', 'train_step_is or other_shapes'),
- ('head: the entropy detached', 'grpo_sglang.py', '-(logp.exp() * logp).sum(-1)', '-(logp.exp() * logp).sum(-1).detach()', 'head_logprobs'),
- ('head: soft-cap dropped', 'grpo_sglang.py', 'logp = torch.log_softmax((cap * torch.tanh(z / cap) if cap else z)', 'logp = torch.log_softmax((z if cap else z)', 'head_logprobs'),
+ ("head's entropy gradient wrong", 'grpo_sglang.py', 'gz = gz - p * (logp + ent[r, None]) * g_ent[r, None]', 'gz = gz - p * logp * g_ent[r, None]', 'head_logprobs'),
+ ('soft-cap derivative dropped', 'grpo_sglang.py', 'gz = gz / temperature if dcap is None else gz * dcap / temperature', 'gz = gz / temperature', 'head_logprobs'),
  ('lr warmup off by one', 'grpo_sglang.py', '        return (step + 1) / warmup', '        return step / warmup', 'lr_schedule'),
  ('overlong penalty unclamped', 'grpo_sglang.py', '    return ((max_len - buffer - lengths) / buffer).clamp(-1.0, 0.0)', '    return ((max_len - buffer - lengths) / buffer).clamp(max=0.0)', 'overlong'),
  ('rloo without its G/(G-1)', 'grpo_sglang.py', '(group_size / (group_size - 1) if rloo else 1)', '1', 'rloo'),

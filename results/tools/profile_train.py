@@ -59,7 +59,9 @@ def write(prof, walls, out):
         table = avg.table(sort_by=key, row_limit=40, max_name_column_width=60)
         open(os.path.join(out, name), "w").write(table)
         print(table[:6000], flush=True)
-    kernels = sum(e.self_device_time_total for e in avg) / 1e6 / len(walls)  # seconds per step
+    # the kernels themselves (the ops' rows repeat their kernels' time: summing every row counted it twice)
+    kernels = sum(e.self_device_time_total for e in prof.events()
+                  if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6 / len(walls)  # seconds per step
     cpu = sorted(((e.key, e.cpu_time_total / 1e6 / len(walls)) for e in avg), key=lambda x: -x[1])[:25]
     summary = {"train_wall_s_per_step": [round(w, 4) for w in walls], "cuda_kernels_s_per_step": round(kernels, 4),
                "top_cpu_total_s_per_step": {k: round(v, 4) for k, v in cpu}}
