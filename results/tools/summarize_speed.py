@@ -1,7 +1,7 @@
 """results/x2/train_speed/summary.json and results/x2/layout/summary.json from the runs of
-`PHASES="speed learn" bash results/run_x2.sh` (results/README.md): every number comes from a metrics file there.
+`PHASES="learn variants speed profile coloc q15"` and `PHASES=final bash results/run_x2.sh` (results/README.md): every number comes from a metrics file there.
 
-    python3 results/tools/summarize_speed.py COMMIT   # from the repo root, after the runs are copied into results/x2
+    python3 results/tools/summarize_speed.py FINAL RUNS   # from the repo root, after the runs are copied there
 """
 import json
 import os
@@ -26,9 +26,12 @@ def evals(path):
     return {r["step"]: r["eval_accuracy"] for r in map(json.loads, open(path)) if "eval_accuracy" in r}
 
 
-def main(commit):
+def main(final, runs):
+    """final: the commit of results/x2/layout/smol_async_final (the last code); runs: the commit of the other runs
+    (results/x2/train_speed/ against d7f3a11, results/x2/layout/at-RUNS/ the three seeds)."""
     run = lambda d, name: rows(os.path.join(d, name + ".metrics.jsonl"))
-    out = {"commit": commit}
+    seeds_dir = os.path.join(LAYOUT, f"at-{runs}")
+    out = {"commit": runs, "final_commit": final}
     for key, name in (("smol_train_s", "speed_smol_noasync"), ("smol_noasync_step_s", "speed_smol_noasync"),
                       ("smol_async_step_s", "speed_smol_async"), ("smol_coloc_step_s", "speed_coloc"),
                       ("q15_train_s", "speed_q15")):
@@ -41,36 +44,51 @@ def main(commit):
         out[f"q15_mfu_{v}"] = round(6 * Q15_PARAMS * tokens / t / PEAK, 4) if t and tokens else None
         out[f"q15_peak_gb_{v}"] = max((r["peak_mem_gb"] for r in run(SPEED, f"speed_q15_{v}")), default=None)
     out["q7_train_s_before"] = out["q7_train_s_after"] = None  # not run: device time (the note says so)
+    seeds = [s for s in (0, 1, 2) if run(seeds_dir, f"smol_async_seed{s}")]
+    reward = lambda rs: round(statistics.mean(r["reward_mean"] for r in rs if r["step"] > 80), 4)
+    fin = run(LAYOUT, "smol_async_final")
+    out["check_mismatch_median_after"] = med(fin, "check_mismatch_mean", 2)  # steps 2-100 of the final commit's run
+    out["reward_81_100_after"] = {f"0@{final}": reward(fin), **{f"{s}@{runs}": reward(run(seeds_dir, f"smol_async_seed{s}"))
+                                                                for s in seeds}}
     prof = os.path.join(SPEED, "profile", "summary.json")
-    out["profile_after"] = json.load(open(prof)) if os.path.exists(prof) else None
-    seeds = [s for s in (0, 1, 2) if run(LAYOUT, f"smol_async_seed{s}")]
-    reward = {s: round(statistics.mean(r["reward_mean"] for r in run(LAYOUT, f"smol_async_seed{s}") if r["step"] > 80), 4)
-              for s in seeds}
-    out["check_mismatch_median_after"] = med(run(LAYOUT, "smol_async_seed0"), "check_mismatch_mean", 2)  # steps 2-100
-    out["reward_81_100_after"] = reward
-    out["notes"] = {"tokens_per_step_q15": tokens, "flop_count": "6 x parameters x (prompt + completion tokens) per "
+    if os.path.exists(prof):  # the CUDA total from the table's footer: at 925f66b the tool's own sum counted the
+        p = json.load(open(prof))  # kernels twice (an op's row repeats its kernels' time; fixed in 29bd791)
+        footer = [l for l in open(os.path.join(SPEED, "profile", "ops_by_cuda.txt")) if "Self CUDA time total" in l]
+        p["cuda_kernels_s_per_step"] = round(float(footer[0].split()[-1].rstrip("ms")) / 1e3 / len(
+            p["train_wall_s_per_step"]), 4) if footer else None
+        out["profile_after"] = p
+    out["notes"] = {"q15_after": f"at {runs} the LM head ran each chunk under activation checkpointing: 1.45x slower "
+                    f"than before on this shape, so {final} went back to aea69c7's hand-written HeadLogprobs, whose own "
+                    "pair measured 7.52 -> 7.16 s and 72.5 -> 57.6 GB (printed_at-aea69c7.txt); the 1.5B shape was "
+                    f"not run at {final} (device time)",
+                    "targets": "not met: SmolLM2 train <= 0.10 s, --no-async step <= 0.45 s, colocated step <= 0.38 s, "
+                    "1.5B >= 45% of peak; the 7B shape not run",
+                    "tokens_per_step_q15": tokens, "flop_count": "6 x parameters x (prompt + completion tokens) per "
                     "step, no extra for the recomputed LM head; peak 989.4 TFLOP/s", "medians": "steps 4 to the last"}
-    if run(SPEED, "speed_smol_noasync_after"):  # (at aea69c7 these files were lost: train_speed/README.md)
-        json.dump(out, open(os.path.join(SPEED, "summary.json"), "w"), indent=1)
+    json.dump(out, open(os.path.join(SPEED, "summary.json"), "w"), indent=1)
 
-    s0 = run(LAYOUT, "smol_async_seed0")
-    bound = [max(r["time_rollout"], r["time_score"] + r["time_train"] + r["time_sync"]) for r in s0 if r["step"] >= 4]
+    bound = lambda rs: statistics.median(max(r["time_rollout"], r["time_score"] + r["time_train"] + r["time_sync"])
+                                         for r in rs if r["step"] >= 4)
+    evals_of = lambda d, n: evals(os.path.join(d, n + ".metrics.jsonl")).get(100)
     lines = open("grpo_sglang.py", encoding="utf-8").read().splitlines()
-    lay = {"smol_async_step_s": med(s0, "time_step"), "smol_own_bound_s": round(statistics.median(bound), 4) if bound
-           else None, "reward_81_100": reward, "eval_final": {s: evals(os.path.join(LAYOUT, f"smol_async_seed{s}.metrics.jsonl"))
-                                                                 .get(100) for s in seeds},
-           "seeds": seeds, "lines_total": len(lines), "fence_line": next(i + 1 for i, l in enumerate(lines)
-                                                                      if l.startswith("# ---- Plumbing below")),
-           "lines_over_120": sum(len(l) > 120 for l in lines), "commit": commit,
-           "notes": {"bound": "max(rollout, score + train + sync), medians over steps 4-100 of seed 0's run",
-                     "runs": "seed 0 alone on the GPUs against one server on GPU 1 (its step time is the guard's); "
-                             "seeds 1 and 2 together, one more server each on GPU 1 (run_x2.sh's learn phase)",
-                     "step_over_bound_per_seed": {s: round(med(run(LAYOUT, f"smol_async_seed{s}"), "time_step") / statistics.median(
-                         max(r["time_rollout"], r["time_score"] + r["time_train"] + r["time_sync"]) for r in
-                         run(LAYOUT, f"smol_async_seed{s}") if r["step"] >= 4), 3) for s in seeds}}}
+    lay = {"smol_async_step_s": med(fin, "time_step"), "smol_own_bound_s": round(bound(fin), 4),
+           "reward_81_100": {"0": reward(fin)}, "eval_final": {"0": evals_of(LAYOUT, "smol_async_final")}, "seeds": [0],
+           "lines_total": len(lines), "fence_line": next(i + 1 for i, l in enumerate(lines)
+                                                         if l.startswith("# ---- Plumbing below")),
+           "lines_over_120": sum(len(l.encode()) > 120 for l in lines), "commit": final,
+           f"at_{runs}": {"seeds": seeds, "reward_81_100": {s: reward(run(seeds_dir, f"smol_async_seed{s}")) for s in seeds},
+                          "eval_final": {s: evals_of(seeds_dir, f"smol_async_seed{s}") for s in seeds},
+                          "step_s": {s: med(run(seeds_dir, f"smol_async_seed{s}"), "time_step") for s in seeds},
+                          "own_bound_s": {s: round(bound(run(seeds_dir, f"smol_async_seed{s}")), 4) for s in seeds}},
+           "notes": {"bound": "max(rollout, score + train + sync), medians over steps 4-100",
+                     "runs": f"{final}: seed 0 alone on a fresh machine against one server on GPU 1; {runs}: seed 0 "
+                             "alone (its step time is a guard's), then seeds 1 and 2 together, one more server each "
+                             f"on GPU 1 (run_x2.sh's learn phase). {runs} and {final} differ in the LM head's "
+                             f"backward only ({runs}: chunks under activation checkpointing; {final}: the "
+                             "hand-written HeadLogprobs of aea69c7, both exact against float64 autograd on the CPU)"}}
     json.dump(lay, open(os.path.join(LAYOUT, "summary.json"), "w"), indent=1)
     print(json.dumps(out, indent=1), json.dumps(lay, indent=1))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

@@ -1,6 +1,6 @@
 """results/x2/variants/summary.json from the runs of `PHASES=variants bash results/run_x2.sh` (results/README.md):
 every number comes from a run's metrics file there, its flags from its config.json (those that differ from the
-baseline run, results/x2/layout/smol_async_seed0.config.json, seed aside).
+baseline run, results/x2/layout/at-925f66b/smol_async_seed0.config.json, seed aside).
 
     python3 results/tools/summarize_variants.py COMMIT   # from the repo root, after the runs are copied there
 """
@@ -9,7 +9,7 @@ import os
 import statistics
 import sys
 
-DIR, BASE = "results/x2/variants", "results/x2/layout/smol_async_seed0.config.json"
+DIR, BASE = "results/x2/variants", "results/x2/layout/at-925f66b/smol_async_seed0.config.json"
 
 
 def summary(name, base):
