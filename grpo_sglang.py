@@ -1605,7 +1605,7 @@ def install_head(model, tf32_head=False):
 
 def shard(model, mesh, param_dtype, tf32_head=False, unit_params=1e8):
     """FSDP2: consecutive transformer blocks in units of about `unit_params` parameters (one block each for 7B;
-    SmolLM2's 30 blocks in one: FSDP's hooks cost CPU time per unit), computing in bf16; fp32 master weights, grads.
+    SmolLM2's 30 in two, 29 + 1: FSDP's hooks cost CPU time per unit), computing in bf16; fp32 master weights, grads.
     The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
     steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
     0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same).
