@@ -34,7 +34,7 @@ M = [  # (name, file, old, new, -k expression)
  ('nccl send waited first, no timeout', 'grpo_sglang.py', '    def wait():\n        for srv, answered in zip(', '    def wait():\n        sent and sent.result()\n        for srv, answered in zip(', 'nccl_path_failures'),
  ('plain format ignored', 'grpo_sglang.py', 'fmt = ("chat" if tok.chat_template else "plain") if', 'fmt = "chat" if', 'base_model'),
  ('async resume keeps stale version', 'grpo_sglang.py', 'batch = next_batch or on_all_ranks(server.rollout, my_prompts(step), step)', 'batch = next_batch or on_all_ranks(server.rollout, my_prompts(step), max(step - 1, 0) if cfg.async_ and step > 0 else step)', 'async_resume'),
- ('no bf16 cast in recompute', 'grpo_sglang.py', '            m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)\n', '', 'recompute_in_bf16'),
+ ('no bf16 cast in recompute', 'grpo_sglang.py', '        m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)\n', '', 'recompute_in_bf16'),
  ('default group bound', 'grpo_sglang.py', 'dist.init_process_group("nccl" if use_cuda else "gloo")', 'dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)', 'not_bound'),
  ('TIS args swapped at the call site', 'grpo_sglang.py', 'tis = tis_weights(old, x["server_lp"], cfg.tis_cap,', 'tis = tis_weights(x["server_lp"], old, cfg.tis_cap,', 'policy_loss or train_step_is'),
  ('clip_high on both sides', 'grpo_sglang.py', 'x["mask"], cfg.clip_low, cfg.clip_high, cfg.ratio_level', 'x["mask"], cfg.clip_high, cfg.clip_high, cfg.ratio_level', 'policy_loss'),
