@@ -2213,7 +2213,9 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
     def replay(path, old_rule=False):
         """-> the first step that the rule stops, or None."""
         rows = [r for r in map(json.loads, open(path)) if "reward_mean" in r]
-        async_run = "async" in os.path.basename(path) or "nccl_hidden" in path
+        saved = path.replace(".metrics.jsonl", ".config.json")  # the run's flags, where it kept them
+        async_run = (json.load(open(saved))["async_"] if os.path.exists(saved)
+                     else "async" in os.path.basename(path) or "nccl_hidden" in path)
         for r in rows:
             want = max(r["step"] - 2, 0) if async_run else r["step"] - 1
             seen = r["mismatch_mean"] if old_rule else r.get("check_mismatch_mean", r["mismatch_mean"])
