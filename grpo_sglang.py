@@ -308,14 +308,15 @@ def samples(seqs):
 
 
 def micro_batches(seqs, size, pad_id):
-    """The rows in micro-batches of `size` sequences, sorted by length so that each is padded only to its own
-    longest prompt and completion (little of the compute is padding). -> [{rows (B,), ids, attn (B, P+C), P, C}]"""
-    order = sorted(range(len(seqs["completion"])), key=lambda i: (len(seqs["completion"][i]), len(seqs["prompt"][i])))
+    """The rows in micro-batches of `size` sequences, sorted by length and each packed (pack_batch) into rows as long
+    as its own longest sequence: little of the compute is padding. -> [{rows (B,), ids, pos (R, L), ..., C}]"""
+    n = [len(p) + len(c) for p, c in zip(seqs["prompt"], seqs["completion"])]
+    order = sorted(range(len(n)), key=lambda i: n[i])
     out = []
     for k in range(0, len(order), size):
         rows = order[k: k + size]
-        b = pad_batch([{"prompt": seqs["prompt"][i], "completion": seqs["completion"][i]} for i in rows], pad_id,
-                      seqs["mask"].device)
+        b = pack_batch([{"prompt": seqs["prompt"][i], "completion": seqs["completion"][i]} for i in rows], pad_id,
+                       seqs["mask"].device)
         out.append({**b, "rows": torch.tensor(rows, device=b["ids"].device)})
     return out
 
@@ -384,13 +385,12 @@ def weights(cfg, seqs):
 
 
 def completion_logprobs(model, b, temperature):
-    """Micro-batch b (pad_batch) -> (B, C) log softmax(z / T) of its completion tokens under `model` and (B, C) the
-    entropy of softmax(z / T). The LM head computes both for the real tokens only, a chunk at a time
-    (HeadLogprobs, below the fence): the (B, C, V) logits never exist."""
-    pos = (b["attn"].cumsum(-1) - 1).clamp(min=0)  # positions ignore the left padding
+    """Micro-batch b (pack_batch) -> (B, C) log softmax(z / T) of its completion tokens under `model` and (B, C) the
+    entropy of softmax(z / T). The LM head computes both for those tokens only, a chunk at a time (HeadLogprobs,
+    below the fence): the (B, C, V) logits never exist. No KV cache: it would only cost time and memory here."""
     head = model.get_output_embeddings()
-    head.job = (b["ids"][:, b["P"]:], b["mask"].bool(), temperature)  # what the head scores (set up by shard())
-    lp = model(input_ids=b["ids"], attention_mask=b["attn"], position_ids=pos, logits_to_keep=b["C"] + 1).logits
+    head.job = (b["src"], b["tgt"], b["dst"], b["mask"].shape, temperature)  # what the head scores (set up by shard())
+    lp = model(input_ids=b["ids"], position_ids=b["pos"], use_cache=False).logits
     return lp, head.__dict__.pop("entropy")
 
 
@@ -420,6 +420,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
             if update == 0:  # under the weights the server holds: the check's log-probs, and the batch's metrics
                 seqs["lp0"][b["rows"], : b["C"]] = old
                 m.mean("entropy", (ent.detach() * x["mask"]).sum(), x["mask"].sum())
+                m.mean("pack_fill", b["tokens"], b["ids"].numel())  # real tokens / positions computed
                 mismatch_stats(old, x["server_lp"], x["mask"], cfg.tis_cap, m)
             loss, clipped, kl = policy_loss(cfg, x, logp, old, ent)
             loss = aggregate(loss, x["mask"], x["weight"], cfg.loss_agg, max(norm, 1e-9))
@@ -502,17 +503,31 @@ def main(cfg):
 # ---- to read it to change GRPO. main() is called at the very bottom.
 # ======================================================================================================
 
-def pad_batch(samples, pad_id, device):
-    """[{prompt, completion}] -> {ids, attn (B, P+C), mask (B, C), P, C}: prompts left-padded, completions
-    right-padded, so every completion starts at column P and the head runs on the last C+1 columns only."""
-    P, C = max(len(s["prompt"]) for s in samples), max(len(s["completion"]) for s in samples)
-    ids = torch.full((len(samples), P + C), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, s in enumerate(samples):
-        p, c = s["prompt"], s["completion"]
-        ids[i, P - len(p): P + len(c)] = torch.tensor(p + c)
-        attn[i, P - len(p): P + len(c)] = 1
-    return {"ids": ids.to(device), "attn": attn.to(device), "mask": attn[:, P:].float().to(device), "P": P, "C": C}
+def pack_batch(samples, pad_id, device):
+    """[{prompt, completion}] -> the sequences end to end in rows as long as the longest one (first fit, longest
+    first), so that little of the compute is padding. position_ids restart at 0 for each sequence (and for each pad
+    token), which transformers reads as packed sequences: attention stays within each. The head scores completion
+    tokens only: position src[j] (of the flattened rows) predicts token tgt[j], whose log-prob goes to (row, column)
+    dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n), mask (B, C), C, tokens}"""
+    lens = [len(s["prompt"]) + len(s["completion"]) for s in samples]
+    L, C = max(lens), max(len(s["completion"]) for s in samples)
+    L += L % 128 == 64  # cuDNN attention's backward: NaN at widths of 64 mod 128 (pytorch/pytorch#196678)
+    ids, pos, src, tgt, dst = [], [], [], [], []
+    for i in sorted(range(len(samples)), key=lambda i: -lens[i]):
+        r = next((r for r, row in enumerate(ids) if len(row) + lens[i] <= L), None)  # the first row with room
+        if r is None:
+            r, ids, pos = len(ids), ids + [[]], pos + [[]]
+        p, c = samples[i]["prompt"], samples[i]["completion"]
+        at = r * L + len(ids[r]) + len(p)  # where the completion starts: the position before predicts its first token
+        src += range(at - 1, at - 1 + len(c))
+        tgt += c
+        dst += [(i, k) for k in range(len(c))]
+        ids[r], pos[r] = ids[r] + p + c, pos[r] + list(range(lens[i]))
+    ids, pos = [row + [pad_id] * (L - len(row)) for row in ids], [row + [0] * (L - len(row)) for row in pos]
+    n = torch.tensor([len(s["completion"]) for s in samples])
+    t = lambda x: torch.tensor(x, dtype=torch.long, device=device)
+    return {"ids": t(ids), "pos": t(pos), "src": t(src), "tgt": t(tgt), "dst": t(dst).reshape(-1, 2).T,
+            "mask": (torch.arange(C) < n.unsqueeze(1)).float().to(device), "C": C, "tokens": sum(lens)}
 
 
 def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):
@@ -976,7 +991,10 @@ def read_rows(path):
 def load_models(cfg, rt):
     """-> the policy (fp32 master weights, sharded with FSDP2), the reference (only when beta > 0), AdamW, and the
     step to start from (a checkpoint's, with --resume)."""
-    from transformers import AutoModelForCausalLM
+    import transformers.masking_utils
+    from transformers import AutoModelForCausalLM, __version__
+    if not hasattr(transformers.masking_utils, "find_packed_sequence_indices"):  # what pack_batch's rows need
+        raise UserError(f"transformers {__version__} does not read packed sequences: pip install -U transformers")
     if cfg.resume and not rt.ckpt:
         print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
     if rt.ckpt:
@@ -1081,7 +1099,7 @@ class Server:
                  for k, url in enumerate(self.urls) if k in {srv[i] for i in rows}}
         t1 = None
         if cfg.temperature != 1:  # SGLang re-scores at temperature 1, so must we. Now, before any backward: a no-grad
-            b = pad_batch([{"prompt": p, "completion": c} for p, c in pairs], pad_id, self.rt.device)
+            b = pack_batch([{"prompt": p, "completion": c} for p, c in pairs], pad_id, self.rt.device)
             with torch.no_grad():  # forward after one leaves FSDP's root gathered, and the next step would use its
                 t1 = list(completion_logprobs(model, b, 1.0)[0])
 
@@ -1533,7 +1551,7 @@ class HeadLogprobs(torch.autograd.Function):
             z = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)[0]  # (chunk, V)
             lse[r] = torch.logsumexp(z, -1)
             lp[r] = z.gather(1, targets[r, None]).squeeze(1) - lse[r]
-            ent[r] = lse[r] - torch.einsum("nv,nv->n", torch.exp(z - lse[r, None]), z)  # logsumexp(z) - Σ p z
+            ent[r] = lse[r] - (torch.exp(z - lse[r, None]) * z).sum(-1)  # logsumexp(z) - Σ p z (not einsum: slow bmm)
         ctx.save_for_backward(x, w, targets, lse, ent)
         ctx.args = temperature, cap, tf32, chunk
         ctx.set_materialize_grads(False)  # an output nobody used (the entropy, mostly) has no gradient to compute
@@ -1593,13 +1611,13 @@ def install_head(model, tf32_head=False):
     model.config.final_logit_softcapping = None  # the head applies it: the model would apply it to what it returns
     chunk = max(1, 2**27 // head.weight.shape[0])  # rows of fp32 logits per chunk: 512 MB
 
-    def head_forward(x):  # (B, C+1, H); head.weight: by now FSDP has swapped the gathered weight in
+    def head_forward(x):  # (R, L, H); head.weight: by now FSDP has swapped the gathered weight in
         if "job" not in head.__dict__:  # a plain call: the logits (with an autograd of its own, in fp32)
             return HeadLogprobs.logits(x, head.weight, 1.0, cap, tf32_head)[0]
-        targets, mask, temperature = head.__dict__.pop("job")  # set by completion_logprobs: (B, C), (B, C), T
-        lp, ent = HeadLogprobs.apply(x[:, :-1][mask], head.weight, targets[mask], temperature, cap, tf32_head, chunk)
-        head.entropy = torch.zeros(mask.shape, device=x.device).masked_scatter(mask, ent)
-        return torch.zeros(mask.shape, device=x.device).masked_scatter(mask, lp)  # (B, C): the log-probs
+        src, tgt, dst, shape, temperature = head.__dict__.pop("job")  # set by completion_logprobs (pack_batch)
+        lp, ent = HeadLogprobs.apply(x.flatten(0, 1)[src], head.weight, tgt, temperature, cap, tf32_head, chunk)
+        head.entropy = torch.zeros(shape, device=x.device).index_put(tuple(dst), ent)
+        return torch.zeros(shape, device=x.device).index_put(tuple(dst), lp)  # (B, C): the log-probs
     head.forward = head_forward
 
 

@@ -901,20 +901,42 @@ def test_architectures_train_and_push(arch, tmp_path):
         s.close()
 
 
-def test_left_padding_batched_logprobs_equal_each_sequence_alone(tmp_path):
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_plain_transformers(arch, tmp_path):
+    """pack_batch puts sequences of very different lengths end to end in rows (position_ids restart at 0 for each):
+    every completion token's log-prob, entropy and gradient must be what plain transformers gives each sequence
+    alone (its own forward, log_softmax of logits / T), for Llama, Qwen3 and Gemma 3 (a sliding window of 16,
+    shorter than some of these sequences)."""
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(build_tiny(str(tmp_path), "qwen2"), dtype=torch.float32).eval()
+    d, T = build_tiny(str(tmp_path), arch), 0.7
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     g.install_head(model)  # what shard() does: the head scores the completion tokens itself
-    samples = [{"prompt": [4, 5, 6, 7, 8, 9, 10], "completion": [11, 12, 3]},  # prompt lengths differ, as in GSM8K
-               {"prompt": [6, 7], "completion": [13, 14, 15, 16, 3]}, {"prompt": [8, 9, 10, 4], "completion": [17]}]
-    b = g.pad_batch(samples, 0, "cpu")
-    with torch.no_grad():
-        batched = g.completion_logprobs(model, b, 1.0)[0]
-        for i, smp in enumerate(samples):
-            alone = g.completion_logprobs(model, g.pad_batch([smp], 0, "cpu"), 1.0)[0][0]
-            n = len(smp["completion"])
-            assert torch.allclose(batched[i, :n], alone, atol=1e-5), i
-            assert b["mask"][i].sum() == n
+    gen = torch.Generator().manual_seed(0)
+    tokens = lambda n: torch.randint(4, model.config.vocab_size, (n,), generator=gen).tolist()
+    samples = [{"prompt": tokens(p), "completion": tokens(c)} for p, c in
+               ((7, 3), (2, 5), (4, 1), (20, 18), (1, 2), (9, 30), (3, 3), (12, 6), (5, 9))]
+    b = g.pack_batch(samples, 0, "cpu")
+    lp, ent = g.completion_logprobs(model, b, T)
+    L = max(len(s["prompt"]) + len(s["completion"]) for s in samples)
+    assert b["ids"].shape[1] == L and b["ids"].shape[0] < len(samples) and (b["ids"] == 0).any()  # packed, some pads
+    assert g.pack_batch([{"prompt": [4] * 60, "completion": [5] * 4}], 0, "cpu")["ids"].shape == (1, 65)  # not 64
+    w = torch.randn(lp.shape, generator=gen) * b["mask"]  # a loss that weighs every token differently
+    ((lp * w).sum() + (ent * w).sum()).backward()
+    total = 0
+    for i, s in enumerate(samples):
+        p, c = s["prompt"], s["completion"]
+        z = plain(torch.tensor([p + c])).logits[0, len(p) - 1: -1] / T  # (len(c), V): the positions before each token
+        ref_lp = torch.log_softmax(z, -1).gather(1, torch.tensor(c)[:, None]).squeeze(1)
+        ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+        assert torch.allclose(lp[i, : len(c)], ref_lp, atol=1e-5), (i, lp[i, : len(c)], ref_lp)
+        assert torch.allclose(ent[i, : len(c)], ref_ent, atol=1e-5), i
+        assert b["mask"][i].sum() == len(c) and (lp[i, len(c):] == 0).all()
+        total = total + (ref_lp * w[i, : len(c)]).sum() + (ref_ent * w[i, : len(c)]).sum()
+    total.backward()
+    got, want = dict(model.named_parameters()), dict(plain.named_parameters())
+    assert all(torch.allclose(got[n].grad, want[n].grad, atol=1e-5, rtol=1e-4) for n in want), \
+        [n for n in want if not torch.allclose(got[n].grad, want[n].grad, atol=1e-5, rtol=1e-4)]
 
 
 def test_training_mode_checkpoints_layers_and_turns_dropout_off(tmp_path):
@@ -956,7 +978,7 @@ def test_checkpointed_blocks_recompute_in_bf16_under_fsdp(tmp_path, monkeypatch)
         model.model.layers[0].self_attn.register_forward_pre_hook(
             lambda m, args, kwargs: seen.append({kwargs["hidden_states"].dtype, *(t.dtype for t in kwargs["position_embeddings"])}),
             with_kwargs=True)
-        g.completion_logprobs(model, g.pad_batch([{"prompt": [4, 5, 6], "completion": [7, 8]}], 0, "cpu"), 1.0)[0].sum().backward()
+        g.completion_logprobs(model, g.pack_batch([{"prompt": [4, 5, 6], "completion": [7, 8]}], 0, "cpu"), 1.0)[0].sum().backward()
     finally:
         dist.destroy_process_group()
     assert len(seen) == 2 and all(dtypes == {torch.bfloat16} for dtypes in seen), seen  # forward + recompute
@@ -977,7 +999,7 @@ def test_tf32_head_computes_the_same_logprobs_and_grads_and_stays_scoped(arch, t
             torch.manual_seed(0)
             model = g.shard(g.load_policy(d, torch.device("cpu"), False), init_device_mesh("cpu", (1,)), torch.bfloat16, tf32)
             model.model.rotary_emb.register_forward_hook(lambda *a: seen.append(torch.get_float32_matmul_precision()))
-            lp = g.completion_logprobs(model, g.pad_batch([{"prompt": [4, 5, 6], "completion": [7, 8, 9]},
+            lp = g.completion_logprobs(model, g.pack_batch([{"prompt": [4, 5, 6], "completion": [7, 8, 9]},
                                                             {"prompt": [5], "completion": [10, 11]}], 0, "cpu"), 1.0)[0]
             (lp * torch.tensor([[1.0, -2.0, 0.5], [3.0, 1.0, 0.0]])).sum().backward()
             grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
@@ -1004,7 +1026,7 @@ def test_fsdp_units_of_several_blocks_compute_what_one_block_per_unit_does(check
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     d, results = build_tiny(str(tmp_path), "qwen2"), []
-    batch = g.pad_batch([{"prompt": [4, 5, 6], "completion": [7, 8, 9]}, {"prompt": [5], "completion": [10, 11]}], 0,
+    batch = g.pack_batch([{"prompt": [4, 5, 6], "completion": [7, 8, 9]}, {"prompt": [5], "completion": [10, 11]}], 0,
                         "cpu")
     try:
         for units_of in ({"unit_params": 1}, {}):  # one block per unit; the default: the tiny model's blocks in one
@@ -1056,7 +1078,7 @@ def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantag
         class Tok:
             def decode(self, ids, skip_special_tokens):
                 return texts[tuple(ids)]
-        alone = lambda p, c, temp: g.completion_logprobs(model, g.pad_batch([{"prompt": p, "completion": c}], 0, "cpu"),
+        alone = lambda p, c, temp: g.completion_logprobs(model, g.pack_batch([{"prompt": p, "completion": c}], 0, "cpu"),
                                                          temp)
         with torch.no_grad():  # the trainer's logprobs and entropies before the step; the server's differ by known amounts
             before, ents = zip(*[(lp[0], e[0]) for lp, e in (alone(prompts[k // G], c, T) for k, c in enumerate(completions))])
@@ -1758,7 +1780,7 @@ def test_a_step_on_a_known_reward_raises_the_rewarded_completions(tiny_model, se
     models[1] = AutoModelForCausalLM.from_pretrained(g.latest_checkpoint(str(tmp_path)), dtype=torch.float32)
     [g.install_head(m) for m in models]
     with torch.no_grad():
-        total = [torch.stack([g.completion_logprobs(m, g.pad_batch([{"prompt": p, "completion": c}], 0, "cpu"), 1.0)[0].sum()
+        total = [torch.stack([g.completion_logprobs(m, g.pack_batch([{"prompt": p, "completion": c}], 0, "cpu"), 1.0)[0].sum()
                               for p, c, _ in gens]) for m in models]
     gain, adv = (total[1] - total[0]).view(4, 8), g.group_advantages(rewards, 8).view(4, 8)
     for grp in range(4):

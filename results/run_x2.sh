@@ -293,6 +293,8 @@ multi_bench() {
 }
 multi() { multi_tests; multi_bench; }
 
+# PHASES="nan speed learn variants profile coloc q15": the same at the final commit of the train-speed issue's packed
+# micro-batches (results/x2/train_speed/at-<commit>/, results/x2/variants/at-<commit>/), nan first.
 # PHASES="learn variants speed profile coloc q15" (in this order at the final commit of the hack-surface, train-speed
 # and variants issues): the hack-surface issue's guard (learn: results/x2/layout/), the variants (results/x2/variants/),
 # the train-speed issue's before/after (results/x2/train_speed/). "before" is grpo_sglang.py and reward_fns.py at d7f3a11 (git show d7f3a11:FILE), carried to the
@@ -374,6 +376,10 @@ final() {  # the final commit on a fresh machine: SmolLM2 async seed 0 (the layo
     --eval_every 50 --async --seed 0
   gpu_tests 300
   log "final done"
+}
+nan() {  # pytorch/pytorch#196678 on this GPU: cuDNN attention's backward with the trainer's masks, old and packed
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 results/tools/sdpa_nan_check.py > "$RES/sdpa_nan_check.jsonl" 2> "$RES/sdpa_nan_check.log"
+  log "sdpa_nan_check: exit $? ($(grep -c '"grad_q_nonfinite": [1-9]' "$RES/sdpa_nan_check.jsonl") cases with NaN grad_q)"
 }
 coloc() {  # the colocated before/after of the train-speed issue: server and trainer on GPU 0
   serve coloc 0 30000 "$K" 0.3

@@ -1,5 +1,5 @@
 """Peak GPU memory of one grpo_sglang training step on one GPU, with no server and no data: just the trainer's
-own code (load_policy, shard, pad_batch, completion_logprobs, grpo_token_loss, aggregate) on random tokens.
+own code (load_policy, shard, pack_batch, completion_logprobs, grpo_token_loss, aggregate) on random tokens.
 
     python results/tools/memory_step.py --model DIR [--grad_checkpointing] [--micro_batch 4] [--prompt_len 64] \
         [--completion_len 128] [--sequences 32] [--steps 2] [--device cuda|cpu] --out FILE.json
@@ -45,16 +45,16 @@ def random_samples(n, prompt_len, completion_len, vocab, gen):
 
 def train_step(model, opt, samples, adv, args, device):
     """One optimizer step over `samples`, micro-batch by micro-batch, as grpo_sglang.main does it."""
-    n_seqs, n_tokens = len(samples), sum(len(s["completion"]) for s in samples)  # normalisers: the whole batch
+    n_tokens = sum(len(s["completion"]) for s in samples)  # the normaliser: the whole batch
     loss_sum = 0.0
     for i in range(0, len(samples), args.micro_batch):
         part = samples[i: i + args.micro_batch]
         model.set_requires_gradient_sync(i + args.micro_batch >= len(samples))  # reduce once, at the last one
-        ids, attn, mask, P = g.pad_batch(part, 0, device)
-        logp = g.completion_logprobs(model, ids, attn, P, 1.0)
+        b = g.pack_batch(part, 0, device)
+        logp = g.completion_logprobs(model, b, 1.0)[0]
         # mu = 1: the "old" log-probs are the current ones, detached (ratio 1, gradient -A * grad log p)
-        per_tok, _, _ = g.grpo_token_loss(logp, logp.detach(), adv[i: i + len(part)].to(device), 0.2, 0.2)
-        loss = g.aggregate(per_tok, mask, "token", n_seqs, n_tokens, args.completion_len)
+        per_tok, _, _ = g.grpo_token_loss(logp, logp.detach(), adv[i: i + len(part)].to(device), b["mask"], 0.2, 0.2)
+        loss = g.aggregate(per_tok, b["mask"], torch.ones(len(part), device=device), "token", n_tokens)
         loss.backward()
         loss_sum += loss.detach()  # a tensor: .item() here would make the CPU wait for the GPU
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

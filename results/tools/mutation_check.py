@@ -11,7 +11,7 @@ and weights, the LM head's log-probs (HeadLogprobs), the GRPO variants, FSDP's u
 import os, shutil, subprocess, sys, tempfile
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 M = [  # (name, file, old, new, -k expression)
- ('prompts right-padded', 'grpo_sglang.py', 'ids[i, P - len(p): P + len(c)] = torch.tensor(p + c)', 'ids[i, : len(p) + len(c)] = torch.tensor(p + c)', 'left_padding'),
+ ('packed completions read from the first row', 'grpo_sglang.py', 'at = r * L + len(ids[r]) + len(p)', 'at = len(ids[r]) + len(p)', 'packed_batch'),
  ('flush_cache never sent', 'grpo_sglang.py', '{"load_format": "flattened_bucket", "flush_cache": last,', '{"load_format": "flattened_bucket", "flush_cache": False,', 'several_buckets'),
  ('flush_cache on every bucket', 'grpo_sglang.py', '{"load_format": "flattened_bucket", "flush_cache": last,', '{"load_format": "flattened_bucket", "flush_cache": True,', 'nccl_path_protocol or several_buckets'),
  ('version on every bucket', 'grpo_sglang.py', '"weight_version": version if last else None}', '"weight_version": version}', 'several_buckets'),
@@ -38,7 +38,7 @@ M = [  # (name, file, old, new, -k expression)
  ('default group bound', 'grpo_sglang.py', 'dist.init_process_group("nccl" if use_cuda else "gloo")', 'dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)', 'not_bound'),
  ('TIS args swapped at the call site', 'grpo_sglang.py', 'tis = tis_weights(old, x["server_lp"], cfg.tis_cap,', 'tis = tis_weights(x["server_lp"], old, cfg.tis_cap,', 'policy_loss or train_step_is'),
  ('clip_high on both sides', 'grpo_sglang.py', 'x["mask"], cfg.clip_low, cfg.clip_high, cfg.ratio_level', 'x["mask"], cfg.clip_high, cfg.clip_high, cfg.ratio_level', 'policy_loss'),
- ('trainer logprobs at temperature 1', 'grpo_sglang.py', 'head.job = (b["ids"][:, b["P"]:], b["mask"].bool(), temperature)', 'head.job = (b["ids"][:, b["P"]:], b["mask"].bool(), 1.0)', 'train_step_is or async_check_compares'),
+ ('trainer logprobs at temperature 1', 'grpo_sglang.py', 'head.job = (b["src"], b["tgt"], b["dst"], b["mask"].shape, temperature)', 'head.job = (b["src"], b["tgt"], b["dst"], b["mask"].shape, 1.0)', 'train_step_is or async_check_compares'),
  ('advantages shifted by one group', 'grpo_sglang.py', 'seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)', 'seqs["adv"] = advantages(cfg, seqs["reward"]).roll(cfg.group_size)  # (N,)', 'known_reward'),
  ('advantages shifted in the micro-batches', 'grpo_sglang.py', 'if v.dim() == 2 else v[b["rows"]] for k, v in seqs.items()', 'if v.dim() == 2 else v[b["rows"].roll(1)] for k, v in seqs.items()', 'train_step_is'),
  ('rank slices overlap', 'grpo_sglang.py', '[rt.rank * n: (rt.rank + 1) * n]', '[rt.rank * (n // 2): rt.rank * (n // 2) + n]', 'one_rank_and_two'),
@@ -61,7 +61,7 @@ M = [  # (name, file, old, new, -k expression)
  ('nccl_port unbounded', 'grpo_sglang.py', '"0 <= v <= 65535")', '"v >= 0")', 'out_of_range'),
  ('broken checkpoint resumed', 'grpo_sglang.py', '    if d is None or complete(d):', '    if True:', 'resume_from'),
  ('bad JSONL line unnamed', 'grpo_sglang.py', 'raise UserError(f"{path} line {n} is not valid JSON', 'raise UserError(f"{path} is not valid JSON', 'bad_data'),
- ('entropy at temperature 1', 'grpo_sglang.py', 'ent[r] = lse[r] - torch.einsum(', 'ent[r] = lse[r] + torch.einsum(', 'head_logprobs or train_step_is'),
+ ('entropy with its sign flipped', 'grpo_sglang.py', 'ent[r] = lse[r] - (torch.exp(', 'ent[r] = lse[r] + (torch.exp(', 'head_logprobs or train_step_is'),
  ('GSPO ratio per token', 'grpo_sglang.py', '    if level == "sequence":\n        d = ', '    if level == "sequences":\n        d = ', 'gspo'),
  ('every prompt to the first server', 'grpo_sglang.py', 'srv = [(self.rt.rank * len(rows) + j) % len(self.urls)', 'srv = [0 * (self.rt.rank * len(rows) + j) % len(self.urls)', 'several_servers_and'),
  ('pushes to the first server only', 'grpo_sglang.py', 'range(s["tp"])]})\n                 for s in link["servers"]]', 'range(s["tp"])]})\n                 for s in link["servers"][:1]]', 'several_servers_and'),
@@ -130,6 +130,10 @@ M = [  # (name, file, old, new, -k expression)
  ('truncated not masked', 'grpo_sglang.py', '        w = w * (seqs["truncated"] == 0)', '        w = w', 'filters_set'),
  ('flat groups not filtered', 'grpo_sglang.py', '        w = w * ~flat_groups(seqs["reward"], cfg.group_size).repeat_interleave(cfg.group_size)', '        w = w', 'filters_set'),
  ('FSDP units never split', 'grpo_sglang.py', '        if sum(p.numel() for b in units[-1] for p in b.parameters()) >= unit_params:', '        if False:', 'fsdp_units'),
+ ('packed sequences attend across each other (a KV cache hides the packing)', 'grpo_sglang.py', 'position_ids=b["pos"], use_cache=False', 'position_ids=b["pos"]', 'packed_batch'),
+ ('positions continue across packed sequences', 'grpo_sglang.py', 'pos[r] + list(range(lens[i]))', 'pos[r] + list(range(len(pos[r]), len(pos[r]) + lens[i]))', 'packed_batch'),
+ ('the head reads each completion token\'s own position', 'grpo_sglang.py', 'src += range(at - 1, at - 1 + len(c))', 'src += range(at, at + len(c))', 'packed_batch or train_step_is'),
+ ('packed widths of 64 mod 128 kept', 'grpo_sglang.py', 'L += L % 128 == 64', 'L += 0', 'packed_batch'),
  ('FSDP units of one block (slower, the same numbers)', 'grpo_sglang.py', 'def shard(model, mesh, param_dtype, tf32_head=False, unit_params=1e8):', 'def shard(model, mesh, param_dtype, tf32_head=False, unit_params=1):', 'fsdp_units'),
  ('profile tool profiles nothing', 'results/tools/profile_train.py', '        if step not in steps:', '        if True:', 'profile_tool'),
  ('clip norm of this rank\'s shards only', 'grpo_sglang.py', '    dist.all_reduce(total)\n    total = total.sqrt().float()', '    total = total.sqrt().float()', 'one_rank_and_two'),
