@@ -511,7 +511,6 @@ def pack_batch(samples, pad_id, device):
     dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n), mask (B, C), C, tokens}"""
     lens = [len(s["prompt"]) + len(s["completion"]) for s in samples]
     L, C = max(lens), max(len(s["completion"]) for s in samples)
-    L += L % 128 == 64  # cuDNN attention's backward: NaN at widths of 64 mod 128 (pytorch/pytorch#196678)
     ids, pos, src, tgt, dst = [], [], [], [], []
     for i in sorted(range(len(samples)), key=lambda i: -lens[i]):
         r = next((r for r, row in enumerate(ids) if len(row) + lens[i] <= L), None)  # the first row with room
@@ -825,6 +824,10 @@ def setup(cfg):
                                          torch.cuda.device_count())
         device = torch.device("cuda", dev_idx)
         torch.cuda.set_device(device)
+        # PyTorch's cuDNN attention (its first choice for masked attention on an H200) builds a plan per (rows,
+        # length), which packed micro-batches change every step, and its backward gives NaN at lengths of 64 mod 128
+        # (pytorch/pytorch#196678; results/x2/train_speed/). The memory-efficient kernels take the same masks.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     else:
         device, server_idx = torch.device("cpu"), ["cpu"] * len(servers)
         torch.multiprocessing.set_sharing_strategy("file_system")  # CPU tensors by file name (tests)

@@ -133,7 +133,6 @@ M = [  # (name, file, old, new, -k expression)
  ('packed sequences attend across each other (a KV cache hides the packing)', 'grpo_sglang.py', 'position_ids=b["pos"], use_cache=False', 'position_ids=b["pos"]', 'packed_batch'),
  ('positions continue across packed sequences', 'grpo_sglang.py', 'pos[r] + list(range(lens[i]))', 'pos[r] + list(range(len(pos[r]), len(pos[r]) + lens[i]))', 'packed_batch'),
  ('the head reads each completion token\'s own position', 'grpo_sglang.py', 'src += range(at - 1, at - 1 + len(c))', 'src += range(at, at + len(c))', 'packed_batch or train_step_is'),
- ('packed widths of 64 mod 128 kept', 'grpo_sglang.py', 'L += L % 128 == 64', 'L += 0', 'packed_batch'),
  ('FSDP units of one block (slower, the same numbers)', 'grpo_sglang.py', 'def shard(model, mesh, param_dtype, tf32_head=False, unit_params=1e8):', 'def shard(model, mesh, param_dtype, tf32_head=False, unit_params=1):', 'fsdp_units'),
  ('profile tool profiles nothing', 'results/tools/profile_train.py', '        if step not in steps:', '        if True:', 'profile_tool'),
  ('clip norm of this rank\'s shards only', 'grpo_sglang.py', '    dist.all_reduce(total)\n    total = total.sqrt().float()', '    total = total.sqrt().float()', 'one_rank_and_two'),
