@@ -1,4 +1,4 @@
-"""results/x2/train_speed/summary.json and results/x2/layout/summary.json from the runs of
+"""results/x2/train_speed/at-925f66b/summary.json and results/x2/layout/summary.json from the runs of
 `PHASES="learn variants speed profile coloc q15"` and `PHASES=final bash results/run_x2.sh` (results/README.md): every number comes from a metrics file there.
 
     python3 results/tools/summarize_speed.py FINAL RUNS   # from the repo root, after the runs are copied there
@@ -8,7 +8,7 @@ import os
 import statistics
 import sys
 
-SPEED, LAYOUT = "results/x2/train_speed", "results/x2/layout"
+SPEED, LAYOUT = "results/x2/train_speed/at-925f66b", "results/x2/layout"  # the later runs: summarize_train_speed.py
 PEAK = 989.4e12  # H200 SXM dense bf16 FLOP/s (NVIDIA's datasheet; no sparsity)
 Q15_PARAMS = 1_543_714_304  # Qwen2.5-1.5B's shapes (results/tools/make_models.py --device meta)
 
@@ -28,7 +28,7 @@ def evals(path):
 
 def main(final, runs):
     """final: the commit of results/x2/layout/smol_async_final (the last code); runs: the commit of the other runs
-    (results/x2/train_speed/ against d7f3a11, results/x2/layout/at-RUNS/ the three seeds)."""
+    (results/x2/train_speed/at-925f66b/ against d7f3a11, results/x2/layout/at-RUNS/ the three seeds)."""
     run = lambda d, name: rows(os.path.join(d, name + ".metrics.jsonl"))
     seeds_dir = os.path.join(LAYOUT, f"at-{runs}")
     out = {"commit": runs, "final_commit": final}

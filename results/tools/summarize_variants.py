@@ -1,15 +1,17 @@
-"""results/x2/variants/summary.json from the runs of `PHASES=variants bash results/run_x2.sh` (results/README.md):
-every number comes from a run's metrics file there, its flags from its config.json (those that differ from the
-baseline run, results/x2/layout/at-925f66b/smol_async_seed0.config.json, seed aside).
+"""results/x2/variants/at-COMMIT/summary.json from the runs of `PHASES=variants bash results/run_x2.sh` at COMMIT
+(results/README.md), copied to results/x2/variants/summary.json with --latest: every number comes from a run's
+metrics file there, its flags from its config.json (those that differ from the baseline run,
+results/x2/layout/at-925f66b/smol_async_seed0.config.json, seed aside).
 
-    python3 results/tools/summarize_variants.py COMMIT   # from the repo root, after the runs are copied there
+    python3 results/tools/summarize_variants.py COMMIT [--latest]   # from the repo root, the runs copied there
 """
 import json
 import os
 import statistics
 import sys
 
-DIR, BASE = "results/x2/variants", "results/x2/layout/at-925f66b/smol_async_seed0.config.json"
+TOP, BASE = "results/x2/variants", "results/x2/layout/at-925f66b/smol_async_seed0.config.json"
+DIR = None  # results/x2/variants/at-COMMIT
 
 
 def summary(name, base):
@@ -33,7 +35,7 @@ def summary(name, base):
             "empty_batch_skips": sum(r.get("empty_batch_skips", 0) for r in steps)}
 
 
-def main(commit):
+def main(commit, latest):
     base = json.load(open(BASE))
     names = sorted(f[: -len(".metrics.jsonl")] for f in os.listdir(DIR) if f.endswith(".metrics.jsonl"))
     out = {"commit": commit, "runs": {n: summary(n, base) for n in names}}
@@ -44,9 +46,11 @@ def main(commit):
                     "(reward_mean: shaping and mixes included) over the first and last 20 steps; check_mismatch_max is "
                     "the largest per-token |trainer - server| on the re-scored sequences of any step (same weights), "
                     "check_mismatch_mean_max the largest per-step mean, which stops a run above --mismatch_max 0.1.")
-    json.dump(out, open(os.path.join(DIR, "summary.json"), "w"), indent=1)
+    for d in (DIR, TOP) if latest else (DIR,):
+        json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
     print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    DIR = os.path.join(TOP, f"at-{sys.argv[1]}")
+    main(sys.argv[1], "--latest" in sys.argv)

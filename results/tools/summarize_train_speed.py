@@ -1,0 +1,71 @@
+"""results/x2/train_speed/at-COMMIT/summary.json (and, with --latest, results/x2/train_speed/summary.json) from the
+runs of `PHASES="nan speed learn variants coloc q15 profile" bash results/run_x2.sh` at COMMIT (results/README.md):
+every number comes from a metrics file in results/x2/train_speed/at-COMMIT/. "before" is d7f3a11's script
+(.gpukit/before/), "after" the commit's, one after the other on one machine and one server.
+
+    python3 results/tools/summarize_train_speed.py COMMIT [--latest]   # from the repo root, the runs copied there
+"""
+import json
+import os
+import statistics
+import sys
+
+TOP = "results/x2/train_speed"
+PEAK = 989.4e12  # H200 SXM dense bf16 FLOP/s (NVIDIA's datasheet; no sparsity)
+Q15_PARAMS = 1_543_714_304  # Qwen2.5-1.5B's shapes (results/tools/make_models.py --device meta)
+
+
+def rows(d, name):
+    path = os.path.join(d, name + ".metrics.jsonl")
+    return [r for r in map(json.loads, open(path)) if "reward_mean" in r] if os.path.exists(path) else []
+
+
+def med(rs, key, first=4):
+    xs = [r[key] for r in rs if r["step"] >= first and r.get(key) is not None]
+    return round(statistics.median(xs), 4) if xs else None
+
+
+def main(commit, latest):
+    d = os.path.join(TOP, f"at-{commit}")
+    out = {"commit": commit, "before_commit": "d7f3a11"}
+    for key, name in (("smol_train_s", "speed_smol_noasync"), ("smol_noasync_step_s", "speed_smol_noasync"),
+                      ("smol_async_train_s", "speed_smol_async"), ("smol_async_step_s", "speed_smol_async"),
+                      ("smol_coloc_step_s", "speed_coloc"), ("q15_train_s", "speed_q15")):
+        for v in ("before", "after"):
+            out[f"{key}_{v}"] = med(rows(d, f"{name}_{v}"), "time_train" if "train" in key else "time_step")
+    for name in ("speed_smol_noasync", "speed_smol_async", "speed_coloc"):
+        for v in ("before", "after"):
+            out[f"{name[6:]}_peak_gb_{v}"] = max((r["peak_mem_gb"] for r in rows(d, f"{name}_{v}")), default=None)
+    after = rows(d, "speed_q15_after")  # the same prompts in both runs; ~1024 completion tokens each
+    tokens = statistics.median(r["prompt_len_mean"] + r["completion_len_mean"] for r in after) * 24 * 8 if after else None
+    for v in ("before", "after"):
+        t = out[f"q15_train_s_{v}"]
+        out[f"q15_mfu_{v}"] = round(6 * Q15_PARAMS * tokens / t / PEAK, 4) if t and tokens else None
+        out[f"q15_peak_gb_{v}"] = max((r["peak_mem_gb"] for r in rows(d, f"speed_q15_{v}")), default=None)
+    out["q7_train_s_before"] = out["q7_train_s_after"] = None  # not run
+    seeds = [s for s in (0, 1, 2) if rows(d, f"smol_async_seed{s}")]
+    out["check_mismatch_median_after"] = med(rows(d, "smol_async_seed0"), "check_mismatch_mean", 2)
+    out["reward_81_100_after"] = {s: round(statistics.mean(r["reward_mean"] for r in rows(d, f"smol_async_seed{s}")
+                                                           if r["step"] > 80), 4) for s in seeds}
+    out["seeds_train_s_after"] = {s: med(rows(d, f"smol_async_seed{s}"), "time_train") for s in seeds}
+    out["nonfinite_skips_seeds"] = sum(r.get("nonfinite_skips") or 0 for s in seeds for r in rows(d, f"smol_async_seed{s}"))
+    noasync = rows(d, "speed_smol_noasync_after")
+    out["smol_noasync_train_s_after_per_step"] = [round(r["time_train"], 3) for r in noasync]
+    out["pack_fill_median_after"] = med(noasync, "pack_fill")
+    nan = os.path.join(d, "sdpa_nan_check.jsonl")
+    if os.path.exists(nan):
+        cases = [r for r in map(json.loads, open(nan)) if "grad_q_nonfinite" in r]
+        out["sdpa_nan_check"] = {f"{r['mask']}/{r['backend']}": sorted(c["L"] for c in cases if c["mask"] == r["mask"]
+                                 and c["backend"] == r["backend"] and c["grad_q_nonfinite"]) for r in cases}
+    out["notes"] = {"medians": "steps 4 to the last (check: steps 2-100 of seed 0)",
+                    "flop_count": "6 x parameters x (prompt + completion tokens) per step; peak 989.4 TFLOP/s",
+                    "tokens_per_step_q15": tokens,
+                    "sdpa_nan_check": "key lengths at which cuDNN's / memory-efficient attention's backward gave a "
+                                      "non-finite grad_q (results/tools/sdpa_nan_check.py)"}
+    for path in (d, TOP) if latest else (d,):
+        json.dump(out, open(os.path.join(path, "summary.json"), "w"), indent=1)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], "--latest" in sys.argv)
