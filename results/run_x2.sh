@@ -299,7 +299,10 @@ multi() { multi_tests; multi_bench; }
 # and variants issues): the hack-surface issue's guard (learn: results/x2/layout/), the variants (results/x2/variants/),
 # the train-speed issue's before/after (results/x2/train_speed/). "before" is grpo_sglang.py and reward_fns.py at d7f3a11 (git show d7f3a11:FILE), carried to the
 # machine in .gpukit/before/; "after" is the working tree. Runs of one pair alternate, on the same server.
-BEFORE=.gpukit/before/grpo_sglang.py
+# BEFORE= another script to pair against, e.g. .gpukit/before_dc2cabb/grpo_sglang.py (beside its reward_fns.py:
+# git show dc2cabb:{grpo_sglang.py,reward_fns.py}) for the
+# cuDNN-attention switch of 16561e3: BEFORE=.gpukit/before_dc2cabb/grpo_sglang.py PHASES="profile speed coloc"
+BEFORE=${BEFORE:-.gpukit/before/grpo_sglang.py}
 pair() { # name timeout, then flags: SCRIPT=before, then after, one after the other
   local name=$1 t=$2; shift 2
   SCRIPT=$BEFORE train ${name}_before /tmp/r/${name}_b "$t" "$@"
