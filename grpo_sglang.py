@@ -824,9 +824,10 @@ def setup(cfg):
                                          torch.cuda.device_count())
         device = torch.device("cuda", dev_idx)
         torch.cuda.set_device(device)
-        # PyTorch's cuDNN attention (its first choice for masked attention on an H200) builds a plan per (rows,
-        # length), which packed micro-batches change every step, and its backward gives NaN at lengths of 64 mod 128
-        # (pytorch/pytorch#196678; results/x2/train_speed/). The memory-efficient kernels take the same masks.
+        # PyTorch's cuDNN attention (its first choice for masked attention on an H200) builds a plan per shape
+        # (pytorch#155958), and packed micro-batches bring a new one almost every step; its backward also gives NaN
+        # at lengths of 64 mod 128 (pytorch#196678; results/x2/train_speed/). Memory-efficient attention takes the
+        # same masks.
         torch.backends.cuda.enable_cudnn_sdp(False)
     else:
         device, server_idx = torch.device("cpu"), ["cpu"] * len(servers)
