@@ -6,6 +6,7 @@
 import json
 import os
 import statistics
+import subprocess
 import sys
 
 SPEED, LAYOUT = "results/x2/train_speed/at-925f66b", "results/x2/layout"  # the later runs: summarize_train_speed.py
@@ -70,7 +71,8 @@ def main(final, runs):
     bound = lambda rs: statistics.median(max(r["time_rollout"], r["time_score"] + r["time_train"] + r["time_sync"])
                                          for r in rs if r["step"] >= 4)
     evals_of = lambda d, n: evals(os.path.join(d, n + ".metrics.jsonl")).get(100)
-    lines = open("grpo_sglang.py", encoding="utf-8").read().splitlines()
+    lines = subprocess.run(["git", "show", f"{final}:grpo_sglang.py"], capture_output=True, text=True,  # the file
+                           check=True).stdout.splitlines()  # that ran, not the working tree's
     lay = {"smol_async_step_s": med(fin, "time_step"), "smol_own_bound_s": round(bound(fin), 4),
            "reward_81_100": {"0": reward(fin)}, "eval_final": {"0": evals_of(LAYOUT, "smol_async_final")}, "seeds": [0],
            "lines_total": len(lines), "fence_line": next(i + 1 for i, l in enumerate(lines)
