@@ -10,19 +10,14 @@ import os
 import statistics
 import sys
 
+from summarize_speed import PEAK, Q15_PARAMS, med  # the same peak, parameter count and medians as the earlier pairs
+
 TOP = "results/x2/train_speed"
-PEAK = 989.4e12  # H200 SXM dense bf16 FLOP/s (NVIDIA's datasheet; no sparsity)
-Q15_PARAMS = 1_543_714_304  # Qwen2.5-1.5B's shapes (results/tools/make_models.py --device meta)
 
 
 def rows(d, name):
     path = os.path.join(d, name + ".metrics.jsonl")
     return [r for r in map(json.loads, open(path)) if "reward_mean" in r] if os.path.exists(path) else []
-
-
-def med(rs, key, first=4):
-    xs = [r[key] for r in rs if r["step"] >= first and r.get(key) is not None]
-    return round(statistics.median(xs), 4) if xs else None
 
 
 def main(commit, latest):
