@@ -5,6 +5,9 @@
 #   . .gpukit/a/env.sh && bash results/run_h200.sh negative  # negative controls (same server)
 #   . .gpukit/a/env.sh && bash results/run_h200.sh bench     # bench.py: step, rollout, sync (small model)
 #   . .gpukit/a/env.sh && bash results/run_h200.sh bench_large  # bench.py: sync of a random 1.4B model
+#   . .gpukit/a/env.sh && bash results/run_h200.sh train_bench  # the train phase alone, no server
+#                                                           # (results/tools/train_phase_bench.py), random
+#                                                           # SmolLM2- and Qwen2.5-1.5B-shaped models, variants
 #   . .gpukit/a/env.sh && bash results/run_h200.sh final     # fresh machine: server with decode graphs up to
 #                                                           # 256, bench.py step + rollout on the final code
 # Afterwards, on any machine (no GPU):
@@ -65,6 +68,23 @@ bench)
   ;;
 bench_large)
   python3 bench.py --model "$MODEL" --out "$RES/bench_large" --parts sync --no-small --reps 3 2>&1 | tail -n 30
+  ;;
+train_bench)  # only the kit's chunk c is needed (transformers); each variant packed as soon as it ends
+  tb() { local name=$1; shift
+    timeout "${TB_TIMEOUT:-300}" python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) \
+      results/tools/train_phase_bench.py --out "$RES/bench_$name.json" "$@" > "$RES/bench_$name.log" 2>&1
+    echo "[$(date +%T)] $name: exit $? $(tail -n 1 "$RES/bench_$name.log")" | tee -a "$RES/train_bench.log"; pack; }
+  for v in ${TB_VARIANTS:-smol smol_cudnn smol_compile smol_keep q15 q15_compile}; do
+    case $v in
+      smol) tb smol --shape smol --profile "$RES/profile_smol" ;;
+      smol_cudnn) tb smol_cudnn --shape smol --cudnn ;;
+      smol_compile) TORCH_LOGS=recompiles tb smol_compile --shape smol --compile ;;
+      smol_keep) tb smol_keep --shape smol --keep_unsharded ;;
+      q15) tb q15 --shape q15 --steps 8 ;;
+      q15_compile) tb q15_compile --shape q15 --steps 8 --compile ;;
+      q15_cudnn) tb q15_cudnn --shape q15 --steps 8 --cudnn ;;
+    esac
+  done
   ;;
 final)
   EXTRA_ARGS="--sampling-backend pytorch --cuda-graph-max-bs-decode 256" bash serve.sh

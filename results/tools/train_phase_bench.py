@@ -1,0 +1,166 @@
+"""The train phase alone on one GPU, no server: grpo_sglang.py's own functions (micro_batches, old_and_ref_logprobs,
+advantages, weights, train) on rollouts made up to look like the built-in task's, step after step, each step a new
+batch of new lengths (so new packed shapes, as in a real run). A benchmark of the trainer's code, not of SGLang.
+
+    torchrun --nproc_per_node 1 results/tools/train_phase_bench.py --shape smol --steps 30 --out FILE.json \
+        [--cudnn] [--profile DIR] [-- <more grpo_sglang.py flags>]
+
+--shape: a random-weight model built from a config in code (weights do not change the time): smol (SmolLM2-135M's
+shapes: 16 prompts x 8, 128 new tokens, micro-batch 128, beta 0.04, as results/run_x2.sh's SMOL runs) or q15
+(Qwen2.5-1.5B's: 24 x 8, 1024 new tokens, micro-batch 8, beta 0, every completion 1024 long as a random model's are).
+Prompts are 40-52 tokens (the built-in task's ~46); completions are log-normal around 30 tokens with --truncated of
+them at the limit (SmolLM2's runs: mean 20-43, 2-12% truncated). --cudnn turns PyTorch's cuDNN attention back on
+(setup() turns it off). --profile DIR: torch.profiler over steps 8-10, tables in DIR. The JSON has each step's train
+phase (wall seconds from the batch to the end of train(), GPU synchronised), its tokens, and the median of steps
+4 to the last; the 6 x parameters x tokens FLOP count of summarize_speed.py over it as a fraction of the peak.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
+import grpo_sglang as g  # noqa: E402
+
+PEAK = 989.4e12  # as summarize_speed.py: H200 dense bf16
+SHAPES = {
+    "smol": dict(cls="LlamaConfig", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                 num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, rope_theta=1e5, rms_norm_eps=1e-5,
+                 max_position_embeddings=8192),
+    "q15": dict(cls="Qwen2Config", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
+                max_position_embeddings=32768),
+    "tiny": dict(cls="LlamaConfig", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),  # a CPU check of the tool
+}
+FLAGS = {"smol": ["--prompts_per_step", "16", "--group_size", "8", "--max_new_tokens", "128", "--micro_batch", "128",
+                  "--lr", "1e-5", "--beta", "0.04"],
+         "tiny": ["--prompts_per_step", "4", "--group_size", "4", "--max_new_tokens", "64", "--micro_batch", "8",
+                  "--beta", "0.04"],
+         "q15": ["--prompts_per_step", "24", "--group_size", "8", "--max_new_tokens", "1024", "--micro_batch", "8",
+                 "--lr", "1e-6"]}
+
+
+def build(shape, d):
+    """A random-weight model of `shape` saved in bf16 at d (once)."""
+    import transformers
+    if not os.path.exists(os.path.join(d, "config.json")):
+        kw = dict(SHAPES[shape])
+        cfg = getattr(transformers, kw.pop("cls"))(**kw, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+        torch.manual_seed(0)
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        model.save_pretrained(d)
+    return d
+
+
+def made_up_batch(cfg, vocab, truncated, rng, device):
+    """The trainer's table (grpo_sglang.sequences) for made-up rollouts of the built-in task's lengths."""
+    n = cfg.prompts_per_step * cfg.group_size
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(40, 52))] for _ in range(cfg.prompts_per_step)]
+    lens = [cfg.max_new_tokens if rng.random() < truncated else
+            min(cfg.max_new_tokens - 1, max(4, round(math.exp(rng.gauss(math.log(30), 0.5))))) for _ in range(n)]
+    comps = [[rng.randrange(3, vocab) for _ in range(k)] for k in lens]
+    C, t = max(lens), torch.tensor(lens, device=device)
+    lp = [[-abs(rng.gauss(0, 1)) for _ in c] + [0.0] * (C - len(c)) for c in comps]
+    return {"prompt": [prompts[i // cfg.group_size] for i in range(n)], "completion": comps, "length": t,
+            "truncated": (t == cfg.max_new_tokens).float(), "group": torch.arange(n, device=device) // cfg.group_size,
+            "mask": (torch.arange(C, device=device) < t.unsqueeze(1)).float(),
+            "server_lp": torch.tensor(lp, device=device)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="smol", choices=list(SHAPES))
+    p.add_argument("--models", default="/tmp/bench_models", help="where the random models are saved")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--truncated", type=float, default=None, help="fraction of completions at the limit")
+    p.add_argument("--cudnn", action="store_true", help="PyTorch's cuDNN attention on (setup() turns it off)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each transformer block before FSDP")
+    p.add_argument("--keep_unsharded", action="store_true", help="FSDP2's reshard_after_forward=False")
+    p.add_argument("--profile", default="", help="folder for torch.profiler tables of steps 8-10")
+    p.add_argument("--out", required=True)
+    args, rest = p.parse_known_args()
+    path = build(args.shape, os.path.join(args.models, args.shape))
+    cfg = g.parse_config(["--model", path, "--dataset", "builtin", "--out_dir", "/tmp/bench_out"] + FLAGS[args.shape]
+                         + [a for a in rest if a != "--"])
+    truncated = args.truncated if args.truncated is not None else (0.08 if args.shape == "smol" else 1.0)
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cuda.enable_cudnn_sdp(args.cudnn)  # setup()'s choice, unless --cudnn
+    dist.init_process_group("nccl" if cuda else "gloo")
+    from torch.distributed.device_mesh import init_device_mesh
+    rt = SimpleNamespace(rank=0, world=1, master=True, device=device, mesh=init_device_mesh(device.type, (1,)),
+                         ckpt=None)
+    if args.compile or args.keep_unsharded:  # trials, before they are worth a flag of grpo_sglang.py
+        import torch.distributed.fsdp as fsdp
+        shard, fully_shard = g.shard, fsdp.fully_shard
+
+        def trial_shard(model, *a, **k):
+            for m in model.modules():
+                if args.compile and type(m).__name__ in (model._no_split_modules or []):
+                    m.compile(dynamic=True)
+            return shard(model, *a, **k)
+        g.shard = trial_shard
+        if args.keep_unsharded:
+            fsdp.fully_shard = lambda *a, **k: fully_shard(*a, **k, reshard_after_forward=False)
+    model, ref, opt, _ = g.load_models(cfg, rt)
+    n_params = sum(p.numel() for p in model.parameters())
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    rng, steps = random.Random(0), []
+    torch.manual_seed(0)  # the rewards (torch.rand): the same in every variant
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if cuda else [])) if args.profile else None
+    for step in range(args.steps):
+        seqs = made_up_batch(cfg, model.config.vocab_size, truncated, rng, device)
+        m = g.Metrics()
+        if prof and step == 8:
+            prof.start()
+        sync()
+        t0 = time.time()
+        mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
+        g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
+        seqs["reward"] = torch.rand(len(seqs["length"]), device=device)
+        seqs["adv"], seqs["weight"] = g.advantages(cfg, seqs["reward"]), g.weights(cfg, seqs)
+        g.train(cfg, model, opt, seqs, mbs, 1, lambda s, m: None, m)
+        sync()
+        dt = time.time() - t0
+        if prof and step == 10:
+            prof.stop()
+        tokens = sum(len(a) + len(b) for a, b in zip(seqs["prompt"], seqs["completion"]))
+        r = m.reduce(device)
+        steps.append({"step": step, "train_s": dt, "tokens": tokens, "pack_fill": r.get("pack_fill"),
+                      "micro_batches": len(mbs), "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+                      "grad_norm": r.get("grad_norm")})
+        print(json.dumps(steps[-1]), flush=True)
+    tail = [s for s in steps[4:] if not (prof and 8 <= s["step"] <= 10)] or steps  # profiled steps run slower
+    med = statistics.median(s["train_s"] for s in tail)
+    tok = statistics.median(s["tokens"] for s in tail)
+    res = {"shape": args.shape, "cudnn": args.cudnn, "compile": args.compile, "keep_unsharded": args.keep_unsharded, "flags": sys.argv[1:], "torch": torch.__version__,
+           "params": n_params, "train_s_median": med, "tokens_median": tok,
+           "mfu": 6 * n_params * tok / med / PEAK if cuda else None, "steps": steps}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    json.dump(res, open(args.out, "w"), indent=1)
+    print(f"{args.out}: median train phase {med:.3f} s over steps 4-{len(steps) - 1}, {tok:.0f} tokens, "
+          f"MFU {res['mfu'] or 0:.3f}")
+    if prof:
+        os.makedirs(args.profile, exist_ok=True)
+        for key, name in (("self_cpu_time_total", "ops_by_cpu.txt"), ("self_device_time_total", "ops_by_cuda.txt")):
+            open(os.path.join(args.profile, name), "w").write(
+                prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=60))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
