@@ -118,6 +118,7 @@ class Config:
     micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster if it fits)", "v >= 1")
     tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster); off: exact fp32")
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
+    compile: bool = arg(False, "torch.compile each transformer block: a faster train phase after ~1.5 min compiling")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient", "v >= 1")
     device: str = arg("auto", "'cuda', 'cpu' (tests) or 'auto'", ("auto", "cuda", "cpu"))
     seed: int = arg(0, "seed for data order and torch")
@@ -705,8 +706,8 @@ def parse_config(argv=None):
 
 # Flags a resumed run may change: how and where it runs, not what it trains (README, "Resuming").
 RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
-             "device", "micro_batch", "tf32_head", "grad_checkpointing", "max_nonfinite_steps", "server_url", "api_key",
-             "server_gpu", "colocate", "request_timeout", "request_retries", "sync", "sync_bucket_mb",
+             "device", "micro_batch", "tf32_head", "grad_checkpointing", "compile", "max_nonfinite_steps", "server_url",
+             "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync", "sync_bucket_mb",
              "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
 
 
@@ -1004,11 +1005,11 @@ def load_models(cfg, rt):
     if rt.ckpt:
         check_architecture(rt.ckpt, cfg.model)
     model = load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing)
-    model = shard(model, rt.mesh, torch.bfloat16, cfg.tf32_head)
+    model = shard(model, rt.mesh, torch.bfloat16, cfg.tf32_head, cfg.compile)
     ref = None
     if cfg.beta > 0:
         ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(rt.device).eval()
-        ref = shard(ref, rt.mesh, torch.bfloat16, cfg.tf32_head).requires_grad_(False)
+        ref = shard(ref, rt.mesh, torch.bfloat16, cfg.tf32_head, cfg.compile).requires_grad_(False)
     # fused: one kernel and no temporaries; the default (foreach) Adam allocates a copy of a moment per step,
     # which for a 7B model on one H200 is the difference between fitting and an OOM at the first step
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -1625,9 +1626,12 @@ def install_head(model, tf32_head=False):
     head.forward = head_forward
 
 
-def shard(model, mesh, param_dtype, tf32_head=False, unit_params=1e8):
+def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, unit_params=1e8, keep_params=2e9):
     """FSDP2: consecutive transformer blocks in units of about `unit_params` parameters (one block each for 7B;
     SmolLM2's 30 in two, 29 + 1: FSDP's hooks cost CPU time per unit), computing in bf16; fp32 master weights, grads.
+    A model under `keep_params` keeps its gathered bf16 weights from forward to backward (2 bytes a parameter) rather
+    than gathering them again: SmolLM2's train phase 0.29 -> 0.21 s on an H200 (results/h200/train_bench/).
+    `compile_blocks`: torch.compile each block's forward (dynamic shapes: packed rows change every step).
     The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
     steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
     0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same).
@@ -1639,7 +1643,7 @@ def shard(model, mesh, param_dtype, tf32_head=False, unit_params=1e8):
     from torch.utils._pytree import tree_map
     to_compute = lambda t: t.to(param_dtype) if torch.is_tensor(t) and t.is_floating_point() else t
     block = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    units = [[]]
+    units, keep = [[]], sum(p.numel() for p in model.parameters()) < keep_params
     for m in (m for m in model.modules() if type(m).__name__ in (model._no_split_modules or [])):
         if sum(p.numel() for b in units[-1] for p in b.parameters()) >= unit_params:
             units.append([])
@@ -1647,11 +1651,24 @@ def shard(model, mesh, param_dtype, tf32_head=False, unit_params=1e8):
         # FSDP casts a block's inputs to bf16, but not when checkpointing re-runs the block in backward:
         # the root's fp32 rotary cos/sin then met bf16 values in attention (an H200 run, transformers 5.12)
         m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)
+        if compile_blocks:
+            m.forward = torch.compile(m.forward, dynamic=True)
     for unit in units if units[0] else []:
-        fully_shard(unit, mesh=mesh, mp_policy=block)
+        fully_shard(unit, mesh=mesh, mp_policy=block, reshard_after_forward=not keep)
     install_head(model, tf32_head)
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
+    model.register_forward_hook(reshard_after_no_grad)
     return model
+
+
+def reshard_after_no_grad(model, args, out):
+    """After a no-grad forward, every FSDP unit gives its gathered weights back (backward does it after the others):
+    else parameters() would list the gathered copies (an optimizer made then would step weights nobody reads)."""
+    if not torch.is_grad_enabled():
+        from torch.distributed.fsdp import FSDPModule
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
 
 
 def save_checkpoint(cfg, model, opt, tok, step):

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -1040,6 +1041,75 @@ def test_fsdp_units_of_several_blocks_compute_what_one_block_per_unit_does(check
     (n0, lp0, g0), (n1, lp1, g1) = results
     assert (n0, n1) == (len(model.model.layers), 1) and n0 > 1
     assert torch.equal(lp0, lp1) and g0.keys() == g1.keys() and all(torch.equal(g0[n], g1[n]) for n in g0)
+
+
+def fsdp_steps(d, checkpointing, steps=3, **shard_kw):
+    """shard() a tiny policy and run `steps` optimizer steps the way the trainer orders its forwards: a no-grad
+    forward (the old policy's / the sync check's), then forward, backward, AdamW. -> (every log-prob, the final
+    weights, whether the blocks' weights were still gathered after a forward, the first step's gradients)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    torch.manual_seed(0)
+    model = g.shard(g.load_policy(d, torch.device("cpu"), checkpointing), init_device_mesh("cpu", (1,)), torch.bfloat16,
+                    **shard_kw)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = g.pack_batch([{"prompt": [4, 5, 6], "completion": [7, 8, 9]}, {"prompt": [5], "completion": [10, 11]}],
+                         0, "cpu")
+    lps, grads = [], None
+    for _ in range(steps):
+        with torch.no_grad():
+            lps.append(g.completion_logprobs(model, batch, 0.7)[0])
+        assert all(isinstance(p, DTensor) for p in model.parameters())  # none left gathered by the no-grad forward
+        lp = g.completion_logprobs(model, batch, 0.7)[0]
+        gathered = not isinstance(model.model.layers[0].mlp.up_proj.weight, DTensor)  # FSDP2 swaps full tensors in
+        (lp * torch.tensor([[1.0, -2.0, 0.5], [3.0, 1.0, 0.0]])).sum().backward()
+        grads = grads or {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        lps.append(lp.detach())
+    return lps, {n: p.full_tensor() for n, p in model.named_parameters()}, gathered, grads
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fsdp_keeping_small_models_gathered_from_forward_to_backward_changes_no_number(checkpointing, tmp_path):
+    """shard() keeps a small model's gathered weights from forward to backward (no second gather). Every log-prob
+    of three steps, no-grad forwards included, and the weights after them must be those of gathering again, bit for
+    bit: a forward after an optimizer step must see the new weights, never the ones kept."""
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    d = build_tiny(str(tmp_path), "qwen2")
+    try:
+        (lp0, w0, kept0, _), (lp1, w1, kept1, _) = (fsdp_steps(d, checkpointing, keep_params=0),
+                                                    fsdp_steps(d, checkpointing))
+    finally:
+        dist.destroy_process_group()
+    assert (kept0, kept1) == (False, True)  # the rule: the tiny model is kept gathered, keep_params=0 is not
+    assert all(torch.equal(a, b) for a, b in zip(lp0, lp1)) and not torch.equal(lp1[0], lp1[-1])  # the weights moved
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[n], w1[n]) for n in w0)
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on a CPU needs a compiler")
+def test_compiled_blocks_compute_the_same_log_probs_and_steps(tmp_path):
+    """--compile (torch.compile of each block's forward) changes the kernels, not the function: the log-probs of
+    three steps and the first step's gradients as without it, to within bf16 rounding."""
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from torch._dynamo.utils import counters
+    d = build_tiny(str(tmp_path), "llama")
+    try:
+        lp0, _, _, g0 = fsdp_steps(d, False)
+        counters.clear()
+        lp1, _, _, g1 = fsdp_steps(d, False, compile_blocks=True)
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+    assert graphs >= 2  # the blocks did run compiled: with and without grad
+    assert all(torch.allclose(a, b, atol=0.03) for a, b in zip(lp0, lp1)), (lp0, lp1)
+    rel = {n: float((g0[n] - g1[n]).norm() / (g0[n].norm() + 1e-9)) for n in g0}
+    assert max(rel.values()) <= 0.02, rel
 
 
 def one_step(cfg, model, batch, tok, reward, weight=None):

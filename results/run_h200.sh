@@ -8,6 +8,10 @@
 #   . .gpukit/a/env.sh && bash results/run_h200.sh train_bench  # the train phase alone, no server
 #                                                           # (results/tools/train_phase_bench.py), random
 #                                                           # SmolLM2- and Qwen2.5-1.5B-shaped models, variants
+#   . .gpukit/a/env.sh && setsid bash results/run_h200.sh train_speed > /tmp/res/pipeline.out 2>&1 &
+#                                                           # the train-speed issue on one GPU (all five kit
+#                                                           # chunks and .gpukit/before/): colocated pairs,
+#                                                           # seeds, then train_bench; log /tmp/res/pipeline.log
 #   . .gpukit/a/env.sh && bash results/run_h200.sh final     # fresh machine: server with decode graphs up to
 #                                                           # 256, bench.py step + rollout on the final code
 # Afterwards, on any machine (no GPU):
@@ -74,17 +78,37 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
     timeout "${TB_TIMEOUT:-300}" python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) \
       results/tools/train_phase_bench.py --out "$RES/bench_$name.json" "$@" > "$RES/bench_$name.log" 2>&1
     echo "[$(date +%T)] $name: exit $? $(tail -n 1 "$RES/bench_$name.log")" | tee -a "$RES/train_bench.log"; pack; }
-  for v in ${TB_VARIANTS:-smol smol_cudnn smol_compile smol_keep q15 q15_compile}; do
+  for v in ${TB_VARIANTS:-smol smol_reshard smol_compile q15 q15_reshard q15_compile}; do
     case $v in
       smol) tb smol --shape smol --profile "$RES/profile_smol" ;;
       smol_cudnn) tb smol_cudnn --shape smol --cudnn ;;
-      smol_compile) TORCH_LOGS=recompiles tb smol_compile --shape smol --compile ;;
-      smol_keep) tb smol_keep --shape smol --keep_unsharded ;;
-      q15) tb q15 --shape q15 --steps 8 ;;
-      q15_compile) tb q15_compile --shape q15 --steps 8 --compile ;;
-      q15_cudnn) tb q15_cudnn --shape q15 --steps 8 --cudnn ;;
+      smol_reshard) tb smol_reshard --shape smol --reshard ;;
+      smol_compile) TORCH_LOGS=recompiles tb smol_compile --shape smol -- --compile ;;
+      q15) tb q15 --shape q15 --steps 7 --profile "$RES/profile_q15" --profile_steps 6 ;;
+      q15_reshard) tb q15_reshard --shape q15 --steps 7 --reshard ;;
+      q15_compile) TORCH_LOGS=recompiles tb q15_compile --shape q15 --steps 8 -- --compile ;;
     esac
   done
+  ;;
+train_speed)  # colocated before (BEFORE: d7f3a11's script) / after pairs, 30 steps each, alternating on one server;
+  # SmolLM2 async 100 steps, seeds 0-2; then the train phase alone (train_bench, the server stopped)
+  log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
+  run() { local name=$1 script=$2; shift 2; log "train $name: $*"
+    timeout 400 python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) "$script" \
+      "${TRAIN[@]:6}" --out_dir "/tmp/r/$name" "$@" > "$RES/$name.log" 2>&1
+    log "train $name: exit $? ($(tail -n 1 "$RES/$name.log" | cut -c1-160))"
+    cp "/tmp/r/$name/metrics.jsonl" "$RES/$name.metrics.jsonl" 2>/dev/null; pack; }
+  BEFORE=${BEFORE:-.gpukit/before/grpo_sglang.py}
+  python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)" > "$RES/versions.txt" 2>&1
+  SECONDS=0; bash serve.sh >> "$RES/pipeline.log" 2>&1; log "server up after $SECONDS s"
+  for mode in async no-async; do
+    run "speed_coloc_${mode/-/}_before" "$BEFORE" --steps 30 --eval_every 0 --save_every 0 --$mode
+    run "speed_coloc_${mode/-/}_after" grpo_sglang.py --steps 30 --eval_every 0 --save_every 0 --$mode
+  done
+  for k in 0 1 2; do run "smol_async_seed$k" grpo_sglang.py --steps 100 --eval_every 50 --save_every 0 --async --seed $k; done
+  bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  TB_VARIANTS=${TB_VARIANTS:-q15 q15_reshard smol smol_reshard smol_compile} TB_TIMEOUT=240 bash "$0" train_bench
+  log "all done"
   ;;
 final)
   EXTRA_ARGS="--sampling-backend pytorch --cuda-graph-max-bs-decode 256" bash serve.sh

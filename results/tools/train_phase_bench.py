@@ -3,16 +3,18 @@ advantages, weights, train) on rollouts made up to look like the built-in task's
 batch of new lengths (so new packed shapes, as in a real run). A benchmark of the trainer's code, not of SGLang.
 
     torchrun --nproc_per_node 1 results/tools/train_phase_bench.py --shape smol --steps 30 --out FILE.json \
-        [--cudnn] [--profile DIR] [-- <more grpo_sglang.py flags>]
+        [--cudnn] [--reshard] [--profile DIR] [-- <more grpo_sglang.py flags, e.g. --compile>]
 
 --shape: a random-weight model built from a config in code (weights do not change the time): smol (SmolLM2-135M's
 shapes: 16 prompts x 8, 128 new tokens, micro-batch 128, beta 0.04, as results/run_x2.sh's SMOL runs) or q15
 (Qwen2.5-1.5B's: 24 x 8, 1024 new tokens, micro-batch 8, beta 0, every completion 1024 long as a random model's are).
 Prompts are 40-52 tokens (the built-in task's ~46); completions are log-normal around 30 tokens with --truncated of
 them at the limit (SmolLM2's runs: mean 20-43, 2-12% truncated). --cudnn turns PyTorch's cuDNN attention back on
-(setup() turns it off). --profile DIR: torch.profiler over steps 8-10, tables in DIR. The JSON has each step's train
-phase (wall seconds from the batch to the end of train(), GPU synchronised), its tokens, and the median of steps
-4 to the last; the 6 x parameters x tokens FLOP count of summarize_speed.py over it as a fraction of the peak.
+(setup() turns it off); --reshard makes shard() gather the weights again for backward whatever the model's size.
+--profile DIR: torch.profiler over --profile_steps (8-10), tables in DIR. The JSON has each step's train phase (wall
+seconds from the batch to the end of train(), GPU synchronised), its tokens, and the median of steps 4 to the last
+(the profiled ones left out); the 6 x parameters x tokens FLOP count of summarize_speed.py over it as a fraction of
+the peak.
 """
 import argparse
 import json
@@ -84,9 +86,9 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--truncated", type=float, default=None, help="fraction of completions at the limit")
     p.add_argument("--cudnn", action="store_true", help="PyTorch's cuDNN attention on (setup() turns it off)")
-    p.add_argument("--compile", action="store_true", help="torch.compile each transformer block before FSDP")
-    p.add_argument("--keep_unsharded", action="store_true", help="FSDP2's reshard_after_forward=False")
-    p.add_argument("--profile", default="", help="folder for torch.profiler tables of steps 8-10")
+    p.add_argument("--reshard", action="store_true", help="FSDP2 gathers the weights again for backward at any size")
+    p.add_argument("--profile", default="", help="folder for torch.profiler tables of --profile_steps")
+    p.add_argument("--profile_steps", default="8-10", help="'a-b': the steps profiled (left out of the median)")
     p.add_argument("--out", required=True)
     args, rest = p.parse_known_args()
     path = build(args.shape, os.path.join(args.models, args.shape))
@@ -103,21 +105,14 @@ def main():
     from torch.distributed.device_mesh import init_device_mesh
     rt = SimpleNamespace(rank=0, world=1, master=True, device=device, mesh=init_device_mesh(device.type, (1,)),
                          ckpt=None)
-    if args.compile or args.keep_unsharded:  # trials, before they are worth a flag of grpo_sglang.py
-        import torch.distributed.fsdp as fsdp
-        shard, fully_shard = g.shard, fsdp.fully_shard
-
-        def trial_shard(model, *a, **k):
-            for m in model.modules():
-                if args.compile and type(m).__name__ in (model._no_split_modules or []):
-                    m.compile(dynamic=True)
-            return shard(model, *a, **k)
-        g.shard = trial_shard
-        if args.keep_unsharded:
-            fsdp.fully_shard = lambda *a, **k: fully_shard(*a, **k, reshard_after_forward=False)
+    if args.reshard:  # grpo_sglang.shard's behaviour for large models, at any size
+        shard = g.shard
+        g.shard = lambda *a, **k: shard(*a, **k, keep_params=0)
     model, ref, opt, _ = g.load_models(cfg, rt)
     n_params = sum(p.numel() for p in model.parameters())
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    lo, _, hi = args.profile_steps.partition("-")
+    window = range(int(lo), int(hi or lo) + 1) if args.profile else range(0)
     rng, steps = random.Random(0), []
     torch.manual_seed(0)  # the rewards (torch.rand): the same in every variant
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
@@ -125,7 +120,7 @@ def main():
     for step in range(args.steps):
         seqs = made_up_batch(cfg, model.config.vocab_size, truncated, rng, device)
         m = g.Metrics()
-        if prof and step == 8:
+        if prof and step == window[0]:
             prof.start()
         sync()
         t0 = time.time()
@@ -136,7 +131,7 @@ def main():
         g.train(cfg, model, opt, seqs, mbs, 1, lambda s, m: None, m)
         sync()
         dt = time.time() - t0
-        if prof and step == 10:
+        if prof and step == window[-1]:
             prof.stop()
         tokens = sum(len(a) + len(b) for a, b in zip(seqs["prompt"], seqs["completion"]))
         r = m.reduce(device)
@@ -144,10 +139,10 @@ def main():
                       "micro_batches": len(mbs), "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
                       "grad_norm": r.get("grad_norm")})
         print(json.dumps(steps[-1]), flush=True)
-    tail = [s for s in steps[4:] if not (prof and 8 <= s["step"] <= 10)] or steps  # profiled steps run slower
+    tail = [s for s in steps[4:] if s["step"] not in window] or steps  # profiled steps run slower
     med = statistics.median(s["train_s"] for s in tail)
     tok = statistics.median(s["tokens"] for s in tail)
-    res = {"shape": args.shape, "cudnn": args.cudnn, "compile": args.compile, "keep_unsharded": args.keep_unsharded, "flags": sys.argv[1:], "torch": torch.__version__,
+    res = {"shape": args.shape, "cudnn": args.cudnn, "reshard": args.reshard, "flags": sys.argv[1:], "torch": torch.__version__,
            "params": n_params, "train_s_median": med, "tokens_median": tok,
            "mfu": 6 * n_params * tok / med / PEAK if cuda else None, "steps": steps}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
