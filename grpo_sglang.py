@@ -1009,7 +1009,7 @@ def load_models(cfg, rt):
     ref = None
     if cfg.beta > 0:
         ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(rt.device).eval()
-        ref = shard(ref, rt.mesh, torch.bfloat16, cfg.tf32_head, cfg.compile).requires_grad_(False)
+        ref = shard(ref, rt.mesh, torch.bfloat16, cfg.tf32_head, cfg.compile, frozen=True).requires_grad_(False)
     # fused: one kernel and no temporaries; the default (foreach) Adam allocates a copy of a moment per step,
     # which for a 7B model on one H200 is the difference between fitting and an OOM at the first step
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -1103,9 +1103,9 @@ class Server:
         asked = {k: POOL.submit(rescore, cfg, url, [q for q, i in zip(pairs, rows) if srv[i] == k], str(version))
                  for k, url in enumerate(self.urls) if k in {srv[i] for i in rows}}
         t1 = None
-        if cfg.temperature != 1:  # SGLang re-scores at temperature 1, so must we. Now, before any backward: a no-grad
+        if cfg.temperature != 1:  # SGLang re-scores at temperature 1, so must we: now, before any update
             b = pack_batch([{"prompt": p, "completion": c} for p, c in pairs], pad_id, self.rt.device)
-            with torch.no_grad():  # forward after one leaves FSDP's root gathered, and the next step would use its
+            with torch.no_grad():
                 t1 = list(completion_logprobs(model, b, 1.0)[0])
 
         def check_rescored(seqs, m):  # weights from before the update
@@ -1626,11 +1626,13 @@ def install_head(model, tf32_head=False):
     head.forward = head_forward
 
 
-def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, unit_params=1e8, keep_params=2e9):
+def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, frozen=False, unit_params=1e8,
+          keep_params=2e9):
     """FSDP2: consecutive transformer blocks in units of about `unit_params` parameters (one block each for 7B;
     SmolLM2's 30 in two, 29 + 1: FSDP's hooks cost CPU time per unit), computing in bf16; fp32 master weights, grads.
     A model under `keep_params` keeps its gathered bf16 weights from forward to backward (2 bytes a parameter) rather
-    than gathering them again: SmolLM2's train phase 0.29 -> 0.21 s on an H200 (results/h200/train_bench/).
+    than gathering them again; a `frozen` one (the reference: nothing changes its weights) keeps them from step to
+    step. SmolLM2's train phase on an H200: 0.29 -> 0.21 s, both kept (results/h200/train_bench/).
     `compile_blocks`: torch.compile each block's forward (dynamic shapes: packed rows change every step).
     The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
     steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
@@ -1657,7 +1659,8 @@ def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, unit_
         fully_shard(unit, mesh=mesh, mp_policy=block, reshard_after_forward=not keep)
     install_head(model, tf32_head)
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
-    model.register_forward_hook(reshard_after_no_grad)
+    if not frozen:
+        model.register_forward_hook(reshard_after_no_grad)
     return model
 
 

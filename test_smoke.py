@@ -1059,7 +1059,8 @@ def fsdp_steps(d, checkpointing, steps=3, **shard_kw):
     for _ in range(steps):
         with torch.no_grad():
             lps.append(g.completion_logprobs(model, batch, 0.7)[0])
-        assert all(isinstance(p, DTensor) for p in model.parameters())  # none left gathered by the no-grad forward
+        assert all(isinstance(p, DTensor) for p in model.parameters()) != shard_kw.get("frozen", False)  # frozen:
+        # the weights stay gathered from step to step; else none is left gathered by a no-grad forward
         lp = g.completion_logprobs(model, batch, 0.7)[0]
         gathered = not isinstance(model.model.layers[0].mlp.up_proj.weight, DTensor)  # FSDP2 swaps full tensors in
         (lp * torch.tensor([[1.0, -2.0, 0.5], [3.0, 1.0, 0.0]])).sum().backward()
@@ -1087,6 +1088,20 @@ def test_fsdp_keeping_small_models_gathered_from_forward_to_backward_changes_no_
     assert (kept0, kept1) == (False, True)  # the rule: the tiny model is kept gathered, keep_params=0 is not
     assert all(torch.equal(a, b) for a, b in zip(lp0, lp1)) and not torch.equal(lp1[0], lp1[-1])  # the weights moved
     assert w0.keys() == w1.keys() and all(torch.equal(w0[n], w1[n]) for n in w0)
+
+
+def test_a_frozen_model_kept_gathered_from_step_to_step_scores_as_one_gathered_each_time(tmp_path):
+    """The reference model (shard(frozen=True)) keeps its gathered weights between its no-grad forwards: the same
+    log-probs, bit for bit, as a model that gathers them for every forward."""
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    d = build_tiny(str(tmp_path), "qwen2")
+    try:
+        runs = [fsdp_steps(d, False, steps=1, keep_params=0), fsdp_steps(d, False, steps=1, frozen=True)]
+    finally:
+        dist.destroy_process_group()
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0]))
 
 
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on a CPU needs a compiler")
@@ -2305,7 +2320,8 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
         """-> the first step that the rule stops, or None."""
         rows = [r for r in map(json.loads, open(path)) if "reward_mean" in r]
         saved = path.replace(".metrics.jsonl", ".config.json")  # the run's flags, where it kept them
-        async_run = (json.load(open(saved))["async_"] if os.path.exists(saved)
+        said = re.search(r"rollouts: (a?sync)", open(path.replace(".metrics.jsonl", ".log")).read())  # its log
+        async_run = (json.load(open(saved))["async_"] if os.path.exists(saved) else said.group(1) == "async" if said
                      else "async" in os.path.basename(path) or "nccl_hidden" in path)
         for r in rows:
             want = max(r["step"] - 2, 0) if async_run else r["step"] - 1
