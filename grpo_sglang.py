@@ -1556,7 +1556,7 @@ class HeadLogprobs(torch.autograd.Function):
             z = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)[0]  # (chunk, V)
             lse[r] = torch.logsumexp(z, -1)
             lp[r] = z.gather(1, targets[r, None]).squeeze(1) - lse[r]
-            ent[r] = lse[r] - (torch.exp(z - lse[r, None]) * z).sum(-1)  # logsumexp(z) - Σ p z (not einsum: slow bmm)
+            ent[r] = lse[r] - ((z - lse[r, None]).exp_() * z).sum(-1)  # logsumexp(z) - Σ p z (not einsum: slow bmm)
         ctx.save_for_backward(x, w, targets, lse, ent)
         ctx.args = temperature, cap, tf32, chunk
         ctx.set_materialize_grads(False)  # an output nobody used (the entropy, mostly) has no gradient to compute
@@ -1568,7 +1568,7 @@ class HeadLogprobs(torch.autograd.Function):
         with tf32_matmuls(tf32):
             raw = x.float() @ w.float().T
         if not cap:
-            return raw / temperature, None
+            return raw if temperature == 1 else raw / temperature, None  # each pass over (chunk, V) fp32 costs
         t = torch.tanh(raw / cap)
         return cap * t / temperature, 1 - t * t
 
@@ -1580,14 +1580,19 @@ class HeadLogprobs(torch.autograd.Function):
         dx, dw = torch.empty_like(x) if ctx.needs_input_grad[0] else None, None
         for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
             z, dcap = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)
-            logp = z - lse[r, None]
-            p, gz = torch.exp(logp), torch.zeros_like(z)
+            logp = z.sub_(lse[r, None])  # in place: z is not needed again
+            p = torch.exp(logp)
             if g_lp is not None:
-                gz = gz - p * g_lp[r, None]
+                gz = p * -g_lp[r, None]
                 gz.scatter_add_(1, targets[r, None], g_lp[r, None].float())
+            else:
+                gz = torch.zeros_like(p)
             if g_ent is not None:
-                gz = gz - p * (logp + ent[r, None]) * g_ent[r, None]
-            gz = gz / temperature if dcap is None else gz * dcap / temperature
+                gz -= p * (logp + ent[r, None]) * g_ent[r, None]
+            if dcap is not None:
+                gz = gz * dcap / temperature
+            elif temperature != 1:
+                gz /= temperature
             with tf32_matmuls(tf32):
                 if dx is not None:
                     dx[r] = (gz @ w.float()).to(x.dtype)
