@@ -1568,7 +1568,7 @@ class HeadLogprobs(torch.autograd.Function):
         with tf32_matmuls(tf32):
             raw = x.float() @ w.float().T
         if not cap:
-            return raw if temperature == 1 else raw / temperature, None  # each pass over (chunk, V) fp32 costs
+            return raw if temperature == 1 else raw / temperature, None  # at T = 1, one pass over (chunk, V) fewer
         t = torch.tanh(raw / cap)
         return cap * t / temperature, 1 - t * t
 
