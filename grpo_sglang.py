@@ -1548,16 +1548,16 @@ class HeadLogprobs(torch.autograd.Function):
     softmax(z), z = cap(x W^T) / temperature, in fp32, `chunk` rows at a time: the (N, V) fp32 logits never exist at
     once, and backward recomputes each chunk's logits (one more head matmul) rather than keeping them (the idea of
     Liger's fused linear cross-entropy). cap: Gemma's soft-capping, cap * tanh(logits / cap). TF32 matmuls if tf32:
-    scoped to the head, since the global switch would also round the fp32 RoPE angles (transformers issue 48428)."""
+    scoped to the head, since the global switch would also round the fp32 RoPE angles (transformers issue 48428).
+    Each pass over a chunk's (chunk, V) fp32 logits costs as much as a small matmul: the code counts them."""
     @staticmethod
     def forward(ctx, x, w, targets, temperature, cap, tf32, chunk):
-        lp, ent, lse = (torch.empty(len(x), device=x.device) for _ in range(3))
+        lp, ent = torch.empty(len(x), device=x.device), torch.empty(len(x), device=x.device)
         for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
-            z = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)[0]  # (chunk, V)
-            lse[r] = torch.logsumexp(z, -1)
-            lp[r] = z.gather(1, targets[r, None]).squeeze(1) - lse[r]
-            ent[r] = lse[r] - ((z - lse[r, None]).exp_() * z).sum(-1)  # logsumexp(z) - Σ p z (not einsum: slow bmm)
-        ctx.save_for_backward(x, w, targets, lse, ent)
+            logp = torch.log_softmax(HeadLogprobs.logits(x[r], w, temperature, cap, tf32)[0], -1)  # (chunk, V)
+            lp[r] = logp.gather(1, targets[r, None]).squeeze(1)
+            ent[r] = -logp.exp().mul_(logp).sum(-1)  # -Σ p log p (not einsum: a slow bmm)
+        ctx.save_for_backward(x, w, targets, ent)
         ctx.args = temperature, cap, tf32, chunk
         ctx.set_materialize_grads(False)  # an output nobody used (the entropy, mostly) has no gradient to compute
         return lp, ent
@@ -1574,30 +1574,31 @@ class HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
-        """d log p_target / dz = onehot - p;  d entropy / dz = -p (log p + entropy)."""
-        x, w, targets, lse, ent = ctx.saved_tensors
+        """d log p_target / dz = onehot - p;  d entropy / dz = -p (log p + entropy). With the log-probs' gradient
+        alone and no soft-cap (the usual case) d loss / dz = -g_lp (p - onehot): the row factor -g_lp / T goes on
+        the (chunk, H) side of the matmuls, and the (chunk, V) side takes one softmax and no other pass."""
+        x, w, targets, ent = ctx.saved_tensors
         temperature, cap, tf32, chunk = ctx.args
-        dx, dw = torch.empty_like(x) if ctx.needs_input_grad[0] else None, None
+        dx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        dw = torch.zeros(w.shape, device=w.device) if ctx.needs_input_grad[1] else None  # fp32 sums
         for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
             z, dcap = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)
-            logp = z.sub_(lse[r, None])  # in place: z is not needed again
-            p = torch.exp(logp)
-            if g_lp is not None:
-                gz = p * -g_lp[r, None]
-                gz.scatter_add_(1, targets[r, None], g_lp[r, None].float())
+            if g_ent is None and dcap is None:  # g_lp alone: d loss / dz = row (p - onehot), row = -g_lp / T
+                gz = torch.softmax(z, -1).scatter_add_(1, targets[r, None], torch.full_like(z[:, :1], -1.0))
+                row = -g_lp[r, None].float() / temperature  # (chunk, 1)
             else:
-                gz = torch.zeros_like(p)
-            if g_ent is not None:
-                gz -= p * (logp + ent[r, None]) * g_ent[r, None]
-            if dcap is not None:
-                gz = gz * dcap / temperature
-            elif temperature != 1:
-                gz /= temperature
+                logp = torch.log_softmax(z, -1)
+                p = logp.exp()
+                gz = -p * (logp + ent[r, None]) * g_ent[r, None] if g_ent is not None else torch.zeros_like(p)
+                if g_lp is not None:
+                    gz -= p * g_lp[r, None]
+                    gz.scatter_add_(1, targets[r, None], g_lp[r, None].float())
+                gz, row = gz * dcap if dcap is not None else gz, 1 / temperature
             with tf32_matmuls(tf32):
                 if dx is not None:
-                    dx[r] = (gz @ w.float()).to(x.dtype)
-                if ctx.needs_input_grad[1]:
-                    dw = gz.T @ x[r].float() if dw is None else dw + gz.T @ x[r].float()
+                    dx[r] = ((gz @ w.float()) * row).to(x.dtype)
+                if dw is not None:
+                    dw.addmm_(gz.T, x[r].float() * row)  # accumulated in place: no new (V, H) sum per chunk
         return dx, dw.to(w.dtype) if dw is not None else None, None, None, None, None, None
 
 

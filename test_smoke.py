@@ -62,7 +62,9 @@ def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
     lp2, _ = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 2.0, None, False, 5)
     assert torch.allclose(lp2[0], torch.tensor(1.5 - math.log(math.e ** 0.5 + math.e + math.e ** 1.5)))
     torch.manual_seed(0)
-    for cap, T, chunk, both in ((None, 1.0, 3, True), (None, 0.7, 5, False), (30.0, 0.8, 4, True), (2.0, 1.0, 99, True)):
+    cases = ((None, 1.0, 3, True), (None, 0.7, 5, False), (None, 1.0, 4, False), (30.0, 0.8, 4, True), (2.0, 1.0, 99, True),
+             (2.0, 0.9, 4, False))  # both False: the log-probs' gradient alone (with no cap: the backward's short way)
+    for cap, T, chunk, both in cases:
         x, w = torch.randn(11, 6, dtype=torch.float64, requires_grad=True), torch.randn(13, 6, dtype=torch.float64,
                                                                                       requires_grad=True)
         t, gl, ge = torch.randint(0, 13, (11,)), torch.randn(11, dtype=torch.float64), torch.randn(11, dtype=torch.float64)
