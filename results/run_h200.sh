@@ -79,6 +79,11 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
       results/tools/train_phase_bench.py --out "$RES/bench_$name.json" "$@" > "$RES/bench_$name.log" 2>&1
     echo "[$(date +%T)] $name: exit $? $(tail -n 1 "$RES/bench_$name.log")" | tee -a "$RES/train_bench.log"; pack; }
   for v in ${TB_VARIANTS:-smol smol_reshard smol_compile q15 q15_reshard q15_compile}; do
+    if [[ $v == *@* ]]; then  # SHAPE@COMMIT: that commit's grpo_sglang.py (copied to .gpukit/at-COMMIT/), side by side
+      n=30; [ "${v%@*}" = q15 ] && n=7
+      GRPO_SCRIPT=.gpukit/at-${v#*@}/grpo_sglang.py tb "${v%@*}_at_${v#*@}" --shape "${v%@*}" --steps $n
+      continue
+    fi
     case $v in
       smol) tb smol --shape smol --profile "$RES/profile_smol" ;;
       smol_cudnn) tb smol_cudnn --shape smol --cudnn ;;

@@ -11,7 +11,8 @@ shapes: 16 prompts x 8, 128 new tokens, micro-batch 128, beta 0.04, as results/r
 Prompts are 40-52 tokens (the built-in task's ~46); completions are log-normal around 30 tokens with --truncated of
 them at the limit (SmolLM2's runs: mean 20-43, 2-12% truncated). --cudnn turns PyTorch's cuDNN attention back on
 (setup() turns it off); --reshard makes shard() gather the weights again for backward whatever the model's size.
---profile DIR: torch.profiler over --profile_steps (8-10), tables in DIR. The JSON has each step's train phase (wall
+--profile DIR: torch.profiler over --profile_steps (8-10), tables in DIR. GRPO_SCRIPT=PATH (environment): time that
+grpo_sglang.py (an older commit's) instead of the repo's. The JSON has each step's train phase (wall
 seconds from the batch to the end of train(), GPU synchronised), its tokens, and the median of steps 4 to the last
 (the profiled ones left out); the 6 x parameters x tokens FLOP count of summarize_speed.py over it as a fraction of
 the peak.
@@ -30,6 +31,11 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root
+if os.environ.get("GRPO_SCRIPT"):  # another grpo_sglang.py (an older commit's), timed side by side with this one
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("grpo_sglang", os.environ["GRPO_SCRIPT"])
+    sys.modules["grpo_sglang"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["grpo_sglang"])
 import grpo_sglang as g  # noqa: E402
 
 PEAK = 989.4e12  # as summarize_speed.py: H200 dense bf16
@@ -116,7 +122,7 @@ def main():
     rng, steps = random.Random(0), []
     torch.manual_seed(0)  # the rewards (torch.rand): the same in every variant
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + (
-        [torch.profiler.ProfilerActivity.CUDA] if cuda else [])) if args.profile else None
+        [torch.profiler.ProfilerActivity.CUDA] if cuda else []), record_shapes=True) if args.profile else None
     for step in range(args.steps):
         seqs = made_up_batch(cfg, model.config.vocab_size, truncated, rng, device)
         m = g.Metrics()
@@ -142,7 +148,7 @@ def main():
     tail = [s for s in steps[4:] if s["step"] not in window] or steps  # profiled steps run slower
     med = statistics.median(s["train_s"] for s in tail)
     tok = statistics.median(s["tokens"] for s in tail)
-    res = {"shape": args.shape, "cudnn": args.cudnn, "reshard": args.reshard, "flags": sys.argv[1:], "torch": torch.__version__,
+    res = {"shape": args.shape, "script": os.environ.get("GRPO_SCRIPT", "grpo_sglang.py"), "cudnn": args.cudnn, "reshard": args.reshard, "flags": sys.argv[1:], "torch": torch.__version__,
            "params": n_params, "train_s_median": med, "tokens_median": tok,
            "mfu": 6 * n_params * tok / med / PEAK if cuda else None, "steps": steps}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -154,6 +160,9 @@ def main():
         for key, name in (("self_cpu_time_total", "ops_by_cpu.txt"), ("self_device_time_total", "ops_by_cuda.txt")):
             open(os.path.join(args.profile, name), "w").write(
                 prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=60))
+        open(os.path.join(args.profile, "ops_by_cuda_and_shape.txt"), "w").write(  # the head's ops from the blocks'
+            prof.key_averages(group_by_input_shape=True).table(sort_by="self_device_time_total", row_limit=60,
+                                                               max_name_column_width=40, max_shapes_column_width=80))
     dist.destroy_process_group()
 
 
