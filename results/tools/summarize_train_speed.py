@@ -4,8 +4,9 @@ every number comes from a metrics file in results/x2/train_speed/at-COMMIT/. "be
 (.gpukit/before/), "after" the commit's, one after the other on one machine and one server.
 
     python3 results/tools/summarize_train_speed.py COMMIT [--latest]   # from the repo root, the runs copied there
-    python3 results/tools/summarize_train_speed.py COMMIT --h200       # results/h200/train_speed/at-COMMIT (one GPU)
+    python3 results/tools/summarize_train_speed.py COMMIT --h200 [--script C]  # results/h200/train_speed/at-COMMIT
 """
+import glob
 import json
 import os
 import statistics
@@ -63,11 +64,12 @@ def main(commit, latest):
     print(json.dumps(out, indent=1))
 
 
-def main_h200(commit):
+def main_h200(commit, script):
     """results/h200/train_speed/at-COMMIT/summary.json: `bash results/run_h200.sh train_speed` on one H200 (server
-    and trainer colocated; before = d7f3a11's script) and the train_bench runs of the same call (no server)."""
+    and trainer colocated; before = d7f3a11's script) and the train_bench runs of the same call (no server); every
+    bench_*.json there. script: the commit of the grpo_sglang.py that ran (COMMIT's own unless given)."""
     d = os.path.join("results/h200/train_speed", f"at-{commit}")
-    out = {"commit": commit, "before_commit": "d7f3a11",
+    out = {"commit": commit, "script_commit": script, "before_commit": "d7f3a11",
            "layout": "one H200: SGLang (MEM_FRACTION 0.3) and the trainer on GPU 0 (--colocate)"}
     for mode in ("async", "noasync"):
         for key in ("time_train", "time_step", "time_rollout"):
@@ -84,24 +86,27 @@ def main_h200(commit):
     out["eval_accuracy_100_after"] = {s: [r["eval_accuracy"] for r in map(json.loads, open(os.path.join(
         d, f"smol_async_seed{s}.metrics.jsonl"))) if r.get("step") == 100 and "eval_accuracy" in r][0] for s in seeds}
     out["nonfinite_skips_seeds"] = sum(r.get("nonfinite_skips") or 0 for s in seeds for r in rows(d, f"smol_async_seed{s}"))
-    for name in ("smol", "smol_reshard", "smol_compile", "q15", "q15_reshard"):
-        path = os.path.join(d, f"bench_{name}.json")
-        if os.path.exists(path):
-            b = json.load(open(path))
-            out[f"bench_{name}"] = {"train_s": round(b["train_s_median"], 4), "mfu": round(b["mfu"], 4),
-                                    "peak_gb": round(max(s["peak_gb"] for s in b["steps"]), 1),
-                                    "first_step_s": round(b["steps"][0]["train_s"], 1)}
-    out["q15_train_s_after"], out["q15_mfu_after"] = out["bench_q15"]["train_s"], out["bench_q15"]["mfu"]
+    for path in sorted(glob.glob(os.path.join(d, "bench_*.json"))):  # bench_q15_at_e21c2d4: that commit's script
+        b, name = json.load(open(path)), os.path.basename(path)[:-5]
+        out[name] = {"train_s": round(b["train_s_median"], 4), "mfu": round(b["mfu"], 4),
+                     "peak_gb": round(max(s["peak_gb"] for s in b["steps"]), 1),
+                     "first_step_s": round(b["steps"][0]["train_s"], 1), "profiled": "--profile" in b["flags"]}
+    after = f"bench_q15_at_{script}" if f"bench_q15_at_{script}" in out else "bench_q15"  # unprofiled if there
+    out["q15_train_s_after"], out["q15_mfu_after"] = out[after]["train_s"], out[after]["mfu"]
+    out["q15_peak_gb_after"], out["q15_after_from"] = out[after]["peak_gb"], after
     out["q7_train_s_before"] = out["q7_train_s_after"] = None  # not run: its trainer needs a GPU of its own
     out["notes"] = {"medians": "steps 4 to the last (check: steps 2-100)", "bench": "results/tools/train_phase_bench.py"
                     ", random models of the shapes, no server; medians of steps 4 to the last, profiled steps left out",
-                    "flop_count": "6 x parameters x (prompt + completion tokens) per step; peak 989.4 TFLOP/s"}
+                    "flop_count": "6 x parameters x (prompt + completion tokens) per step; peak 989.4 TFLOP/s",
+                    "bench_names": "bench_SHAPE_at_C: commit C's grpo_sglang.py (a trailing b: a second run of it); "
+                                   "bench_SHAPE: the repo's own at COMMIT; profiled: --profile on some steps, and "
+                                   "SmolLM2's steps after a profile can run slower (b3dda67's, this run's)"}
     json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
     print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
     if "--h200" in sys.argv:
-        main_h200(sys.argv[1])
+        main_h200(sys.argv[1], sys.argv[sys.argv.index("--script") + 1] if "--script" in sys.argv else sys.argv[1])
     else:
         main(sys.argv[1], "--latest" in sys.argv)
