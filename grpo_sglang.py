@@ -1545,19 +1545,25 @@ def load_policy(path, device, grad_checkpointing):
 
 class HeadLogprobs(torch.autograd.Function):
     """(N, H) final hidden states, (V, H) LM head weight, (N,) targets -> (N,) log p(target) and (N,) the entropy of
-    softmax(z), z = cap(x W^T) / temperature, in fp32, `chunk` rows at a time: the (N, V) fp32 logits never exist at
-    once, and backward recomputes each chunk's logits (one more head matmul) rather than keeping them (the idea of
-    Liger's fused linear cross-entropy). cap: Gemma's soft-capping, cap * tanh(logits / cap). TF32 matmuls if tf32:
-    scoped to the head, since the global switch would also round the fp32 RoPE angles (transformers issue 48428).
-    Each pass over a chunk's (chunk, V) fp32 logits costs as much as a small matmul: the code counts them."""
+    softmax(z), z = cap(x W^T) / temperature, in fp32, ~2^27 logits at a time (`chunk` rows; backward: all rows, a
+    slice of the vocabulary): the (N, V) fp32 logits never exist at once, and backward recomputes each slice's logits
+    (one more head matmul) rather than keeping them (the idea of Liger's fused linear cross-entropy). cap: Gemma's
+    soft-capping, cap * tanh(logits / cap). TF32 matmuls if tf32: scoped to the head, since the global switch would
+    also round the fp32 RoPE angles (transformers issue 48428). A pass over 2^27 fp32 logits costs about as much as a
+    small matmul: the code counts them."""
     @staticmethod
     def forward(ctx, x, w, targets, temperature, cap, tf32, chunk):
-        lp, ent = torch.empty(len(x), device=x.device), torch.empty(len(x), device=x.device)
+        lp, ent, lse = (torch.empty(len(x), device=x.device) for _ in range(3))
         for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
-            logp = torch.log_softmax(HeadLogprobs.logits(x[r], w, temperature, cap, tf32)[0], -1)  # (chunk, V)
+            z = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)[0]  # (chunk, V)
+            lse[r] = z.gather(1, targets[r, None]).squeeze(1)  # z at the target, for now
+            logp = torch.log_softmax(z, -1)
+            del z  # one (chunk, V) tensor fewer from here on
             lp[r] = logp.gather(1, targets[r, None]).squeeze(1)
+            lse[r] -= lp[r]  # logsumexp(z) = z_target - log p_target, for backward
             ent[r] = -logp.exp().mul_(logp).sum(-1)  # -Σ p log p (not einsum: a slow bmm)
-        ctx.save_for_backward(x, w, targets, ent)
+            del logp
+        ctx.save_for_backward(x, w, targets, lse, ent)
         ctx.args = temperature, cap, tf32, chunk
         ctx.set_materialize_grads(False)  # an output nobody used (the entropy, mostly) has no gradient to compute
         return lp, ent
@@ -1574,31 +1580,36 @@ class HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
-        """d log p_target / dz = onehot - p;  d entropy / dz = -p (log p + entropy). With the log-probs' gradient
-        alone and no soft-cap (the usual case) d loss / dz = -g_lp (p - onehot): the row factor -g_lp / T goes on
-        the (chunk, H) side of the matmuls, and the (chunk, V) side takes one softmax and no other pass."""
-        x, w, targets, ent = ctx.saved_tensors
+        """d log p_target / dz = onehot - p;  d entropy / dz = -p (log p + entropy). A slice of the vocabulary at a
+        time, all rows: each slice's rows of dW are written once (no (V, H) sum per chunk of rows), over matmuls
+        whose inner size is the row count. With the log-probs' gradient alone and no soft-cap (the usual case)
+        d loss / dz = row (p - onehot), row = -g_lp / T: the row factor goes on the (N, H) side of the matmuls."""
+        x, w, targets, lse, ent = ctx.saved_tensors
         temperature, cap, tf32, chunk = ctx.args
-        dx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        dw = torch.zeros(w.shape, device=w.device) if ctx.needs_input_grad[1] else None  # fp32 sums
-        for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
-            z, dcap = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)
-            if g_ent is None and dcap is None:  # g_lp alone: d loss / dz = row (p - onehot), row = -g_lp / T
-                gz = torch.softmax(z, -1).scatter_add_(1, targets[r, None], torch.full_like(z[:, :1], -1.0))
-                row = -g_lp[r, None].float() / temperature  # (chunk, 1)
+        short = g_ent is None and not cap
+        row = -g_lp[:, None].float() / temperature if short else torch.full_like(lse[:, None], 1 / temperature)
+        xr, acc = x.float() * row, torch.zeros(x.shape, device=x.device)  # acc: Σ over slices of gz @ W, (N, H)
+        dw = torch.empty(w.shape, device=w.device) if ctx.needs_input_grad[1] else None
+        cols = max(1, chunk * len(w) // max(1, len(x)))  # as many logits as a forward chunk
+        for c in (slice(s, s + cols) for s in range(0, len(w), cols)):
+            z, dcap = HeadLogprobs.logits(x, w[c], temperature, cap, tf32)  # (N, cols)
+            logp = z.sub_(lse[:, None])  # in place: z is not needed again
+            here = ((targets >= c.start) & (targets < c.start + z.shape[1]))[:, None]  # the target is in this slice
+            at = (targets - c.start).clamp(0, z.shape[1] - 1)[:, None]
+            if short:
+                gz = logp.exp_().scatter_add_(1, at, -here.float())  # p - onehot
             else:
-                logp = torch.log_softmax(z, -1)
                 p = logp.exp()
-                gz = -p * (logp + ent[r, None]) * g_ent[r, None] if g_ent is not None else torch.zeros_like(p)
+                gz = -p * (logp + ent[:, None]) * g_ent[:, None] if g_ent is not None else torch.zeros_like(p)
                 if g_lp is not None:
-                    gz -= p * g_lp[r, None]
-                    gz.scatter_add_(1, targets[r, None], g_lp[r, None].float())
-                gz, row = gz * dcap if dcap is not None else gz, 1 / temperature
+                    gz -= p * g_lp[:, None]
+                    gz.scatter_add_(1, at, here * g_lp[:, None].float())
+                gz = gz * dcap if dcap is not None else gz
             with tf32_matmuls(tf32):
-                if dx is not None:
-                    dx[r] = ((gz @ w.float()) * row).to(x.dtype)
+                acc.addmm_(gz, w[c].float())
                 if dw is not None:
-                    dw.addmm_(gz.T, x[r].float() * row)  # accumulated in place: no new (V, H) sum per chunk
+                    dw[c] = gz.T @ xr
+        dx = (acc * row).to(x.dtype) if ctx.needs_input_grad[0] else None
         return dx, dw.to(w.dtype) if dw is not None else None, None, None, None, None, None
 
 
