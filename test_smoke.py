@@ -1107,20 +1107,22 @@ def test_a_frozen_model_kept_gathered_from_step_to_step_scores_as_one_gathered_e
 
 
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on a CPU needs a compiler")
-def test_compiled_blocks_compute_the_same_log_probs_and_steps(tmp_path, monkeypatch):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_compiled_blocks_compute_the_same_log_probs_and_steps(checkpointing, tmp_path):
     """--compile (torch.compile of each block's forward) changes the kernels, not the function: the log-probs of
-    three steps and the first step's gradients as without it, to within bf16 rounding."""
+    three steps and the first step's gradients as without it, to within bf16 rounding; also when checkpointing
+    re-runs each compiled block in backward (--grad_checkpointing)."""
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     from torch._dynamo.utils import counters
     import torch._inductor.config
-    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)  # no pool of compilers beside the other tests
     d = build_tiny(str(tmp_path), "llama")
     try:
-        lp0, _, _, g0 = fsdp_steps(d, False)
+        lp0, _, _, g0 = fsdp_steps(d, checkpointing)
         counters.clear()
-        lp1, _, _, g1 = fsdp_steps(d, False, compile_blocks=True)
+        with torch._inductor.config.patch(compile_threads=1):  # no pool of compilers beside the other tests
+            lp1, _, _, g1 = fsdp_steps(d, checkpointing, compile_blocks=True)
         graphs = counters["stats"]["unique_graphs"]
     finally:
         dist.destroy_process_group()
