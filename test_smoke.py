@@ -1292,6 +1292,32 @@ def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
         assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
 
 
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on a CPU needs a compiler")
+def test_compile_flag_on_two_ranks_with_checkpointing_takes_the_step_it_takes_without(tiny_model, tmp_path, monkeypatch):
+    """--compile end to end (the flag, load_models, shard) on two ranks with --grad_checkpointing: the blocks do run
+    compiled (dynamo recompiles them when grad mode changes) and the step's loss, gradient norm, entropy and sync
+    check are those of the same step without it, within bf16 rounding."""
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no pool of compilers beside the other tests
+    monkeypatch.setenv("TORCH_LOGS", "recompiles")
+    got = {}
+    for flag in ("--no-compile", "--compile"):
+        s = StandIn(tiny_model)  # fresh weights: both runs sample the same completions
+        try:
+            code, out = run(train_cmd(tiny_model, s.url, tmp_path / flag, "--steps", "1", "--prompts_per_step", "4",
+                                      "--beta", "0", "--reward", "has_number", "--grad_checkpointing", flag, nproc=2,
+                                      rewards=True))
+            assert code == 0, out
+            got[flag] = [r for r in read_metrics(tmp_path / flag) if "loss" in r][0], "Recompiling function" in out
+        finally:
+            s.close()
+    (m0, compiled0), (m1, compiled1) = got["--no-compile"], got["--compile"]
+    assert compiled1 and not compiled0
+    assert m0["loss"] != 0 and m0["grad_norm"] > 0
+    for k in ("loss", "grad_norm", "entropy", "check_mismatch_mean"):  # (beta 0: no reference, whose compiled blocks
+        # would show in the log even if the policy's were not)
+        assert m1[k] == pytest.approx(m0[k], rel=0.03, abs=1e-4), k
+
+
 def test_kl_is_logged_once_with_mu_2(tiny_model, tmp_path):
     """With lr 0 the mu=2 passes see the same policy, so the logged KL must equal mu=1's on the same rollouts."""
     kl = {}
