@@ -11,7 +11,7 @@ shapes: 16 prompts x 8, 128 new tokens, micro-batch 128, beta 0.04, as results/r
 Prompts are 40-52 tokens (the built-in task's ~46); completions are log-normal around 30 tokens with --truncated of
 them at the limit (SmolLM2's runs: mean 20-43, 2-12% truncated). --cudnn turns PyTorch's cuDNN attention back on
 (setup() turns it off); --reshard makes shard() gather the weights again for backward whatever the model's size.
---profile DIR: torch.profiler over --profile_steps (8-10), tables in DIR. GRPO_SCRIPT=PATH (environment): time that
+--profile DIR: torch.profiler over --profile_steps (the last three), tables in DIR. GRPO_SCRIPT=PATH (environment): time that
 grpo_sglang.py (an older commit's) instead of the repo's. The JSON has each step's train phase (wall
 seconds from the batch to the end of train(), GPU synchronised), its tokens, and the median of steps 4 to the last
 (the profiled ones left out); the 6 x parameters x tokens FLOP count of summarize_speed.py over it as a fraction of
@@ -94,7 +94,8 @@ def main():
     p.add_argument("--cudnn", action="store_true", help="PyTorch's cuDNN attention on (setup() turns it off)")
     p.add_argument("--reshard", action="store_true", help="FSDP2 gathers the weights again for backward at any size")
     p.add_argument("--profile", default="", help="folder for torch.profiler tables of --profile_steps")
-    p.add_argument("--profile_steps", default="8-10", help="'a-b': the steps profiled (left out of the median)")
+    p.add_argument("--profile_steps", default="", help="'a-b': the steps profiled (left out of the median); default: "
+                   "the last three, since SmolLM2's steps after a profile ran slower (results/h200/train_speed/)")
     p.add_argument("--out", required=True)
     args, rest = p.parse_known_args()
     path = build(args.shape, os.path.join(args.models, args.shape))
@@ -117,7 +118,7 @@ def main():
     model, ref, opt, _ = g.load_models(cfg, rt)
     n_params = sum(p.numel() for p in model.parameters())
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    lo, _, hi = args.profile_steps.partition("-")
+    lo, _, hi = (args.profile_steps or f"{max(0, args.steps - 3)}-{args.steps - 1}").partition("-")
     window = range(int(lo), int(hi or lo) + 1) if args.profile else range(0)
     rng, steps = random.Random(0), []
     torch.manual_seed(0)  # the rewards (torch.rand): the same in every variant
@@ -153,8 +154,8 @@ def main():
            "mfu": 6 * n_params * tok / med / PEAK if cuda else None, "steps": steps}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     json.dump(res, open(args.out, "w"), indent=1)
-    print(f"{args.out}: median train phase {med:.3f} s over steps 4-{len(steps) - 1}, {tok:.0f} tokens, "
-          f"MFU {res['mfu'] or 0:.3f}")
+    print(f"{args.out}: median train phase {med:.3f} s over {len(tail)} steps (4-{len(steps) - 1}, profiled ones out), "
+          f"{tok:.0f} tokens, MFU {res['mfu'] or 0:.3f}")
     if prof:
         os.makedirs(args.profile, exist_ok=True)
         for key, name in (("self_cpu_time_total", "ops_by_cpu.txt"), ("self_device_time_total", "ops_by_cuda.txt")):
