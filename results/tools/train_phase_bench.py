@@ -11,8 +11,8 @@ shapes: 16 prompts x 8, 128 new tokens, micro-batch 128, beta 0.04, as results/r
 Prompts are 40-52 tokens (the built-in task's ~46); completions are log-normal around 30 tokens with --truncated of
 them at the limit (SmolLM2's runs: mean 20-43, 2-12% truncated). --cudnn turns PyTorch's cuDNN attention back on
 (setup() turns it off); --reshard makes shard() gather the weights again for backward whatever the model's size.
---profile DIR: torch.profiler over --profile_steps (the last three), tables in DIR. GRPO_SCRIPT=PATH (environment): time that
-grpo_sglang.py (an older commit's) instead of the repo's. The JSON has each step's train phase (wall
+--profile DIR: torch.profiler over --profile_steps (the last three), tables in DIR. GRPO_SCRIPT=PATH (environment):
+time that grpo_sglang.py (an older commit's) instead of the repo's. The JSON has each step's train phase (wall
 seconds from the batch to the end of train(), GPU synchronised), its tokens, and the median of steps 4 to the last
 (the profiled ones left out); the 6 x parameters x tokens FLOP count of summarize_speed.py over it as a fraction of
 the peak.
@@ -149,7 +149,8 @@ def main():
     tail = [s for s in steps[4:] if s["step"] not in window] or steps  # profiled steps run slower
     med = statistics.median(s["train_s"] for s in tail)
     tok = statistics.median(s["tokens"] for s in tail)
-    res = {"shape": args.shape, "script": os.environ.get("GRPO_SCRIPT", "grpo_sglang.py"), "cudnn": args.cudnn, "reshard": args.reshard, "flags": sys.argv[1:], "torch": torch.__version__,
+    res = {"shape": args.shape, "script": os.environ.get("GRPO_SCRIPT", "grpo_sglang.py"), "cudnn": args.cudnn,
+           "reshard": args.reshard, "flags": sys.argv[1:], "torch": torch.__version__,
            "params": n_params, "train_s_median": med, "tokens_median": tok,
            "mfu": 6 * n_params * tok / med / PEAK if cuda else None, "steps": steps}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
