@@ -1587,7 +1587,7 @@ class HeadLogprobs(torch.autograd.Function):
         x, w, targets, lse, ent = ctx.saved_tensors
         temperature, cap, tf32, chunk = ctx.args
         short = g_ent is None and not cap
-        row = -g_lp[:, None].float() / temperature if short else torch.full_like(lse[:, None], 1 / temperature)
+        row = -g_lp[:, None].float() / temperature if short else 1 / temperature
         xr, acc = x.float() * row, torch.zeros(x.shape, device=x.device)  # acc: Σ over slices of gz @ W, (N, H)
         dw = torch.empty(w.shape, device=w.device) if ctx.needs_input_grad[1] else None
         cols = max(1, chunk * len(w) // max(1, len(x)))  # as many logits as a forward chunk

@@ -126,7 +126,7 @@ M = [  # (name, file, old, new, -k expression)
  ("head's log-prob gradient, sign flipped (with the entropy's)", 'grpo_sglang.py', 'gz -= p * g_lp[:, None]', 'gz += p * g_lp[:, None]', 'head_logprobs'),
  ("head's gradient without its one-hot part", 'grpo_sglang.py', 'scatter_add_(1, at, -here.float())', 'scatter_add_(1, at, 0 * here.float())', 'head_logprobs'),
  ("head's gradient not divided by the temperature", 'grpo_sglang.py', 'row = -g_lp[:, None].float() / temperature', 'row = -g_lp[:, None].float()', 'head_logprobs'),
- ("head's gradient not divided by the temperature (with the entropy's)", 'grpo_sglang.py', 'torch.full_like(lse[:, None], 1 / temperature)', 'torch.full_like(lse[:, None], 1.0)', 'head_logprobs'),
+ ("head's gradient not divided by the temperature (with the entropy's)", 'grpo_sglang.py', 'else 1 / temperature\n', 'else 1.0\n', 'head_logprobs'),
  ('lr warmup off by one', 'grpo_sglang.py', '        return (step + 1) / warmup', '        return step / warmup', 'lr_schedule'),
  ('overlong penalty unclamped', 'grpo_sglang.py', '    return ((max_len - buffer - lengths) / buffer).clamp(-1.0, 0.0)', '    return ((max_len - buffer - lengths) / buffer).clamp(max=0.0)', 'overlong'),
  ('rloo without its G/(G-1)', 'grpo_sglang.py', '(group_size / (group_size - 1) if rloo else 1)', '1', 'rloo'),
