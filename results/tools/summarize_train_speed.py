@@ -94,10 +94,20 @@ def main_h200(commit, script):
     after = f"bench_q15_at_{script}" if f"bench_q15_at_{script}" in out else "bench_q15"  # unprofiled if there
     out["q15_train_s_after"], out["q15_mfu_after"] = out[after]["train_s"], out[after]["mfu"]
     out["q15_peak_gb_after"], out["q15_after_from"] = out[after]["peak_gb"], after
+    before = min((k for k in out if k.startswith("bench_q15_at_") and k != after), default=None)  # an older script
+    out["q15_before_from"] = before
+    for k in ("train_s", "mfu", "peak_gb"):
+        out[f"q15_{k}_before"] = out[before][k] if before else None
+    for v in ("before", "after"):  # the issue's names; one GPU: colocated, --no-async (the server idle meanwhile)
+        out[f"smol_train_s_{v}"] = out[f"smol_coloc_noasync_train_s_{v}"]
+        out[f"smol_noasync_step_s_{v}"] = out[f"smol_coloc_noasync_step_s_{v}"]
     out["q7_train_s_before"] = out["q7_train_s_after"] = None  # not run: its trainer needs a GPU of its own
     out["notes"] = {"medians": "steps 4 to the last (check: steps 2-100)", "bench": "results/tools/train_phase_bench.py"
                     ", random models of the shapes, no server; medians of steps 4 to the last, profiled steps left out",
                     "flop_count": "6 x parameters x (prompt + completion tokens) per step; peak 989.4 TFLOP/s",
+                    "issue_names": "smol_train_s_*, smol_noasync_step_s_*: the colocated --no-async pair (no server "
+                                   "GPU of its own on one H200); q15_*_before: q15_before_from (an older commit's "
+                                   "script in the same run, not d7f3a11's); q7: not run",
                     "bench_names": "bench_SHAPE_at_C: commit C's grpo_sglang.py (a trailing b: a second run of it); "
                                    "bench_SHAPE: the repo's own at COMMIT; profiled: --profile on some steps, and "
                                    "SmolLM2's steps after a profile can run slower (b3dda67's, this run's)"}
