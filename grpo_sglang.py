@@ -414,7 +414,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
     seqs["lp0"], skipped = torch.zeros_like(seqs["mask"]), 0
     for update in range(cfg.mu):
         for k, b in enumerate(mbs):
-            model.set_requires_gradient_sync(k == len(mbs) - 1)  # reduce gradients once per update
+            accumulate_grads(model, last=k == len(mbs) - 1)  # FSDP: reduce gradients once per update
             x = rows_of(seqs, b)  # (B,) and (B, C) slices of the table
             logp, ent = completion_logprobs(model, b, cfg.temperature)
             old = x["old_lp"] if cfg.mu > 1 else logp.detach()
@@ -1647,9 +1647,9 @@ def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, froze
           keep_params=2e9):
     """FSDP2: consecutive transformer blocks in units of about `unit_params` parameters (one block each for 7B;
     SmolLM2's 30 in two, 29 + 1: FSDP's hooks cost CPU time per unit), computing in bf16; fp32 master weights, grads.
-    A model under `keep_params` keeps its gathered bf16 weights from forward to backward (2 bytes a parameter) rather
-    than gathering them again; a `frozen` one (the reference: nothing changes its weights) keeps them from step to
-    step. SmolLM2's train phase on an H200: 0.29 -> 0.21 s, both kept (results/h200/train_bench/).
+    A model under `keep_params` keeps its gathered bf16 weights from forward to backward (2 bytes a parameter), and
+    over an update's micro-batches (accumulate_grads), rather than gathering them again; a `frozen` one (the
+    reference: nothing changes its weights) keeps them from step to step. SmolLM2's train phase on an H200: 0.29 -> 0.21 s, both kept (results/h200/train_bench/).
     `compile_blocks`: torch.compile each block's forward (dynamic shapes: packed rows change every step).
     The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
     steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
@@ -1678,7 +1678,17 @@ def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, froze
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
     if not frozen:
         model.register_forward_hook(reshard_after_no_grad)
+    model.keeps_gathered = keep  # (accumulate_grads)
     return model
+
+
+def accumulate_grads(model, last):
+    """FSDP over an update's micro-batches: gradients are reduced after the last one only, and a model that keeps its
+    gathered weights from forward to backward (shard()) keeps them until then: one all-gather per update rather than
+    one per micro-batch. After the last they are given back: the optimizer steps the sharded ones."""
+    model.set_requires_gradient_sync(last)
+    if model.keeps_gathered:
+        model.set_reshard_after_backward(last)
 
 
 def reshard_after_no_grad(model, args, out):

@@ -151,6 +151,7 @@ M = [  # (name, file, old, new, -k expression)
  ('clip norm of this rank\'s shards only', 'grpo_sglang.py', '    dist.all_reduce(total)\n    total = total.sqrt().float()', '    total = total.sqrt().float()', 'one_rank_and_two'),
  ('clip never scales', 'grpo_sglang.py', '    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0).to(grads[0].device))', '    pass', 'clip_grads'),
  ('lr never set', 'grpo_sglang.py', '        group["lr"] = lr', '        pass', 'lr_schedule'),
+ ('gathered weights never given back (stale after the update)', 'grpo_sglang.py', '        model.set_reshard_after_backward(last)', '        model.set_reshard_after_backward(False)', 'train_step_is_the_grpo'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
