@@ -116,7 +116,8 @@ class Config:
     eval_size: int = arg(200, "held-out prompts per eval (no eval split: at most 10% of the train rows)", "v >= 1")
     # the trainer's compute
     micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster if it fits)", "v >= 1")
-    tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster); off: exact fp32")
+    tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster; its gradient's "
+                                "matmuls in bf16); off: exact fp32")
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     compile: bool = arg(False, "torch.compile each transformer block: a faster train phase after ~1.5 min compiling")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient", "v >= 1")
@@ -1548,9 +1549,10 @@ class HeadLogprobs(torch.autograd.Function):
     softmax(z), z = cap(x W^T) / temperature, in fp32, ~2^27 logits at a time (`chunk` rows; backward: all rows, a
     slice of the vocabulary): the (N, V) fp32 logits never exist at once, and backward recomputes each slice's logits
     (one more head matmul) rather than keeping them (the idea of Liger's fused linear cross-entropy). cap: Gemma's
-    soft-capping, cap * tanh(logits / cap). TF32 matmuls if tf32: scoped to the head, since the global switch would
-    also round the fp32 RoPE angles (transformers issue 48428). A pass over 2^27 fp32 logits costs about as much as a
-    small matmul: the code counts them."""
+    soft-capping, cap * tanh(logits / cap). If tf32: the logits on TF32 (scoped to the head, since the global switch
+    would also round the fp32 RoPE angles: transformers issue 48428) and the gradient's two matmuls in bf16, as in
+    every block's backward (the log-probs the check compares stay TF32; else exact fp32 throughout). A pass over
+    2^27 fp32 logits costs about as much as a small matmul: the code counts them."""
     @staticmethod
     def forward(ctx, x, w, targets, temperature, cap, tf32, chunk):
         lp, ent, lse = (torch.empty(len(x), device=x.device) for _ in range(3))
@@ -1587,28 +1589,31 @@ class HeadLogprobs(torch.autograd.Function):
         x, w, targets, lse, ent = ctx.saved_tensors
         temperature, cap, tf32, chunk = ctx.args
         short = g_ent is None and not cap
+        dt = torch.bfloat16 if tf32 else torch.float32  # the gradient's matmuls: bf16 (as every block's) or exact
         row = -g_lp[:, None].float() / temperature if short else 1 / temperature
-        xr, acc = x.float() * row, torch.zeros(x.shape, device=x.device)  # acc: Σ over slices of gz @ W, (N, H)
-        dw = torch.empty(w.shape, device=w.device) if ctx.needs_input_grad[1] else None
+        xr, wd = (x.float() * row).to(dt), w.to(dt)
+        acc = torch.zeros(x.shape, device=x.device)  # Σ over slices of gz @ W, (N, H)
+        dw = torch.empty(w.shape, device=w.device, dtype=dt) if ctx.needs_input_grad[1] else None
         cols = max(1, chunk * len(w) // max(1, len(x)))  # as many logits as a forward chunk
         for c in (slice(s, s + cols) for s in range(0, len(w), cols)):
-            z, dcap = HeadLogprobs.logits(x, w[c], temperature, cap, tf32)  # (N, cols)
+            z, dcap = HeadLogprobs.logits(x, w[c], temperature, cap, tf32)  # (N, cols), fp32: p as the forward's
             logp = z.sub_(lse[:, None])  # in place: z is not needed again
             here = ((targets >= c.start) & (targets < c.start + z.shape[1]))[:, None]  # the target is in this slice
             at = (targets - c.start).clamp(0, z.shape[1] - 1)[:, None]
-            if short:
-                gz = logp.exp_().scatter_add_(1, at, -here.float())  # p - onehot
+            if short:  # p - onehot, written in dt by the exp itself (no pass to cast it)
+                gz = torch.exp(logp, out=torch.empty(logp.shape, device=x.device, dtype=dt))
+                gz.scatter_add_(1, at, -here.to(dt))
             else:
                 p = logp.exp()
                 gz = -p * (logp + ent[:, None]) * g_ent[:, None] if g_ent is not None else torch.zeros_like(p)
                 if g_lp is not None:
                     gz -= p * g_lp[:, None]
                     gz.scatter_add_(1, at, here * g_lp[:, None].float())
-                gz = gz * dcap if dcap is not None else gz
-            with tf32_matmuls(tf32):
-                acc.addmm_(gz, w[c].float())
-                if dw is not None:
-                    dw[c] = gz.T @ xr
+                gz = (gz * dcap if dcap is not None else gz).to(dt)
+            del z, logp
+            acc += gz @ wd[c]
+            if dw is not None:
+                dw[c] = gz.T @ xr
         dx = (acc * row).to(x.dtype) if ctx.needs_input_grad[0] else None
         return dx, dw.to(w.dtype) if dw is not None else None, None, None, None, None, None
 

@@ -72,12 +72,14 @@ def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
         lp_ref, p = torch.log_softmax(z, -1).gather(1, t[:, None]).squeeze(1), torch.softmax(z, -1)
         ent_ref = -(p * torch.log_softmax(z, -1)).sum(-1)
         want = torch.autograd.grad((lp_ref * gl).sum() + (both * ent_ref * ge).sum(), (x, w))
-        x32, w32 = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
-        lp, ent = g.HeadLogprobs.apply(x32, w32, t, T, cap, False, chunk)
-        got = torch.autograd.grad((lp * gl.float()).sum() + ((ent * ge.float()).sum() if both else 0), (x32, w32))
-        rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()
-        assert rel(lp, lp_ref) < 1e-6 and rel(ent, ent_ref) < 1e-5, (cap, T, chunk)
-        assert rel(got[0], want[0]) < 1e-5 and rel(got[1], want[1]) < 1e-5, (cap, T, chunk)
+        for tf32, tol in ((False, 1e-5), (True, 1e-2)):  # tf32: the gradient's matmuls in bf16 (~3 digits)
+            x32, w32 = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+            lp, ent = g.HeadLogprobs.apply(x32, w32, t, T, cap, tf32, chunk)
+            got = torch.autograd.grad((lp * gl.float()).sum() + ((ent * ge.float()).sum() if both else 0), (x32, w32))
+            rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()
+            assert rel(lp, lp_ref) < 1e-6 and rel(ent, ent_ref) < 1e-5, (cap, T, chunk, tf32)
+            assert got[0].dtype == got[1].dtype == torch.float32, tf32
+            assert rel(got[0], want[0]) < tol and rel(got[1], want[1]) < tol, (cap, T, chunk, tf32)
 
 
 def test_kl_k3_hand_values():
@@ -988,8 +990,9 @@ def test_checkpointed_blocks_recompute_in_bf16_under_fsdp(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
 def test_tf32_head_computes_the_same_logprobs_and_grads_and_stays_scoped(arch, tmp_path):
-    """The TF32 LM head (tied Qwen2; Gemma's bf16 final norm) gives the plain fp32 head's logprobs and gradients
-    (on CPU TF32 is a no-op, so any difference is the custom backward's math), and TF32 is on only inside it:
+    """The TF32 LM head (tied Qwen2; Gemma's bf16 final norm) gives the plain fp32 head's logprobs (on CPU TF32 is a
+    no-op, so any difference is the custom code's math) and its gradients within the bf16 rounding of the head's
+    gradient matmuls, and TF32 is on only inside it:
     the RoPE angle matmul must stay exact fp32 (TF32 rounds positions > 2048 and inv_freq)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -1010,8 +1013,9 @@ def test_tf32_head_computes_the_same_logprobs_and_grads_and_stays_scoped(arch, t
         dist.destroy_process_group()
     (lp0, g0), (lp1, g1) = results
     assert torch.allclose(lp0, lp1, atol=1e-6)
-    assert g0.keys() == g1.keys() and all(torch.allclose(g0[n], g1[n], atol=1e-6, rtol=1e-5) for n in g0), \
-        [n for n in g0 if not torch.allclose(g0[n], g1[n], atol=1e-6, rtol=1e-5)]
+    rel = {n: float((g0[n] - g1[n]).norm() / g0[n].norm()) for n in g0 if g0[n].norm() > 0}
+    # (the keys' gradients sum terms that nearly cancel: up to 1.6% there, 0.3-0.7% elsewhere)
+    assert g0.keys() == g1.keys() and len(rel) > 10 and max(rel.values()) < 3e-2, rel
     with g.tf32_matmuls():
         inside = torch.get_float32_matmul_precision()
     assert inside == "high" and seen == ["highest", "highest"] and torch.get_float32_matmul_precision() == "highest"
@@ -1289,7 +1293,8 @@ def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
     for k in ("loss", "grad_norm", "reward_mean", "accuracy", "kl", "clip_frac", "entropy", "completion_len_mean",
               "zero_std_groups_frac", "check_mismatch_mean", "check_mismatch_max", "mismatch_mean", "mismatch_max",
               "mismatch_kl", "is_ratio_mean", "is_ratio_max", "is_truncated_frac"):
-        assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
+        # (the head's gradient matmuls are bf16 (--tf32_head): micro-batches split otherwise round otherwise)
+        assert m2[k] == pytest.approx(m1[k], rel=1e-3 if k == "grad_norm" else 1e-4, abs=1e-6), k
 
 
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on a CPU needs a compiler")
