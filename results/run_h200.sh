@@ -92,6 +92,7 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
       q15) tb q15 --shape q15 --steps 7 --profile "$RES/profile_q15" --profile_steps 6 ;;
       q15_reshard) tb q15_reshard --shape q15 --steps 7 --reshard ;;
       q15_compile) TORCH_LOGS=recompiles tb q15_compile --shape q15 --steps 8 -- --compile ;;
+      q15_compile_again) TORCH_LOGS=recompiles tb q15_compile_again --shape q15 --steps 8 -- --compile ;;  # (warm caches)
     esac
   done
   ;;
