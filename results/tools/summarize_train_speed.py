@@ -4,7 +4,7 @@ every number comes from a metrics file in results/x2/train_speed/at-COMMIT/. "be
 (.gpukit/before/), "after" the commit's, one after the other on one machine and one server.
 
     python3 results/tools/summarize_train_speed.py COMMIT [--latest]   # from the repo root, the runs copied there
-    python3 results/tools/summarize_train_speed.py COMMIT --h200 [--script C]  # results/h200/train_speed/at-COMMIT
+    python3 results/tools/summarize_train_speed.py COMMIT --h200 [--script C] [--before B]  # results/h200/...
 """
 import glob
 import json
@@ -64,10 +64,11 @@ def main(commit, latest):
     print(json.dumps(out, indent=1))
 
 
-def main_h200(commit, script):
+def main_h200(commit, script, before=None):
     """results/h200/train_speed/at-COMMIT/summary.json: `bash results/run_h200.sh train_speed` on one H200 (server
     and trainer colocated; before = d7f3a11's script) and the train_bench runs of the same call (no server); every
-    bench_*.json there. script: the commit of the grpo_sglang.py that ran (COMMIT's own unless given)."""
+    bench_*.json there. script: the commit of the grpo_sglang.py that ran (COMMIT's own unless given); before: the
+    commit whose q15 bench is q15_*_before (else the first other bench_q15_at_* by name)."""
     d = os.path.join("results/h200/train_speed", f"at-{commit}")
     out = {"commit": commit, "script_commit": script, "before_commit": "d7f3a11",
            "layout": "one H200: SGLang (MEM_FRACTION 0.3) and the trainer on GPU 0 (--colocate)"}
@@ -94,7 +95,8 @@ def main_h200(commit, script):
     after = f"bench_q15_at_{script}" if f"bench_q15_at_{script}" in out else "bench_q15"  # unprofiled if there
     out["q15_train_s_after"], out["q15_mfu_after"] = out[after]["train_s"], out[after]["mfu"]
     out["q15_peak_gb_after"], out["q15_after_from"] = out[after]["peak_gb"], after
-    before = min((k for k in out if k.startswith("bench_q15_at_") and k != after), default=None)  # an older script
+    before = f"bench_q15_at_{before}" if before else min((k for k in out if k.startswith("bench_q15_at_") and
+                                                          k != after), default=None)  # an older script
     out["q15_before_from"] = before
     for k in ("train_s", "mfu", "peak_gb"):
         out[f"q15_{k}_before"] = out[before][k] if before else None
@@ -117,6 +119,7 @@ def main_h200(commit, script):
 
 if __name__ == "__main__":
     if "--h200" in sys.argv:
-        main_h200(sys.argv[1], sys.argv[sys.argv.index("--script") + 1] if "--script" in sys.argv else sys.argv[1])
+        opt = lambda name, default: sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+        main_h200(sys.argv[1], opt("--script", sys.argv[1]), opt("--before", None))
     else:
         main(sys.argv[1], "--latest" in sys.argv)
