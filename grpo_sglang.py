@@ -506,13 +506,15 @@ def main(cfg):
 # ======================================================================================================
 
 def pack_batch(samples, pad_id, device):
-    """[{prompt, completion}] -> the sequences end to end in rows as long as the longest one (first fit, longest
-    first), so that little of the compute is padding. position_ids restart at 0 for each sequence (and for each pad
+    """[{prompt, completion}] -> the sequences end to end in rows as long as the longest one, rounded up to a multiple
+    of 8 (first fit, longest first), so that little of the compute is padding (with --compile, a length that is not
+    a multiple of 8 costs a compiled graph of its own: inductor guards on the alignment of attention's inputs).
+    position_ids restart at 0 for each sequence (and for each pad
     token), which transformers reads as packed sequences: attention stays within each. The head scores completion
     tokens only: position src[j] (of the flattened rows) predicts token tgt[j], whose log-prob goes to (row, column)
     dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n), mask (B, C), C, tokens}"""
     lens = [len(s["prompt"]) + len(s["completion"]) for s in samples]
-    L, C = max(lens), max(len(s["completion"]) for s in samples)
+    L, C = -(-max(lens) // 8) * 8, max(len(s["completion"]) for s in samples)
     ids, pos, src, tgt, dst = [], [], [], [], []
     for i in sorted(range(len(samples)), key=lambda i: -lens[i]):
         r = next((r for r, row in enumerate(ids) if len(row) + lens[i] <= L), None)  # the first row with room
@@ -1654,7 +1656,8 @@ def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, froze
     SmolLM2's 30 in two, 29 + 1: FSDP's hooks cost CPU time per unit), computing in bf16; fp32 master weights, grads.
     A model under `keep_params` keeps its gathered bf16 weights from forward to backward (2 bytes a parameter), and
     over an update's micro-batches (accumulate_grads), rather than gathering them again; a `frozen` one (the
-    reference: nothing changes its weights) keeps them from step to step. SmolLM2's train phase on an H200: 0.29 -> 0.21 s, both kept (results/h200/train_bench/).
+    reference: nothing changes its weights) keeps them from step to step. SmolLM2's train phase on an H200:
+    0.29 -> 0.21 s, both kept (results/h200/train_bench/).
     `compile_blocks`: torch.compile each block's forward (dynamic shapes: packed rows change every step).
     The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
     steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
@@ -1665,7 +1668,9 @@ def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, froze
     server's head reads; in exact fp32 it was the largest single cost of a 1.5B training step (FLOP count)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.utils._pytree import tree_map
-    to_compute = lambda t: t.to(param_dtype) if torch.is_tensor(t) and t.is_floating_point() else t
+    # a block's inputs in bf16, and always as views: FSDP hands the first block of a unit a view of its input and the
+    # others not, and --compile would compile two graphs for the one block (~20 s each on an H200)
+    to_compute = lambda t: t.to(param_dtype).view_as(t) if torch.is_tensor(t) and t.is_floating_point() else t
     block = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     units, keep = [[]], sum(p.numel() for p in model.parameters()) < keep_params
     for m in (m for m in model.modules() if type(m).__name__ in (model._no_split_modules or [])):

@@ -923,8 +923,8 @@ def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_pl
                ((7, 3), (2, 5), (4, 1), (20, 18), (1, 2), (9, 30), (3, 3), (12, 6), (5, 9))]
     b = g.pack_batch(samples, 0, "cpu")
     lp, ent = g.completion_logprobs(model, b, T)
-    L = max(len(s["prompt"]) + len(s["completion"]) for s in samples)
-    assert b["ids"].shape[1] == L and b["ids"].shape[0] < len(samples) and (b["ids"] == 0).any()  # packed, some pads
+    L = max(len(s["prompt"]) + len(s["completion"]) for s in samples)  # 39: rows of 40, a multiple of 8
+    assert b["ids"].shape[1] == 40 == L + 1 and b["ids"].shape[0] < len(samples) and (b["ids"] == 0).any()  # packed, some pads
     w = torch.randn(lp.shape, generator=gen) * b["mask"]  # a loss that weighs every token differently
     ((lp * w).sum() + (ent * w).sum()).backward()
     total = 0
@@ -1186,7 +1186,8 @@ def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantag
         adv = g.group_advantages(torch.tensor([float(k in good) for k in range(12)]), G)
         w = [torch.clamp(torch.exp(lp - torch.tensor(sv)), max=cap) for lp, sv in zip(before, server)]
         n_tokens = sum(len(c) for c in completions[:8])
-        assert got["loss"] == pytest.approx(-sum(a * wk.sum() for a, wk in zip(adv[:8], w[:8])).item() / n_tokens, rel=1e-4)
+        # (within bf16 rounding: a sequence alone and in a packed row of another length round differently, ~1e-3)
+        assert got["loss"] == pytest.approx(-sum(a * wk.sum() for a, wk in zip(adv[:8], w[:8])).item() / n_tokens, rel=1e-3)
         assert got["entropy"] == pytest.approx(sum(e.sum() for e in ents).item() / sum(map(len, completions)), rel=1e-4)
         with torch.no_grad():
             after = [alone(prompts[k // G], c, T)[0][0] for k, c in enumerate(completions)]
@@ -1196,7 +1197,7 @@ def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantag
             up = sum(gain[k] for k in ks if k in good) / sum(k in good for k in ks)
             down = sum(gain[k] for k in ks if k not in good) / sum(k not in good for k in ks)
             assert up > down, (grp, gain)
-        assert all(seqs["lp0"][k, : len(c)].tolist() == pytest.approx(before[k].tolist(), abs=1e-5)
+        assert all(seqs["lp0"][k, : len(c)].tolist() == pytest.approx(before[k].tolist(), abs=3e-3)
                    for k, c in enumerate(completions))  # row k of lp0 is completion k, whatever the micro-batches
         norms, clip = [], g.clip_grads
         monkeypatch.setattr(g, "clip_grads", lambda *a, **k: norms.append(clip(*a, **k)) or norms[-1])
@@ -1300,10 +1301,11 @@ def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on a CPU needs a compiler")
 def test_compile_flag_on_two_ranks_with_checkpointing_takes_the_step_it_takes_without(tiny_model, tmp_path, monkeypatch):
     """--compile end to end (the flag, load_models, shard) on two ranks with --grad_checkpointing: the blocks do run
-    compiled (dynamo recompiles them when grad mode changes) and the step's loss, gradient norm, entropy and sync
-    check are those of the same step without it, within bf16 rounding."""
+    compiled, all of them and the recomputation from one graph (no recompile: the first block of an FSDP unit gets
+    a view of its input, which cost a second graph), and the step's loss, gradient norm, entropy and sync check are
+    those of the same step without it, within bf16 rounding."""
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no pool of compilers beside the other tests
-    monkeypatch.setenv("TORCH_LOGS", "recompiles")
+    monkeypatch.setenv("TORCH_LOGS", "recompiles,graph_code")
     got = {}
     for flag in ("--no-compile", "--compile"):
         s = StandIn(tiny_model)  # fresh weights: both runs sample the same completions
@@ -1312,11 +1314,12 @@ def test_compile_flag_on_two_ranks_with_checkpointing_takes_the_step_it_takes_wi
                                       "--beta", "0", "--reward", "has_number", "--grad_checkpointing", flag, nproc=2,
                                       rewards=True))
             assert code == 0, out
-            got[flag] = [r for r in read_metrics(tmp_path / flag) if "loss" in r][0], "Recompiling function" in out
+            got[flag] = [r for r in read_metrics(tmp_path / flag) if "loss" in r][0], "TRACED GRAPH" in out, \
+                "Recompiling function" in out
         finally:
             s.close()
-    (m0, compiled0), (m1, compiled1) = got["--no-compile"], got["--compile"]
-    assert compiled1 and not compiled0
+    (m0, compiled0, _), (m1, compiled1, recompiled) = got["--no-compile"], got["--compile"]
+    assert compiled1 and not compiled0 and not recompiled
     assert m0["loss"] != 0 and m0["grad_norm"] > 0
     for k in ("loss", "grad_norm", "entropy", "check_mismatch_mean"):  # (beta 0: no reference, whose compiled blocks
         # would show in the log even if the policy's were not)

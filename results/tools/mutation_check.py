@@ -153,6 +153,8 @@ M = [  # (name, file, old, new, -k expression)
  ('lr never set', 'grpo_sglang.py', '        group["lr"] = lr', '        pass', 'lr_schedule'),
  ('head: gradient matmuls in bf16 without tf32', 'grpo_sglang.py', 'dt = torch.bfloat16 if tf32 else torch.float32', 'dt = torch.bfloat16', 'head_logprobs'),
  ('gathered weights never given back (stale after the update)', 'grpo_sglang.py', '        model.set_reshard_after_backward(last)', '        model.set_reshard_after_backward(False)', 'train_step_is_the_grpo'),
+ ('compiled blocks: the first of a unit without the view (a second graph)', 'grpo_sglang.py', 't.to(param_dtype).view_as(t) if', 't.to(param_dtype) if', 'compile_flag_on_two_ranks'),
+ ('packed rows not a multiple of 8 (a compiled graph per alignment)', 'grpo_sglang.py', 'L, C = -(-max(lens) // 8) * 8,', 'L, C = max(lens),', 'packed_batch'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
