@@ -506,31 +506,34 @@ def main(cfg):
 # ======================================================================================================
 
 def pack_batch(samples, pad_id, device):
-    """[{prompt, completion}] -> the sequences end to end in rows as long as the longest one, rounded up to a multiple
-    of 8 (first fit, longest first), so that little of the compute is padding (with --compile, a length that is not
-    a multiple of 8 costs a compiled graph of its own: inductor guards on the alignment of attention's inputs).
-    position_ids restart at 0 for each sequence (and for each pad
-    token), which transformers reads as packed sequences: attention stays within each. The head scores completion
-    tokens only: position src[j] (of the flattened rows) predicts token tgt[j], whose log-prob goes to (row, column)
-    dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n), mask (B, C), C, tokens}"""
+    """[{prompt, completion}] -> the sequences end to end in rows as long as the longest one (first fit, longest
+    first), so that little of the compute is padding. position_ids restart at 0 for each sequence (and for each pad
+    token), which transformers reads as packed sequences: attention stays within each. Rows that need padding anyway
+    are padded to a multiple of 8 (with --compile, other lengths cost a graph of their own: inductor guards on the
+    alignment of attention's inputs); full rows stay as they are (no pad, no mask: attention's fastest kernel).
+    The head scores completion tokens only: position src[j] (of the flattened rows) predicts token tgt[j], whose
+    log-prob goes to (row, column) dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n),
+    mask (B, C), C, tokens}"""
     lens = [len(s["prompt"]) + len(s["completion"]) for s in samples]
-    L, C = -(-max(lens) // 8) * 8, max(len(s["completion"]) for s in samples)
+    L, C = max(lens), max(len(s["completion"]) for s in samples)
     ids, pos, src, tgt, dst = [], [], [], [], []
     for i in sorted(range(len(samples)), key=lambda i: -lens[i]):
         r = next((r for r, row in enumerate(ids) if len(row) + lens[i] <= L), None)  # the first row with room
         if r is None:
             r, ids, pos = len(ids), ids + [[]], pos + [[]]
         p, c = samples[i]["prompt"], samples[i]["completion"]
-        at = r * L + len(ids[r]) + len(p)  # where the completion starts: the position before predicts its first token
-        src += range(at - 1, at - 1 + len(c))
+        at = len(ids[r]) + len(p)  # where the completion starts in row r: the position before predicts its first token
+        src += [(r, k) for k in range(at - 1, at - 1 + len(c))]
         tgt += c
         dst += [(i, k) for k in range(len(c))]
         ids[r], pos[r] = ids[r] + p + c, pos[r] + list(range(lens[i]))
+    L = -(-L // 8) * 8 if any(len(row) < L for row in ids) else L
     ids, pos = [row + [pad_id] * (L - len(row)) for row in ids], [row + [0] * (L - len(row)) for row in pos]
     n = torch.tensor([len(s["completion"]) for s in samples])
     t = lambda x: torch.tensor(x, dtype=torch.long, device=device)
-    return {"ids": t(ids), "pos": t(pos), "src": t(src), "tgt": t(tgt), "dst": t(dst).reshape(-1, 2).T,
-            "mask": (torch.arange(C) < n.unsqueeze(1)).float().to(device), "C": C, "tokens": sum(lens)}
+    return {"ids": t(ids), "pos": t(pos), "src": t([r * L + k for r, k in src]), "tgt": t(tgt),
+            "dst": t(dst).reshape(-1, 2).T, "mask": (torch.arange(C) < n.unsqueeze(1)).float().to(device), "C": C,
+            "tokens": sum(lens)}
 
 
 def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):

@@ -11,7 +11,7 @@ and weights, the LM head's log-probs (HeadLogprobs), the GRPO variants, FSDP's u
 import os, shutil, subprocess, sys, tempfile
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 M = [  # (name, file, old, new, -k expression)
- ('packed completions read from the first row', 'grpo_sglang.py', 'at = r * L + len(ids[r]) + len(p)', 'at = len(ids[r]) + len(p)', 'packed_batch'),
+ ('packed completions read from the first row', 'grpo_sglang.py', '"src": t([r * L + k for r, k in src])', '"src": t([k for r, k in src])', 'packed_batch'),
  ('flush_cache never sent', 'grpo_sglang.py', '{"load_format": "flattened_bucket", "flush_cache": last,', '{"load_format": "flattened_bucket", "flush_cache": False,', 'several_buckets'),
  ('flush_cache on every bucket', 'grpo_sglang.py', '{"load_format": "flattened_bucket", "flush_cache": last,', '{"load_format": "flattened_bucket", "flush_cache": True,', 'nccl_path_protocol or several_buckets'),
  ('version on every bucket', 'grpo_sglang.py', '"weight_version": version if last else None}', '"weight_version": version}', 'several_buckets'),
@@ -154,7 +154,8 @@ M = [  # (name, file, old, new, -k expression)
  ('head: gradient matmuls in bf16 without tf32', 'grpo_sglang.py', 'dt = torch.bfloat16 if tf32 else torch.float32', 'dt = torch.bfloat16', 'head_logprobs'),
  ('gathered weights never given back (stale after the update)', 'grpo_sglang.py', '        model.set_reshard_after_backward(last)', '        model.set_reshard_after_backward(False)', 'train_step_is_the_grpo'),
  ('compiled blocks: the first of a unit without the view (a second graph)', 'grpo_sglang.py', 't.to(param_dtype).view_as(t) if', 't.to(param_dtype) if', 'compile_flag_on_two_ranks'),
- ('packed rows not a multiple of 8 (a compiled graph per alignment)', 'grpo_sglang.py', 'L, C = -(-max(lens) // 8) * 8,', 'L, C = max(lens),', 'packed_batch'),
+ ('padded rows not a multiple of 8 (a compiled graph per alignment)', 'grpo_sglang.py', 'L = -(-L // 8) * 8 if any(', 'L = L if any(', 'packed_batch'),
+ ('full rows padded too (a mask: a slower attention kernel)', 'grpo_sglang.py', 'if any(len(row) < L for row in ids) else L', 'if True else L', 'packed_batch'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
