@@ -119,7 +119,7 @@ class Config:
     tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster; its gradient's "
                                 "matmuls in bf16); off: exact fp32")
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
-    compile: bool = arg(False, "torch.compile each transformer block: a faster train phase after ~1.5 min compiling")
+    compile: bool = arg(False, "torch.compile each transformer block: a faster train phase after ~1-1.5 min compiling")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient", "v >= 1")
     device: str = arg("auto", "'cuda', 'cpu' (tests) or 'auto'", ("auto", "cuda", "cpu"))
     seed: int = arg(0, "seed for data order and torch")
