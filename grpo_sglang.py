@@ -1667,8 +1667,9 @@ def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, froze
     0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same).
     Some final norms (Gemma's) return their input's dtype, bf16 from the last block, so the head casts
     its input to fp32 itself: one cast where it matters, rather than fp32 activations between blocks.
-    `tf32_head`: the head's matmul on TF32, whose input rounding is finer than that of the bf16 weights the
-    server's head reads; in exact fp32 it was the largest single cost of a 1.5B training step (FLOP count)."""
+    `tf32_head`: the head's logits on TF32, whose input rounding is finer than that of the bf16 weights the
+    server's head reads, and its gradient's matmuls in bf16; in exact fp32 it was the largest single cost of a 1.5B
+    training step (FLOP count)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.utils._pytree import tree_map
     # a block's inputs in bf16, and always as views: FSDP hands the first block of a unit a view of its input and the

@@ -140,7 +140,7 @@ M = [  # (name, file, old, new, -k expression)
  ('FSDP units never split', 'grpo_sglang.py', '        if sum(p.numel() for b in units[-1] for p in b.parameters()) >= unit_params:', '        if False:', 'fsdp_units'),
  ('packed sequences attend across each other (a KV cache hides the packing)', 'grpo_sglang.py', 'position_ids=b["pos"], use_cache=False', 'position_ids=b["pos"]', 'packed_batch'),
  ('positions continue across packed sequences', 'grpo_sglang.py', 'pos[r] + list(range(lens[i]))', 'pos[r] + list(range(len(pos[r]), len(pos[r]) + lens[i]))', 'packed_batch'),
- ('the head reads each completion token\'s own position', 'grpo_sglang.py', 'src += range(at - 1, at - 1 + len(c))', 'src += range(at, at + len(c))', 'packed_batch or train_step_is'),
+ ('the head reads each completion token\'s own position', 'grpo_sglang.py', 'src += [(r, k) for k in range(at - 1, at - 1 + len(c))]', 'src += [(r, k) for k in range(at, at + len(c))]', 'packed_batch or train_step_is'),
  ('FSDP units of one block (slower, the same numbers)', 'grpo_sglang.py', 'def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, frozen=False, unit_params=1e8,', 'def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, frozen=False, unit_params=1,', 'fsdp_units'),
  ('the reference given back after each forward', 'grpo_sglang.py', '    if not frozen:\n        model.register_forward_hook', '    if True:\n        model.register_forward_hook', 'frozen_model'),
  ('small models gathered again for backward', 'grpo_sglang.py', 'reshard_after_forward=not keep)', 'reshard_after_forward=True)', 'keeping_small'),
