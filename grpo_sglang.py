@@ -34,6 +34,7 @@ progress signal in GRPO (its gradient is what counts): watch the reward.
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -118,6 +119,9 @@ class Config:
     micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster if it fits)", "v >= 1")
     tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster; its gradient's "
                                 "matmuls in bf16); off: exact fp32")
+    attention: str = arg("auto", "packed rows' attention: 'varlen' (PyTorch's flash kernel, each sequence on its "
+                                 "own; CUDA), 'sdpa' (transformers' masked path); auto: varlen where it applies",
+                         ("auto", "varlen", "sdpa"))
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     compile: bool = arg(False, "torch.compile each transformer block: a faster train phase after ~1-1.5 min compiling")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient", "v >= 1")
@@ -309,16 +313,17 @@ def samples(seqs):
             for i in range(len(seqs["completion"]))]
 
 
-def micro_batches(seqs, size, pad_id):
+def micro_batches(seqs, size, pad_id, flat=False):
     """The rows in micro-batches of `size` sequences, sorted by length and each packed (pack_batch) into rows as long
-    as its own longest sequence: little of the compute is padding. -> [{rows (B,), ids, pos (R, L), ..., C}]"""
+    as its own longest sequence, or all in one row if `flat` (varlen attention needs no rows): little or none of the
+    compute is padding. -> [{rows (B,), ids, pos (R, L), ..., C}]"""
     n = [len(p) + len(c) for p, c in zip(seqs["prompt"], seqs["completion"])]
     order = sorted(range(len(n)), key=lambda i: n[i])
     out = []
     for k in range(0, len(order), size):
         rows = order[k: k + size]
         b = pack_batch([{"prompt": seqs["prompt"][i], "completion": seqs["completion"][i]} for i in rows], pad_id,
-                       seqs["mask"].device)
+                       seqs["mask"].device, flat)
         out.append({**b, "rows": torch.tensor(rows, device=b["ids"].device)})
     return out
 
@@ -389,10 +394,11 @@ def weights(cfg, seqs):
 def completion_logprobs(model, b, temperature):
     """Micro-batch b (pack_batch) -> (B, C) log softmax(z / T) of its completion tokens under `model` and (B, C) the
     entropy of softmax(z / T). The LM head computes both for those tokens only, a chunk at a time (HeadLogprobs,
-    below the fence): the (B, C, V) logits never exist. No KV cache: it would only cost time and memory here."""
+    below the fence): the (B, C, V) logits never exist. No KV cache: it would only cost time and memory here.
+    b["varlen"] tells the attention where each packed sequence starts (--attention varlen; sdpa reads position_ids)."""
     head = model.get_output_embeddings()
     head.job = (b["src"], b["tgt"], b["dst"], b["mask"].shape, temperature)  # what the head scores (set up by shard())
-    lp = model(input_ids=b["ids"], position_ids=b["pos"], use_cache=False).logits
+    lp = model(input_ids=b["ids"], position_ids=b["pos"], use_cache=False, **b["varlen"]).logits
     return lp, head.__dict__.pop("entropy")
 
 
@@ -469,7 +475,7 @@ def main(cfg):
                    else None)
         check = server.check(batch, step, model, pad)  # async: the server re-scores some of it with θ_step, meanwhile
         seqs = sequences(batch, tok, cfg.group_size, rt.device)  # the step's table: a row per sequence
-        mbs = micro_batches(seqs, cfg.micro_batch, pad)
+        mbs = micro_batches(seqs, cfg.micro_batch, pad, flat=model.varlen)  # varlen attention: one row each
         clock.lap("rollout_wait")
         # 2. the no-grad forwards, per token: the old policy (mu > 1) and the reference (beta > 0)
         old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
@@ -505,35 +511,40 @@ def main(cfg):
 # ---- to read it to change GRPO. main() is called at the very bottom.
 # ======================================================================================================
 
-def pack_batch(samples, pad_id, device):
+def pack_batch(samples, pad_id, device, flat=False):
     """[{prompt, completion}] -> the sequences end to end in rows as long as the longest one (first fit, longest
-    first), so that little of the compute is padding. position_ids restart at 0 for each sequence (and for each pad
-    token), which transformers reads as packed sequences: attention stays within each. Rows that need padding anyway
+    first), so that little of the compute is padding; `flat`: in one row (for varlen_attention; SDPA's mask would be
+    (L, L) for the whole row), padded at its end to a multiple of 8. position_ids restart at 0 for each sequence (and for each pad
+    token), which transformers reads as packed sequences: attention stays within each (and `varlen`, the sequences'
+    boundaries in the flattened rows, lets varlen_attention find them without a mask). Rows that need padding anyway
     are padded to a multiple of 8 (with --compile, other lengths cost a graph of their own: inductor guards on the
     alignment of attention's inputs); full rows stay as they are (no pad, no mask: attention's fastest kernel).
     The head scores completion tokens only: position src[j] (of the flattened rows) predicts token tgt[j], whose
     log-prob goes to (row, column) dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n),
-    mask (B, C), C, tokens}"""
+    mask (B, C), C, tokens, varlen: transformers' names of the boundaries (cu_seq_lens_q: (S + 1,) offsets)}"""
     lens = [len(s["prompt"]) + len(s["completion"]) for s in samples]
-    L, C = max(lens), max(len(s["completion"]) for s in samples)
-    ids, pos, src, tgt, dst = [], [], [], [], []
+    L, C = -(-sum(lens) // 8) * 8 if flat else max(lens), max(len(s["completion"]) for s in samples)
+    ids, pos, src, tgt, dst, segs = [], [], [], [], [], []
     for i in sorted(range(len(samples)), key=lambda i: -lens[i]):
         r = next((r for r, row in enumerate(ids) if len(row) + lens[i] <= L), None)  # the first row with room
         if r is None:
-            r, ids, pos = len(ids), ids + [[]], pos + [[]]
+            r, ids, pos, segs = len(ids), ids + [[]], pos + [[]], segs + [[]]
         p, c = samples[i]["prompt"], samples[i]["completion"]
         at = len(ids[r]) + len(p)  # where the completion starts in row r: the position before predicts its first token
         src += [(r, k) for k in range(at - 1, at - 1 + len(c))]
         tgt += c
         dst += [(i, k) for k in range(len(c))]
-        ids[r], pos[r] = ids[r] + p + c, pos[r] + list(range(lens[i]))
+        ids[r], pos[r], segs[r] = ids[r] + p + c, pos[r] + list(range(lens[i])), segs[r] + [lens[i]]
     L = -(-L // 8) * 8 if any(len(row) < L for row in ids) else L
+    segs = [n for row, s in zip(ids, segs) for n in s + [L - len(row)] if n]  # a row's pads: one more (unread) sequence
     ids, pos = [row + [pad_id] * (L - len(row)) for row in ids], [row + [0] * (L - len(row)) for row in pos]
     n = torch.tensor([len(s["completion"]) for s in samples])
     t = lambda x: torch.tensor(x, dtype=torch.long, device=device)
+    cu = torch.tensor([0] + list(itertools.accumulate(segs)), dtype=torch.int32, device=device)
     return {"ids": t(ids), "pos": t(pos), "src": t([r * L + k for r, k in src]), "tgt": t(tgt),
             "dst": t(dst).reshape(-1, 2).T, "mask": (torch.arange(C) < n.unsqueeze(1)).float().to(device), "C": C,
-            "tokens": sum(lens)}
+            "tokens": sum(lens), "varlen": {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(segs),
+                                            "max_length_k": max(segs)}}
 
 
 def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):
@@ -1003,18 +1014,21 @@ def load_models(cfg, rt):
     """-> the policy (fp32 master weights, sharded with FSDP2), the reference (only when beta > 0), AdamW, and the
     step to start from (a checkpoint's, with --resume)."""
     import transformers.masking_utils
-    from transformers import AutoModelForCausalLM, __version__
+    from transformers import AutoConfig, AutoModelForCausalLM, __version__
     if not hasattr(transformers.masking_utils, "find_packed_sequence_indices"):  # what pack_batch's rows need
         raise UserError(f"transformers {__version__} does not read packed sequences: pip install -U transformers")
     if cfg.resume and not rt.ckpt:
         print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
     if rt.ckpt:
         check_architecture(rt.ckpt, cfg.model)
-    model = load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing)
+    attention = attention_for(cfg.attention, AutoConfig.from_pretrained(cfg.model), rt.device)
+    model = load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing, attention)
     model = shard(model, rt.mesh, torch.bfloat16, cfg.tf32_head, cfg.compile)
+    model.varlen = attention == "grpo_varlen"  # (micro_batches: flat rows)
     ref = None
     if cfg.beta > 0:
-        ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16).to(rt.device).eval()
+        ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16, attn_implementation=attention)
+        ref = ref.to(rt.device).eval()
         ref = shard(ref, rt.mesh, torch.bfloat16, cfg.tf32_head, cfg.compile, frozen=True).requires_grad_(False)
     # fused: one kernel and no temporaries; the default (foreach) Adam allocates a copy of a moment per step,
     # which for a 7B model on one H200 is the difference between fitting and an OOM at the first step
@@ -1532,21 +1546,69 @@ def push_weights(cfg, model, link, version):
 # ----------------------------------------------------------------------------------------
 # The trainer's model: FSDP2, the TF32 head, checkpoints.
 
-def load_policy(path, device, grad_checkpointing):
+def load_policy(path, device, grad_checkpointing, attention="sdpa"):
     """fp32 master weights in training mode, which transformers' gradient checkpointing needs. Every
     dropout is set to 0 in the config first: the server samples without dropout, and the trainer must
-    score the same function (with dropout, ratio != 1 at mu = 1 and the mismatch check sees noise)."""
+    score the same function (with dropout, ratio != 1 at mu = 1 and the mismatch check sees noise).
+    attention: transformers' attn_implementation (attention_for)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(path)
     for k, v in config.to_dict().items():
         if isinstance(v, float) and ("dropout" in k or "pdrop" in k):
             setattr(config, k, 0.0)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32).to(device).train()
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32,
+                                                 attn_implementation=attention).to(device).train()
     if grad_checkpointing:
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)(  # newer name first
             {"use_reentrant": False})
         model.config.use_cache = False
     return model
+
+
+def attention_for(choice, config, device):
+    """--attention -> transformers' attn_implementation for the trainer's models. 'auto' takes varlen_attention where it
+    applies: on CUDA, with PyTorch's varlen kernel (torch >= 2.10), for attention without soft-capping (Gemma 2's)."""
+    import importlib.util
+    from transformers import AttentionInterface
+    why = ("this PyTorch has no torch.nn.attention.varlen" if importlib.util.find_spec("torch.nn.attention.varlen")
+           is None else f"{config.model_type} soft-caps attention" if getattr(config, "attn_logit_softcapping", None)
+           else "its kernel is CUDA's" if device.type != "cuda" and choice == "auto" else "")
+    if choice == "varlen" and why:
+        raise UserError(f"--attention varlen: {why}; use --attention sdpa")
+    if choice == "sdpa" or why:
+        return "sdpa"
+    AttentionInterface.register("grpo_varlen", varlen_attention)
+    return "grpo_varlen"
+
+
+def varlen_attention(module, q, k, v, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
+                     cu_seq_lens_q=None, max_length_q=None, **kwargs):
+    """transformers' attention interface for packed rows: q (R, Hq, L, D), k and v (R, Hkv, L, D) -> (R, L, Hq, D),
+    each sequence attending (causally) to itself only, by the boundaries pack_batch gives: cu_seq_lens_q (S + 1,), the
+    sequences' offsets in the R * L flattened tokens. On CUDA, PyTorch's varlen flash kernel: no mask to build, and
+    rows with pads get the kernel full rows get (SDPA takes a slower one for a mask); elsewhere (tests) SDPA with the
+    same mask. No boundaries (a plain call): one sequence per row, which an attention mask (padding) would contradict."""
+    if cu_seq_lens_q is None:
+        if attention_mask is not None:
+            raise UserError("--attention varlen scores packed rows (pack_batch), not rows with an attention mask")
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, q, k, v, None, dropout, scaling, **kwargs)
+    R, H, L, D = q.shape
+    q, k, v = (t.transpose(1, 2).reshape(R * L, -1, D) for t in (q, k, v))  # (tokens, heads, D)
+    k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // v.shape[1], 1)  # GQA: kv head h // rep
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        from torch.nn.attention.varlen import varlen_attn
+        left = sliding_window - 1 if sliding_window else -1  # (left, 0): causal, within the window if any
+        out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, scale=scaling,
+                          window_size=(left, 0))
+    else:
+        i = torch.arange(R * L, device=q.device)
+        seq = torch.searchsorted(cu_seq_lens_q, i, right=True)  # each token's sequence
+        back = i[:, None] - i[None, :]  # how far back a key is
+        allowed = (seq[:, None] == seq[None, :]) & (back >= 0) & (back < (sliding_window or R * L + 1))
+        out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
+                                                               v.transpose(0, 1), allowed, scale=scaling).transpose(0, 1)
+    return out.reshape(R, L, H, D), None
 
 
 class HeadLogprobs(torch.autograd.Function):

@@ -906,27 +906,39 @@ def test_architectures_train_and_push(arch, tmp_path):
         s.close()
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
-def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_plain_transformers(arch, tmp_path):
+def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_plain_transformers(arch, attention,
+                                                                                                  tmp_path):
     """pack_batch puts sequences of very different lengths end to end in rows (position_ids restart at 0 for each):
     every completion token's log-prob, entropy and gradient must be what plain transformers gives each sequence
     alone (its own forward, log_softmax of logits / T), for Llama, Qwen3 and Gemma 3 (a sliding window of 16,
-    shorter than some of these sequences)."""
-    from transformers import AutoModelForCausalLM
+    shorter than some of these sequences), through transformers' masked SDPA (position_ids) and through
+    varlen_attention (pack_batch's boundaries; on the CPU its SDPA branch, which takes the same mask as the kernel)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
     d, T = build_tiny(str(tmp_path), arch), 0.7
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    impl = g.attention_for(attention, AutoConfig.from_pretrained(d), torch.device("cpu"))
+    assert impl == {"sdpa": "sdpa", "varlen": "grpo_varlen"}[attention]
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation=impl)
     plain = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     g.install_head(model)  # what shard() does: the head scores the completion tokens itself
     gen = torch.Generator().manual_seed(0)
     tokens = lambda n: torch.randint(4, model.config.vocab_size, (n,), generator=gen).tolist()
     samples = [{"prompt": tokens(p), "completion": tokens(c)} for p, c in
                ((7, 3), (2, 5), (4, 1), (20, 18), (1, 2), (9, 30), (3, 3), (12, 6), (5, 9))]
-    b = g.pack_batch(samples, 0, "cpu")
+    lens = [len(s["prompt"]) + len(s["completion"]) for s in samples]
+    b = g.pack_batch(samples, 0, "cpu", flat=attention == "varlen")  # varlen: all in one row (as micro_batches does)
     lp, ent = g.completion_logprobs(model, b, T)
-    L = max(len(s["prompt"]) + len(s["completion"]) for s in samples)  # 39: rows of 40, a multiple of 8
-    assert b["ids"].shape[1] == 40 == L + 1 and b["ids"].shape[0] < len(samples) and (b["ids"] == 0).any()  # packed, some pads
+    L, row = max(lens), {"sdpa": 40, "varlen": 144}[attention]  # 39 -> rows of 40; 140 -> one row of 144 (multiples of 8)
+    assert b["ids"].shape[1] == row and b["ids"].shape[0] == {"sdpa": 4, "varlen": 1}[attention] and (b["ids"] == 0).any()
     full = g.pack_batch([{"prompt": [4, 5], "completion": [6, 7, 8]}] * 2, 0, "cpu")  # full rows: no pad, no mask
     assert full["ids"].shape == (2, 5) and full["src"].tolist() == [1, 2, 3, 6, 7, 8]
+    assert full["varlen"]["cu_seq_lens_q"].tolist() == [0, 5, 10] and full["varlen"]["max_length_q"] == 5
+    cu = b["varlen"]["cu_seq_lens_q"].tolist()  # every row's sequences, then its pads (one more sequence)
+    assert cu[-1] == b["ids"].numel() and b["varlen"]["max_length_q"] == L  # the longest sequence
+    pads = [n for n in (b["ids"] == 0).sum(1).tolist() if n]
+    assert sorted(torch.tensor(cu).diff().tolist()) == sorted(lens + pads)
+    assert set(range(0, b["ids"].numel() + 1, row)) <= set(cu) and (b["pos"].flatten()[cu[:-1]] == 0).all()
     w = torch.randn(lp.shape, generator=gen) * b["mask"]  # a loss that weighs every token differently
     ((lp * w).sum() + (ent * w).sum()).backward()
     total = 0
@@ -943,6 +955,30 @@ def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_pl
     got, want = dict(model.named_parameters()), dict(plain.named_parameters())
     assert all(torch.allclose(got[n].grad, want[n].grad, atol=1e-5, rtol=1e-4) for n in want), \
         [n for n in want if not torch.allclose(got[n].grad, want[n].grad, atol=1e-5, rtol=1e-4)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch's varlen kernel runs on CUDA")
+@pytest.mark.parametrize("window", [None, 100])
+def test_varlen_kernel_on_cuda_gives_the_masked_references_outputs_and_gradients(window):
+    """varlen_attention's CUDA branch (PyTorch's varlen flash kernel, bf16) against its SDPA branch (the mask the CPU
+    tests check, in fp32 on the same bf16 values): rows packed with sequences of very different lengths and pads, GQA
+    (12 query heads over 2), with and without a sliding window; outputs and q, k, v gradients within bf16 rounding."""
+    b = g.pack_batch([{"prompt": [5] * p, "completion": [6] * c} for p, c in
+                      ((40, 300), (3, 2), (50, 30), (7, 120), (1, 1), (45, 1024))], 0, "cuda")
+    (R, L), gen = b["ids"].shape, torch.Generator(device="cuda").manual_seed(0)
+    assert R == 2 and L % 8 == 0 and (b["ids"] == 0).any()  # a full row and a packed one with pads
+    qkv = [torch.randn(R, h, L, 64, device="cuda", generator=gen).bfloat16() for h in (12, 2, 2)]
+    grad = torch.randn(R, L, 12, 64, device="cuda", generator=gen)
+    res = []
+    for dt in (torch.bfloat16, torch.float32):  # bf16: the kernel; fp32: the masked SDPA branch
+        x = [t.detach().to(dt).requires_grad_() for t in qkv]
+        out = g.varlen_attention(None, *x, None, scaling=0.125, sliding_window=window, **b["varlen"])[0]
+        out.float().backward(grad)
+        res.append([out.detach().float()] + [t.grad.float() for t in x])
+    for name, got, want in zip(("out", "dq", "dk", "dv"), *res):
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        print(f"{name}: max error {err:.2e} of the largest value")
+        assert err < 2e-2, (name, err)
 
 
 def test_training_mode_checkpoints_layers_and_turns_dropout_off(tmp_path):
@@ -1275,19 +1311,22 @@ def test_base_model_without_chat_template_gets_plain_prompts(tmp_path):
 def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
     """The same rollouts on one rank or split over two give the same step and the same metrics: each rank
     takes its own prompts (no overlap, none left out), the loss normalisers count the whole batch, FSDP's
-    gradient average is undone by the world size, sums are summed and maxima maxed over ranks."""
+    gradient average is undone by the world size, sums are summed and maxima maxed over ranks. And --attention
+    varlen (pack_batch's boundaries, each micro-batch in one row; on the CPU the SDPA branch) takes the step that
+    transformers' masked SDPA over rows takes."""
     got = {}
-    for nproc in (1, 2):
-        s = StandIn(tiny_model)  # fresh weights: both runs sample the same completions
+    for key, nproc, attention in (("1", 1, "sdpa"), ("2", 2, "sdpa"), ("varlen", 1, "varlen")):
+        s = StandIn(tiny_model)  # fresh weights: all runs sample the same completions
         try:  # 2 prompts x 4 per rank in micro-batches of 3: groups straddle micro-batches
-            code, out = run(train_cmd(tiny_model, s.url, tmp_path / str(nproc), "--steps", "1", "--prompts_per_step", "4",
+            code, out = run(train_cmd(tiny_model, s.url, tmp_path / key, "--steps", "1", "--prompts_per_step", "4",
                                       "--micro_batch", "3", "--loss_agg", "seq", "--beta", "0.1", "--reward", "has_number",
-                                      nproc=nproc, rewards=True))
+                                      "--attention", attention, nproc=nproc, rewards=True))
             assert code == 0, out
-            got[nproc] = ([r for r in read_metrics(tmp_path / str(nproc)) if "loss" in r][0], s.generations, s.rollouts)
+            got[key] = ([r for r in read_metrics(tmp_path / key) if "loss" in r][0], s.generations, s.rollouts)
         finally:
             s.close()
-    (m1, gen1, asked1), (m2, gen2, asked2) = got[1], got[2]
+    (m1, gen1, asked1), (m2, gen2, asked2), (mv, genv, _) = got["1"], got["2"], got["varlen"]
+    assert sorted(map(str, genv)) == sorted(map(str, gen1))
     assert len(asked1) == 1 and len(asked2) == 2  # one request per rank
     prompts = [set(r) for r in asked2]
     assert not prompts[0] & prompts[1] and prompts[0] | prompts[1] == set(asked1[0]) and len(asked1[0]) == 16
@@ -1298,6 +1337,7 @@ def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
               "mismatch_kl", "is_ratio_mean", "is_ratio_max", "is_truncated_frac"):
         # (the head's gradient matmuls are bf16 (--tf32_head): micro-batches split otherwise round otherwise)
         assert m2[k] == pytest.approx(m1[k], rel=1e-3 if k == "grad_norm" else 1e-4, abs=1e-6), k
+        assert mv[k] == pytest.approx(m1[k], rel=1e-2 if k == "grad_norm" else 1e-3, abs=1e-5), k
 
 
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on a CPU needs a compiler")

@@ -12,6 +12,8 @@
 #                                                           # the train-speed issue on one GPU (all five kit
 #                                                           # chunks and .gpukit/before/): colocated pairs,
 #                                                           # seeds, then train_bench; log /tmp/res/pipeline.log
+#   . .gpukit/a/env.sh && setsid bash results/run_h200.sh varlen > /tmp/res/pipeline.out 2>&1 &
+#                                                           # --attention varlen against sdpa (the kit's chunks)
 #   . .gpukit/a/env.sh && bash results/run_h200.sh final     # fresh machine: server with decode graphs up to
 #                                                           # 256, bench.py step + rollout on the final code
 # Afterwards, on any machine (no GPU):
@@ -93,6 +95,19 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
       q15_reshard) tb q15_reshard --shape q15 --steps 7 --reshard ;;
       q15_compile) TORCH_LOGS=recompiles tb q15_compile --shape q15 --steps 8 -- --compile ;;
       q15_compile_again) TORCH_LOGS=recompiles tb q15_compile_again --shape q15 --steps 8 -- --compile ;;  # (warm caches)
+      # --attention sdpa against the default (varlen where it applies); _mixed: a quarter of the completions at
+      # 1024 tokens, the rest ~30 (lengths as a trained model's: packed rows with pads)
+      smol_varlen) tb smol_varlen --shape smol -- --attention varlen ;;
+      smol_sdpa) tb smol_sdpa --shape smol -- --attention sdpa ;;
+      q15_varlen) tb q15_varlen --shape q15 --steps 7 -- --attention varlen ;;
+      q15_sdpa) tb q15_sdpa --shape q15 --steps 7 -- --attention sdpa ;;
+      q15_mixed) tb q15_mixed --shape q15 --steps 10 --truncated 0.25 ;;
+      q15_mixed_sdpa) tb q15_mixed_sdpa --shape q15 --steps 10 --truncated 0.25 -- --attention sdpa ;;
+      q15_compile_prof) TORCH_LOGS=recompiles tb q15_compile_prof --shape q15 --steps 8 --profile "$RES/profile_q15_compile" \
+          --profile_steps 7 -- --compile ;;
+      q15_mixed_compile) TORCH_LOGS=recompiles tb q15_mixed_compile --shape q15 --steps 10 --truncated 0.25 -- --compile ;;
+      q15_mixed_compile_sdpa) TORCH_LOGS=recompiles tb q15_mixed_compile_sdpa --shape q15 --steps 10 --truncated 0.25 \
+          -- --compile --attention sdpa ;;
     esac
   done
   ;;
@@ -114,6 +129,30 @@ train_speed)  # colocated before (BEFORE: d7f3a11's script) / after pairs, 30 st
   for k in 0 1 2; do run "smol_async_seed$k" grpo_sglang.py --steps 100 --eval_every 50 --save_every 0 --async --seed $k; done
   bash serve.sh stop >> "$RES/pipeline.log" 2>&1
   TB_VARIANTS=${TB_VARIANTS:-q15 q15_reshard smol smol_reshard smol_compile} TB_TIMEOUT=240 bash "$0" train_bench
+  log "all done"
+  ;;
+varlen)  # --attention varlen (the default where it applies) against sdpa, one script, side by side on one machine:
+  # the kernel's GPU test (and a broken copy of it that must fail), colocated async pairs, three SmolLM2 seeds, then
+  # train_bench (the server stopped)
+  log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
+  run() { local name=$1; shift; log "train $name: $*"
+    timeout 400 python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) \
+      grpo_sglang.py "${TRAIN[@]:6}" --out_dir "/tmp/r/$name" "$@" > "$RES/$name.log" 2>&1
+    log "train $name: exit $? ($(tail -n 1 "$RES/$name.log" | cut -c1-160))"
+    cp "/tmp/r/$name/metrics.jsonl" "$RES/$name.metrics.jsonl" 2>/dev/null; pack; }
+  python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)" > "$RES/versions.txt" 2>&1
+  timeout 300 python3 -m pytest -q -s test_smoke.py -k varlen_kernel > "$RES/gpu_test_varlen.log" 2>&1
+  log "gpu test: exit $? ($(tail -n 1 "$RES/gpu_test_varlen.log"))"
+  rm -rf /tmp/broken && mkdir -p /tmp/broken && cp grpo_sglang.py reward_fns.py test_smoke.py /tmp/broken/
+  sed -i 's/window_size=(left, 0))/window_size=(left, -1))/' /tmp/broken/grpo_sglang.py  # not causal: must fail
+  (cd /tmp/broken && timeout 300 python3 -m pytest -q -s test_smoke.py -k varlen_kernel) > "$RES/gpu_test_varlen_broken.log" 2>&1
+  log "gpu test, not causal (must fail): exit $? ($(tail -n 1 "$RES/gpu_test_varlen_broken.log"))"
+  SECONDS=0; bash serve.sh >> "$RES/pipeline.log" 2>&1; log "server up after $SECONDS s"
+  for a in sdpa varlen; do run "speed_coloc_async_$a" --steps 30 --eval_every 0 --save_every 0 --async --attention $a; done
+  for k in 0 1 2; do run "smol_async_seed$k" --steps 100 --eval_every 50 --save_every 0 --async --seed $k; done
+  bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  TB_VARIANTS=${TB_VARIANTS:-q15_mixed q15_mixed_sdpa q15_varlen q15_sdpa smol_varlen smol_sdpa q15_mixed_compile \
+    q15_mixed_compile_sdpa q15_compile_prof smol_compile} TB_TIMEOUT=240 bash "$0" train_bench
   log "all done"
   ;;
 final)

@@ -1,6 +1,7 @@
 """The train phase alone on one GPU, no server: grpo_sglang.py's own functions (micro_batches, old_and_ref_logprobs,
 advantages, weights, train) on rollouts made up to look like the built-in task's, step after step, each step a new
-batch of new lengths (so new packed shapes, as in a real run). A benchmark of the trainer's code, not of SGLang.
+batch of new lengths (so new packed shapes, as in a real run). A benchmark of the trainer's code, not of SGLang. Flags after `--` go to
+grpo_sglang.py (e.g. `-- --attention sdpa`).
 
     torchrun --nproc_per_node 1 results/tools/train_phase_bench.py --shape smol --steps 30 --out FILE.json \
         [--cudnn] [--reshard] [--profile DIR] [-- <more grpo_sglang.py flags, e.g. --compile>]
@@ -117,6 +118,7 @@ def main():
         g.shard = lambda *a, **k: shard(*a, **k, keep_params=0)
     model, ref, opt, _ = g.load_models(cfg, rt)
     n_params = sum(p.numel() for p in model.parameters())
+    flat = {"flat": model.varlen} if hasattr(model, "varlen") else {}  # (older scripts: rows as long as the longest)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     lo, _, hi = (args.profile_steps or f"{max(0, args.steps - 3)}-{args.steps - 1}").partition("-")
     window = range(int(lo), int(hi or lo) + 1) if args.profile else range(0)
@@ -131,7 +133,7 @@ def main():
             prof.start()
         sync()
         t0 = time.time()
-        mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
+        mbs = g.micro_batches(seqs, cfg.micro_batch, 0, **flat)
         g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
         seqs["reward"] = torch.rand(len(seqs["length"]), device=device)
         seqs["adv"], seqs["weight"] = g.advantages(cfg, seqs["reward"]), g.weights(cfg, seqs)
@@ -151,6 +153,7 @@ def main():
     tok = statistics.median(s["tokens"] for s in tail)
     res = {"shape": args.shape, "script": os.environ.get("GRPO_SCRIPT", "grpo_sglang.py"), "cudnn": args.cudnn,
            "reshard": args.reshard, "flags": sys.argv[1:], "torch": torch.__version__,
+           "attention": model.config._attn_implementation,
            "params": n_params, "train_s_median": med, "tokens_median": tok,
            "mfu": 6 * n_params * tok / med / PEAK if cuda else None, "steps": steps}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
