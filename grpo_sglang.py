@@ -513,15 +513,16 @@ def main(cfg):
 
 def pack_batch(samples, pad_id, device, flat=False):
     """[{prompt, completion}] -> the sequences end to end in rows as long as the longest one (first fit, longest
-    first), so that little of the compute is padding; `flat`: in one row (for varlen_attention; SDPA's mask would be
-    (L, L) for the whole row), padded at its end to a multiple of 8. position_ids restart at 0 for each sequence (and for each pad
-    token), which transformers reads as packed sequences: attention stays within each (and `varlen`, the sequences'
-    boundaries in the flattened rows, lets varlen_attention find them without a mask). Rows that need padding anyway
-    are padded to a multiple of 8 (with --compile, other lengths cost a graph of their own: inductor guards on the
-    alignment of attention's inputs); full rows stay as they are (no pad, no mask: attention's fastest kernel).
-    The head scores completion tokens only: position src[j] (of the flattened rows) predicts token tgt[j], whose
-    log-prob goes to (row, column) dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n),
-    mask (B, C), C, tokens, varlen: transformers' names of the boundaries (cu_seq_lens_q: (S + 1,) offsets)}"""
+    first), so that little of the compute is padding; `flat`: all in one row, padded at its end to a multiple of 8
+    (for varlen_attention: SDPA would take an (L, L) mask for the whole row). position_ids restart at 0 for each
+    sequence (and for each pad token), which transformers reads as packed sequences: attention stays within each
+    (`varlen`, the sequences' boundaries in the flattened rows, lets varlen_attention find them without a mask).
+    Rows that need padding anyway are padded to a multiple of 8 (with --compile, other lengths cost a graph of their
+    own: inductor guards on the alignment of attention's inputs); full rows stay as they are (no pad, no mask:
+    SDPA's fastest kernel). The head scores completion tokens only: position src[j] (of the flattened rows) predicts
+    token tgt[j], whose log-prob goes to (row, column) dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt
+    (n,), dst (2, n), mask (B, C), C, tokens, varlen: transformers' names of the boundaries (cu_seq_lens_q: (S + 1,)
+    offsets)}"""
     lens = [len(s["prompt"]) + len(s["completion"]) for s in samples]
     L, C = -(-sum(lens) // 8) * 8 if flat else max(lens), max(len(s["completion"]) for s in samples)
     ids, pos, src, tgt, dst, segs = [], [], [], [], [], []
@@ -1587,7 +1588,8 @@ def varlen_attention(module, q, k, v, attention_mask, dropout=0.0, scaling=None,
     each sequence attending (causally) to itself only, by the boundaries pack_batch gives: cu_seq_lens_q (S + 1,), the
     sequences' offsets in the R * L flattened tokens. On CUDA, PyTorch's varlen flash kernel: no mask to build, and
     rows with pads get the kernel full rows get (SDPA takes a slower one for a mask); elsewhere (tests) SDPA with the
-    same mask. No boundaries (a plain call): one sequence per row, which an attention mask (padding) would contradict."""
+    same mask. No boundaries (a plain call): one sequence per row, which an attention mask (padding) would
+    contradict."""
     if cu_seq_lens_q is None:
         if attention_mask is not None:
             raise UserError("--attention varlen scores packed rows (pack_batch), not rows with an attention mask")
@@ -1606,8 +1608,8 @@ def varlen_attention(module, q, k, v, attention_mask, dropout=0.0, scaling=None,
         seq = torch.searchsorted(cu_seq_lens_q, i, right=True)  # each token's sequence
         back = i[:, None] - i[None, :]  # how far back a key is
         allowed = (seq[:, None] == seq[None, :]) & (back >= 0) & (back < (sliding_window or R * L + 1))
-        out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
-                                                               v.transpose(0, 1), allowed, scale=scaling).transpose(0, 1)
+        heads_first = [t.transpose(0, 1) for t in (q, k, v)]  # (heads, tokens, D)
+        out = torch.nn.functional.scaled_dot_product_attention(*heads_first, allowed, scale=scaling).transpose(0, 1)
     return out.reshape(R, L, H, D), None
 
 
