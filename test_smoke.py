@@ -2203,7 +2203,7 @@ DROPS_ON_RANK_1 = """import os, sys
 sys.path.insert(0, {here!r})
 import grpo_sglang as g
 mbs = g.micro_batches  # the obvious filter, done wrong: rank 1 drops a micro-batch's rows
-g.micro_batches = lambda seqs, size, pad: mbs(seqs, size, pad)[: -1 if os.environ["RANK"] == "1" else None]
+g.micro_batches = lambda seqs, size, pad, **kw: mbs(seqs, size, pad, **kw)[: -1 if os.environ["RANK"] == "1" else None]
 try:
     g.main(g.parse_config())
 except g.UserError as e:
