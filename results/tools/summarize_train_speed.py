@@ -5,6 +5,8 @@ every number comes from a metrics file in results/x2/train_speed/at-COMMIT/. "be
 
     python3 results/tools/summarize_train_speed.py COMMIT [--latest]   # from the repo root, the runs copied there
     python3 results/tools/summarize_train_speed.py COMMIT --h200 [--script C] [--before B]  # results/h200/...
+    python3 results/tools/summarize_train_speed.py COMMIT --h200 --pair A B  # one script, two flag values (run_h200.sh
+                                                                             # varlen: --attention sdpa / varlen)
 """
 import glob
 import json
@@ -117,8 +119,42 @@ def main_h200(commit, script, before=None):
     print(json.dumps(out, indent=1))
 
 
+def main_pair(commit, a, b):
+    """results/h200/train_speed/at-COMMIT/summary.json for `run_h200.sh varlen`: COMMIT's script with flag value a
+    (before) and b (after) side by side: the colocated async pair speed_coloc_async_{a,b}, three seeds (b, the
+    default), and every bench_*.json (bench_SHAPE_a / bench_SHAPE_b, or bench_SHAPE for b)."""
+    d = os.path.join("results/h200/train_speed", f"at-{commit}")
+    out = {"commit": commit, "pair": [a, b], "layout": "one H200: SGLang (MEM_FRACTION 0.3) and the trainer on GPU 0"}
+    for v in (a, b):
+        r = rows(d, f"speed_coloc_async_{v}")
+        for key in ("time_train", "time_step", "time_rollout", "pack_fill"):
+            out[f"smol_coloc_async_{key.replace('time_', '')}_{v}"] = med(r, key)
+        out[f"smol_coloc_async_peak_gb_{v}"] = round(max(x["peak_mem_gb"] for x in r), 2)
+    seeds = [s for s in (0, 1, 2) if rows(d, f"smol_async_seed{s}")]
+    out["check_mismatch_median_after"] = {s: med(rows(d, f"smol_async_seed{s}"), "check_mismatch_mean", 2) for s in seeds}
+    out["reward_81_100_after"] = {s: round(statistics.mean(r["reward_mean"] for r in rows(d, f"smol_async_seed{s}")
+                                                           if r["step"] > 80), 4) for s in seeds}
+    out["eval_accuracy_100_after"] = {s: [r["eval_accuracy"] for r in map(json.loads, open(os.path.join(
+        d, f"smol_async_seed{s}.metrics.jsonl"))) if r.get("step") == 100 and "eval_accuracy" in r][0] for s in seeds}
+    out["nonfinite_skips_seeds"] = sum(r.get("nonfinite_skips") or 0 for s in seeds for r in rows(d, f"smol_async_seed{s}"))
+    for path in sorted(glob.glob(os.path.join(d, "bench_*.json"))):
+        x, name = json.load(open(path)), os.path.basename(path)[:-5]
+        out[name] = {"attention": x.get("attention"), "train_s": round(x["train_s_median"], 4), "mfu": round(x["mfu"], 4),
+                     "peak_gb": round(max(s["peak_gb"] for s in x["steps"]), 1),
+                     "first_step_s": round(x["steps"][0]["train_s"], 1), "profiled": "--profile" in x["flags"],
+                     "pack_fill": round(statistics.median(s["pack_fill"] for s in x["steps"]), 4)}
+    out["notes"] = {"medians": "steps 4 to the last (check: steps 2-100)", "bench": "results/tools/train_phase_bench.py"
+                    ", random models of the shapes, no server; medians of steps 4 to the last, profiled steps left out",
+                    "flop_count": "6 x parameters x (prompt + completion tokens) per step; peak 989.4 TFLOP/s"}
+    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    print(json.dumps(out, indent=1))
+
+
 if __name__ == "__main__":
-    if "--h200" in sys.argv:
+    if "--pair" in sys.argv:
+        i = sys.argv.index("--pair")
+        main_pair(sys.argv[1], sys.argv[i + 1], sys.argv[i + 2])
+    elif "--h200" in sys.argv:
         opt = lambda name, default: sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
         main_h200(sys.argv[1], opt("--script", sys.argv[1]), opt("--before", None))
     else:
