@@ -116,7 +116,8 @@ class Config:
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)", "v >= 1")
     eval_size: int = arg(200, "held-out prompts per eval (no eval split: at most 10% of the train rows)", "v >= 1")
     # the trainer's compute
-    micro_batch: int = arg(32, "sequences per forward/backward on one rank (larger is faster if it fits)", "v >= 1")
+    micro_batch: int = arg(32, "sequences per forward/backward on one rank at the step's longest length (shorter "
+                               "ones share: as many tokens); larger is faster if it fits", "v >= 1")
     tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster; its gradient's "
                                 "matmuls in bf16); off: exact fp32")
     attention: str = arg("auto", "packed rows' attention: 'varlen' (PyTorch's flash kernel, each sequence on its "
@@ -314,14 +315,16 @@ def samples(seqs):
 
 
 def micro_batches(seqs, size, pad_id, flat=False):
-    """The rows in micro-batches of `size` sequences, sorted by length and each packed (pack_batch) into rows as long
-    as its own longest sequence, or all in one row if `flat` (varlen attention needs no rows): little or none of the
-    compute is padding. -> [{rows (B,), ids, pos (R, L), ..., C}]"""
+    """The rows in micro-batches, sorted by length, each of at most as many tokens as `size` of the step's longest
+    sequences (a micro-batch of a few short ones would leave the GPU idle; memory goes with tokens), as many on every
+    rank (token_parts), each packed (pack_batch) into rows as long as its own longest sequence, or all in one row if
+    `flat` (varlen attention needs no rows): little or none of the compute is padding. -> [{rows (B,), ids, pos (R,
+    L), ..., C}]"""
     n = [len(p) + len(c) for p, c in zip(seqs["prompt"], seqs["completion"])]
     order = sorted(range(len(n)), key=lambda i: n[i])
     out = []
-    for k in range(0, len(order), size):
-        rows = order[k: k + size]
+    for part in token_parts([n[i] for i in order], size * max(n), seqs["mask"].device):
+        rows = [order[j] for j in part]
         b = pack_batch([{"prompt": seqs["prompt"][i], "completion": seqs["completion"][i]} for i in rows], pad_id,
                        seqs["mask"].device, flat)
         out.append({**b, "rows": torch.tensor(rows, device=b["ids"].device)})
@@ -1885,6 +1888,27 @@ def set_lr(opt, lr, m):
     for group in opt.param_groups:
         group["lr"] = lr
     m.max("lr", lr)
+
+
+def token_parts(lengths, budget, device):
+    """Sorted sequence lengths -> consecutive parts (ranges of indices) of at most `budget` tokens (a longer sequence:
+    alone), as many on every rank: FSDP's collectives run once per micro-batch, so a rank that needs fewer parts than
+    another splits its largest in two until it has as many (each still within the budget)."""
+    cuts, total = [0], 0
+    for i, n in enumerate(lengths):
+        if total + n > budget and i > cuts[-1]:
+            cuts, total = cuts + [i], 0
+        total += n
+    parts = [range(a, b) for a, b in zip(cuts, cuts[1:] + [len(lengths)])]
+    want = len(parts)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        want = int(all_reduce_named({"parts": want}, dist.ReduceOp.MAX, device)["parts"])
+    while len(parts) < want and any(len(p) > 1 for p in parts):  # (a rank with too few rows: batch_counts says so)
+        k = max((k for k, p in enumerate(parts) if len(p) > 1), key=lambda k: sum(lengths[i] for i in parts[k]))
+        p, half = parts[k], sum(lengths[i] for i in parts[k]) / 2
+        m = next(i for i in range(p.start + 1, p.stop) if sum(lengths[p.start: i]) >= half or i == p.stop - 1)
+        parts[k: k + 1] = [range(p.start, m), range(m, p.stop)]
+    return parts
 
 
 def batch_counts(seqs, mbs):

@@ -981,6 +981,45 @@ def test_varlen_kernel_on_cuda_gives_the_masked_references_outputs_and_gradients
         assert err < 2e-2, (name, err)
 
 
+def test_micro_batches_hold_as_many_tokens_as_micro_batch_of_the_longest_sequences():
+    """Short sequences share micro-batches (a few of them alone would leave the GPU idle): each micro-batch holds at most
+    micro_batch x the longest sequence's tokens, consecutive in length, a longer sequence alone; all rows exactly once."""
+    parts = g.token_parts([5, 5, 5, 5, 20, 20, 40, 40, 70], 40, "cpu")
+    assert [(p.start, p.stop) for p in parts] == [(0, 5), (5, 6), (6, 7), (7, 8), (8, 9)]  # 70: alone
+    comp = [[7] * n for n in [3, 60, 2, 5, 58, 4, 60, 1, 6, 2, 3, 59]]  # eight short, four near 60
+    seqs = {"prompt": [[4, 5]] * len(comp), "completion": comp, "mask": torch.ones(len(comp), 60)}
+    mbs = g.micro_batches(seqs, 2, 0)  # budget: 2 x 62 tokens
+    assert sorted(i for b in mbs for i in b["rows"].tolist()) == list(range(len(comp)))
+    tokens = [sum(len(comp[i]) + 2 for i in b["rows"].tolist()) for b in mbs]
+    assert len(mbs) == 3 and max(tokens) <= 124 and len(mbs[0]["rows"]) == 9, tokens  # the short ones and a long one
+    assert [len(b["rows"]) for b in g.micro_batches({**seqs, "completion": [[7] * 60] * 12}, 2, 0)] == [2] * 6
+
+
+TOKEN_PARTS_ON_TWO_RANKS = """import json, sys
+sys.path.insert(0, {here!r})
+import torch, torch.distributed as dist
+import grpo_sglang as g
+dist.init_process_group("gloo")
+lengths = [[3] * 12, [3] * 6 + [30] * 6][dist.get_rank()]  # rank 0: one part would do; rank 1 needs four
+parts = g.token_parts(lengths, 60, torch.device("cpu"))
+print("parts", dist.get_rank(), json.dumps([[p.start, p.stop] for p in parts]), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_cuts_its_rows_into_as_many_micro_batches(tmp_path):
+    """FSDP runs its collectives once per micro-batch: a rank whose rows fit in fewer micro-batches than another's
+    splits its largest ones (each still within the budget), so that no rank waits for a collective the others skip."""
+    script = tmp_path / "parts.py"
+    script.write_text(TOKEN_PARTS_ON_TWO_RANKS.format(here=HERE))
+    code, out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                     f"--master_port={free_port()}", str(script)], timeout=120)
+    assert code == 0, out
+    got = {int(r): json.loads(p) for r, p in re.findall(r"^parts (\d) (.*)$", out, re.M)}
+    assert got[1] == [[0, 7], [7, 9], [9, 11], [11, 12]]
+    assert got[0] == [[0, 3], [3, 6], [6, 9], [9, 12]]  # 36 tokens in four, not one
+
+
 def test_training_mode_checkpoints_layers_and_turns_dropout_off(tmp_path):
     d = build_tiny(str(tmp_path), "llama", attention_dropout=0.5)  # a config that asks for dropout
     for ckpt, runs_per_layer in ((False, 1), (True, 2)):
