@@ -82,8 +82,9 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
     echo "[$(date +%T)] $name: exit $? $(tail -n 1 "$RES/bench_$name.log")" | tee -a "$RES/train_bench.log"; pack; }
   for v in ${TB_VARIANTS:-smol smol_reshard smol_compile q15 q15_reshard q15_compile}; do
     if [[ $v == *@* ]]; then  # SHAPE@COMMIT: that commit's grpo_sglang.py (copied to .gpukit/at-COMMIT/), side by side
-      n=30; [ "${v%@*}" = q15 ] && n=7
-      GRPO_SCRIPT=.gpukit/at-${v#*@}/grpo_sglang.py tb "${v%@*}_at_${v#*@}" --shape "${v%@*}" --steps $n
+      s=${v%@*}; n=30; mixed=(); [ "${s%_mixed}" = q15 ] && n=7  # SHAPE: smol, q15 or q15_mixed (as the variants)
+      [ "$s" != "${s%_mixed}" ] && n=10 && mixed=(--truncated 0.25)
+      GRPO_SCRIPT=.gpukit/at-${v#*@}/grpo_sglang.py tb "${s}_at_${v#*@}" --shape "${s%_mixed}" --steps $n "${mixed[@]}"
       continue
     fi
     case $v in
