@@ -727,9 +727,9 @@ def parse_config(argv=None):
 
 # Flags a resumed run may change: how and where it runs, not what it trains (README, "Resuming").
 RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
-             "device", "micro_batch", "tf32_head", "grad_checkpointing", "compile", "max_nonfinite_steps", "server_url",
-             "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync", "sync_bucket_mb",
-             "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
+             "device", "micro_batch", "attention", "tf32_head", "grad_checkpointing", "compile", "max_nonfinite_steps",
+             "server_url", "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync",
+             "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
 
 
 def restore_config(cfg):

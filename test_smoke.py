@@ -2026,7 +2026,7 @@ def test_one_error_said_once_under_torchrun_and_last(tiny_model, tmp_path, flags
 def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it(tiny_model, tmp_path):
     """--resume takes the saved config.json for every flag not given again (here --beta and --group_size); a flag given
     again that changes what the run trains is one error listing each one with its saved and its given value, before
-    any server is asked; flags of how and where it runs (--steps, --micro_batch) may change."""
+    any server is asked; flags of how and where it runs (--steps, --micro_batch, --attention) may change."""
     s = StandIn(tiny_model)
     try:
         code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "1", "--beta", "0.1", "--group_size", "2"))
@@ -2037,7 +2037,8 @@ def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it
         assert code == 1 and out.count("error: --resume: these flags differ from the run in") == 1, out
         assert "--group_size was 2, now 4; --lr was 0.03, now 0.001" in out and "Traceback" not in out, out
         assert s.calls["/generate"] == before  # refused before any rollout
-        flags = train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--resume", "--micro_batch", "3")
+        flags = train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--resume", "--micro_batch", "3", "--attention",
+                          "varlen")
         k = flags.index("--group_size")  # the resume command leaves --group_size out: 2 is restored
         code, out = run(flags[:k] + flags[k + 2:])
         assert code == 0 and "at step 1" in out, out
@@ -2046,6 +2047,7 @@ def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it
         assert [r["step"] for r in m] == [1, 2] and m[1]["kl"] > 0  # --beta 0.1 restored, not the default 0
         saved = json.load(open(tmp_path / "config.json"))
         assert saved["beta"] == 0.1 and saved["group_size"] == 2 and saved["steps"] == 2 and saved["micro_batch"] == 3
+        assert saved["attention"] == "varlen"
     finally:
         s.close()
 
