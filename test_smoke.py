@@ -981,6 +981,19 @@ def test_varlen_kernel_on_cuda_gives_the_masked_references_outputs_and_gradients
         assert err < 2e-2, (name, err)
 
 
+def test_attention_auto_takes_varlen_only_where_it_applies():
+    """--attention auto: varlen_attention on CUDA (PyTorch's kernel), transformers' SDPA elsewhere and for soft-capped
+    attention (Gemma 2's), which the kernel does not do; asked for there, varlen is one clear error."""
+    from types import SimpleNamespace
+    llama, gemma2 = SimpleNamespace(model_type="llama"), SimpleNamespace(model_type="gemma2", attn_logit_softcapping=50.0)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert g.attention_for("auto", llama, cuda) == "grpo_varlen" and g.attention_for("auto", llama, cpu) == "sdpa"
+    assert g.attention_for("sdpa", llama, cuda) == "sdpa" and g.attention_for("varlen", llama, cpu) == "grpo_varlen"
+    assert g.attention_for("auto", gemma2, cuda) == "sdpa"
+    with pytest.raises(g.UserError, match="--attention varlen: gemma2 soft-caps attention; use --attention sdpa"):
+        g.attention_for("varlen", gemma2, cuda)
+
+
 def test_micro_batches_hold_as_many_tokens_as_micro_batch_of_the_longest_sequences():
     """Short sequences share micro-batches (a few of them alone would leave the GPU idle): each micro-batch holds at most
     micro_batch x the longest sequence's tokens, consecutive in length, a longer sequence alone; all rows exactly once."""
@@ -1036,11 +1049,13 @@ def test_training_mode_checkpoints_layers_and_turns_dropout_off(tmp_path):
         assert len(calls) == runs_per_layer  # checkpointing recomputes the layer in backward
 
 
-def test_checkpointed_blocks_recompute_in_bf16_under_fsdp(tmp_path, monkeypatch):
+@pytest.mark.parametrize("attention", ["sdpa", "grpo_varlen"])
+def test_checkpointed_blocks_recompute_in_bf16_under_fsdp(tmp_path, monkeypatch, attention):
     """torch 2.11's FSDP (what SGLang 0.5.16 pins) does not cast a block's inputs to bf16 when transformers
     5.12's checkpointing re-runs the block in backward (torch 2.12+ does); the root's fp32 rotary cos/sin
     then met bf16 values and an H200 run crashed in SDPA. With torch 2.11's behaviour put back, every call
-    of the first block's attention, forward and recompute, must still see bf16 only."""
+    of the first block's attention, forward and recompute, must still see bf16 only (and pack_batch's boundaries,
+    which varlen attention needs)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState, TrainingState
@@ -1053,16 +1068,21 @@ def test_checkpointed_blocks_recompute_in_bf16_under_fsdp(tmp_path, monkeypatch)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        model = g.shard(g.load_policy(build_tiny(str(tmp_path), "qwen2"), torch.device("cpu"), True),
-                        init_device_mesh("cpu", (1,)), torch.bfloat16)
-        seen = []
+        d = build_tiny(str(tmp_path), "qwen2")
+        from transformers import AutoConfig
+        assert g.attention_for(attention[-6:], AutoConfig.from_pretrained(d), torch.device("cpu")) == attention
+        model = g.shard(g.load_policy(d, torch.device("cpu"), True, attention), init_device_mesh("cpu", (1,)),
+                        torch.bfloat16)
+        seen, told = [], []
         model.model.layers[0].self_attn.register_forward_pre_hook(
-            lambda m, args, kwargs: seen.append({kwargs["hidden_states"].dtype, *(t.dtype for t in kwargs["position_embeddings"])}),
-            with_kwargs=True)
-        g.completion_logprobs(model, g.pack_batch([{"prompt": [4, 5, 6], "completion": [7, 8]}], 0, "cpu"), 1.0)[0].sum().backward()
+            lambda m, args, kwargs: seen.append({kwargs["hidden_states"].dtype, *(t.dtype for t in kwargs["position_embeddings"])})
+            or told.append("cu_seq_lens_q" in kwargs), with_kwargs=True)
+        b = g.pack_batch([{"prompt": [4, 5, 6], "completion": [7, 8]}, {"prompt": [4], "completion": [9]}], 0, "cpu", True)
+        g.completion_logprobs(model, b, 1.0)[0].sum().backward()
     finally:
         dist.destroy_process_group()
     assert len(seen) == 2 and all(dtypes == {torch.bfloat16} for dtypes in seen), seen  # forward + recompute
+    assert told == [True, True]  # the sequences' boundaries (varlen attention's) reach the recompute too
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3"])

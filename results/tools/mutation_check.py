@@ -3,7 +3,8 @@ it: each must fail ("CAUGHT"). The mutations: the bugs of the first sync-check w
 (the TF32 head of c5458af, the checkpoint write error of 32cd255), the one-line bugs the exact-async-check issue put
 into a copy of the script (its part 4), one per fix of that issue and of the layout issue (GSPO, entropy), several
 servers, the resume-and-layouts issue (its one-line bugs and each safeguard, serve.sh's included), the step's table
-and weights, the LM head's log-probs (HeadLogprobs), the GRPO variants, FSDP's units and the profile tool.
+and weights, the LM head's log-probs (HeadLogprobs), the GRPO variants, FSDP's units and the profile tool, the
+varlen attention and the micro-batches by tokens.
 
     python3 results/tools/mutation_check.py [name-substring ...]      # from the repo root, CPU only
     python3 results/tools/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
@@ -26,7 +27,7 @@ M = [  # (name, file, old, new, -k expression)
  ('head: logsumexp saved wrong', 'grpo_sglang.py', 'lse[r] -= lp[r]', 'lse[r] += lp[r]', 'head_logprobs'),
  ('TF32 left on after the head (RoPE)', 'grpo_sglang.py', '        torch.set_float32_matmul_precision(before)', '        pass', 'tf32'),
  ('checkpoint write error raw', 'grpo_sglang.py', '        except Exception as e:  # a full disk', '        except ZeroDivisionError as e:  # a full disk', 'cannot_be_written'),
- ('eval mode kept', 'grpo_sglang.py', 'dtype=torch.float32).to(device).train()', 'dtype=torch.float32).to(device)', 'training_mode'),
+ ('eval mode kept', 'grpo_sglang.py', 'attn_implementation=attention).to(device).train()', 'attn_implementation=attention).to(device)', 'training_mode'),
  ('dropout left on', 'grpo_sglang.py', '            setattr(config, k, 0.0)', '            pass', 'training_mode'),
  ('kl times mu', 'grpo_sglang.py', 'm.mean("kl", (kl.detach() * w).sum() if kl', 'm.mean("kl", (kl.detach() * w).sum() * cfg.mu if kl', 'mu_2'),
  ('no version check', 'grpo_sglang.py', 'if str(o["meta_info"].get("weight_version")) != version:', 'if False:', 'skipped_push'),
@@ -156,6 +157,16 @@ M = [  # (name, file, old, new, -k expression)
  ('compiled blocks: the first of a unit without the view (a second graph)', 'grpo_sglang.py', 't.to(param_dtype).view_as(t) if', 't.to(param_dtype) if', 'compile_flag_on_two_ranks'),
  ('padded rows not a multiple of 8 (a compiled graph per alignment)', 'grpo_sglang.py', 'L = -(-L // 8) * 8 if any(', 'L = L if any(', 'packed_batch'),
  ('full rows padded too (a mask: a slower attention kernel)', 'grpo_sglang.py', 'if any(len(row) < L for row in ids) else L', 'if True else L', 'packed_batch'),
+ ('varlen: keys from later tokens (not causal)', 'grpo_sglang.py', '(seq[:, None] == seq[None, :]) & (back >= 0) & ', '(seq[:, None] == seq[None, :]) & ', 'packed_batch'),
+ ('varlen: query heads on the wrong kv heads', 'grpo_sglang.py', 'k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // v.shape[1], 1)', 'k, v = k.repeat(1, H // k.shape[1], 1), v.repeat(1, H // v.shape[1], 1)', 'packed_batch'),
+ ('varlen: sliding window ignored', 'grpo_sglang.py', '(back < (sliding_window or R * L + 1))', '(back < R * L + 1)', 'packed_batch'),
+ ('varlen: a row\'s pads not a sequence of their own', 'grpo_sglang.py', 'for n in s + [L - len(row)] if n]', 'for n in s if n]', 'packed_batch'),
+ ('varlen: boundaries never passed to the model', 'grpo_sglang.py', 'use_cache=False, **b["varlen"]).logits', 'use_cache=False).logits', 'packed_batch'),
+ ('varlen: auto takes it off CUDA too', 'grpo_sglang.py', 'if device.type != "cuda" and choice == "auto" else', 'if False else', 'attention_auto'),
+ ('varlen: soft-capped attention not refused', 'grpo_sglang.py', 'else f"{config.model_type} soft-caps attention" if getattr(config, "attn_logit_softcapping", None)', 'else f"{config.model_type} soft-caps attention" if False', 'attention_auto'),
+ ('token parts: ranks cut different numbers (FSDP hangs)', 'grpo_sglang.py', 'want = int(all_reduce_named({"parts": want}, dist.ReduceOp.MAX, device)["parts"])', 'pass', 'as_many_micro'),
+ ('token parts: over the budget', 'grpo_sglang.py', 'if total + n > budget and i > cuts[-1]:', 'if total + n > 2 * budget and i > cuts[-1]:', 'micro_batches_hold'),
+ ('micro-batches by count again (short ones alone)', 'grpo_sglang.py', 'for part in token_parts([n[i] for i in order], size * max(n), seqs["mask"].device):', 'for part in (range(k, min(k + size, len(n))) for k in range(0, len(n), size)):', 'micro_batches_hold'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
