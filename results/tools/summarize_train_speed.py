@@ -66,6 +66,17 @@ def main(commit, latest):
     print(json.dumps(out, indent=1))
 
 
+def seed_metrics(d, out):
+    """The three SmolLM2 seeds of a results/h200 run (smol_async_seed{0,1,2}) into out."""
+    seeds = [s for s in (0, 1, 2) if rows(d, f"smol_async_seed{s}")]
+    out["check_mismatch_median_after"] = {s: med(rows(d, f"smol_async_seed{s}"), "check_mismatch_mean", 2) for s in seeds}
+    out["reward_81_100_after"] = {s: round(statistics.mean(r["reward_mean"] for r in rows(d, f"smol_async_seed{s}")
+                                                           if r["step"] > 80), 4) for s in seeds}
+    out["eval_accuracy_100_after"] = {s: [r["eval_accuracy"] for r in map(json.loads, open(os.path.join(
+        d, f"smol_async_seed{s}.metrics.jsonl"))) if r.get("step") == 100 and "eval_accuracy" in r][0] for s in seeds}
+    out["nonfinite_skips_seeds"] = sum(r.get("nonfinite_skips") or 0 for s in seeds for r in rows(d, f"smol_async_seed{s}"))
+
+
 def main_h200(commit, script, before=None):
     """results/h200/train_speed/at-COMMIT/summary.json: `bash results/run_h200.sh train_speed` on one H200 (server
     and trainer colocated; before = d7f3a11's script) and the train_bench runs of the same call (no server); every
@@ -82,13 +93,7 @@ def main_h200(commit, script, before=None):
             out[f"smol_coloc_{mode}_peak_gb_{v}"] = round(max(r["peak_mem_gb"] for r in rows(d, f"speed_coloc_{mode}_{v}")), 2)
     out["smol_coloc_step_s_before"], out["smol_coloc_step_s_after"] = (out["smol_coloc_async_step_s_before"],
                                                                        out["smol_coloc_async_step_s_after"])
-    seeds = [s for s in (0, 1, 2) if rows(d, f"smol_async_seed{s}")]
-    out["check_mismatch_median_after"] = {s: med(rows(d, f"smol_async_seed{s}"), "check_mismatch_mean", 2) for s in seeds}
-    out["reward_81_100_after"] = {s: round(statistics.mean(r["reward_mean"] for r in rows(d, f"smol_async_seed{s}")
-                                                           if r["step"] > 80), 4) for s in seeds}
-    out["eval_accuracy_100_after"] = {s: [r["eval_accuracy"] for r in map(json.loads, open(os.path.join(
-        d, f"smol_async_seed{s}.metrics.jsonl"))) if r.get("step") == 100 and "eval_accuracy" in r][0] for s in seeds}
-    out["nonfinite_skips_seeds"] = sum(r.get("nonfinite_skips") or 0 for s in seeds for r in rows(d, f"smol_async_seed{s}"))
+    seed_metrics(d, out)
     for path in sorted(glob.glob(os.path.join(d, "bench_*.json"))):  # bench_q15_at_e21c2d4: that commit's script
         b, name = json.load(open(path)), os.path.basename(path)[:-5]
         out[name] = {"train_s": round(b["train_s_median"], 4), "mfu": round(b["mfu"], 4),
@@ -130,13 +135,7 @@ def main_pair(commit, a, b):
         for key in ("time_train", "time_step", "time_rollout", "pack_fill"):
             out[f"smol_coloc_async_{key.replace('time_', '')}_{v}"] = med(r, key)
         out[f"smol_coloc_async_peak_gb_{v}"] = round(max(x["peak_mem_gb"] for x in r), 2)
-    seeds = [s for s in (0, 1, 2) if rows(d, f"smol_async_seed{s}")]
-    out["check_mismatch_median_after"] = {s: med(rows(d, f"smol_async_seed{s}"), "check_mismatch_mean", 2) for s in seeds}
-    out["reward_81_100_after"] = {s: round(statistics.mean(r["reward_mean"] for r in rows(d, f"smol_async_seed{s}")
-                                                           if r["step"] > 80), 4) for s in seeds}
-    out["eval_accuracy_100_after"] = {s: [r["eval_accuracy"] for r in map(json.loads, open(os.path.join(
-        d, f"smol_async_seed{s}.metrics.jsonl"))) if r.get("step") == 100 and "eval_accuracy" in r][0] for s in seeds}
-    out["nonfinite_skips_seeds"] = sum(r.get("nonfinite_skips") or 0 for s in seeds for r in rows(d, f"smol_async_seed{s}"))
+    seed_metrics(d, out)
     for path in sorted(glob.glob(os.path.join(d, "bench_*.json"))):
         x, name = json.load(open(path)), os.path.basename(path)[:-5]
         out[name] = {"attention": x.get("attention"), "train_s": round(x["train_s_median"], 4), "mfu": round(x["mfu"], 4),
