@@ -1015,7 +1015,7 @@ import grpo_sglang as g
 dist.init_process_group("gloo")
 lengths = [[3] * 12, [3] * 6 + [30] * 6][dist.get_rank()]  # rank 0: one part would do; rank 1 needs four
 parts = g.token_parts(lengths, 60, torch.device("cpu"))
-print("parts", dist.get_rank(), json.dumps([[p.start, p.stop] for p in parts]), flush=True)
+json.dump([[p.start, p.stop] for p in parts], open({out!r} + str(dist.get_rank()), "w"))  # a file each: no interleaving
 dist.destroy_process_group()
 """
 
@@ -1024,11 +1024,11 @@ def test_every_rank_cuts_its_rows_into_as_many_micro_batches(tmp_path):
     """FSDP runs its collectives once per micro-batch: a rank whose rows fit in fewer micro-batches than another's
     splits its largest ones (each still within the budget), so that no rank waits for a collective the others skip."""
     script = tmp_path / "parts.py"
-    script.write_text(TOKEN_PARTS_ON_TWO_RANKS.format(here=HERE))
+    script.write_text(TOKEN_PARTS_ON_TWO_RANKS.format(here=HERE, out=str(tmp_path / "parts")))
     code, out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                      f"--master_port={free_port()}", str(script)], timeout=120)
     assert code == 0, out
-    got = {int(r): json.loads(p) for r, p in re.findall(r"^parts (\d) (.*)$", out, re.M)}
+    got = {r: json.load(open(tmp_path / f"parts{r}")) for r in (0, 1)}
     assert got[1] == [[0, 7], [7, 9], [9, 11], [11, 12]]
     assert got[0] == [[0, 3], [3, 6], [6, 9], [9, 12]]  # 36 tokens in four, not one
 
