@@ -1396,7 +1396,8 @@ def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
               "mismatch_kl", "is_ratio_mean", "is_ratio_max", "is_truncated_frac"):
         # (the head's gradient matmuls are bf16 (--tf32_head): micro-batches split otherwise round otherwise)
         assert m2[k] == pytest.approx(m1[k], rel=1e-3 if k == "grad_norm" else 1e-4, abs=1e-6), k
-        assert mv[k] == pytest.approx(m1[k], rel=1e-2 if k == "grad_norm" else 1e-3, abs=1e-5), k
+        # (another attention kernel: bf16 rounding moves the trainer-server gaps, ~3e-4 here, by up to ~2e-5)
+        assert mv[k] == pytest.approx(m1[k], rel=1e-2 if k == "grad_norm" else 1e-3, abs=1e-4 if "mismatch" in k else 1e-5), k
 
 
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile on a CPU needs a compiler")
