@@ -1238,7 +1238,7 @@ def one_step(cfg, model, batch, tok, reward, weight=None):
     """One step in-process, the way main() runs it: the table, micro-batches, the no-grad forwards, rewards,
     advantages and weights, then train(). -> (the table, the step's metrics)."""
     seqs = g.sequences(batch, tok, cfg.group_size, "cpu")
-    mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
+    mbs = g.micro_batches(seqs, cfg.micro_batch, 0, flat=getattr(model, "varlen", False))
     g.old_and_ref_logprobs(cfg, model, None, seqs, mbs)
     m = g.Metrics()
     g.score(seqs, lambda s, w: (reward(s["text"], s["answer"]), {}), lambda c, a: 0.0, cfg.group_size, m)
@@ -1248,18 +1248,24 @@ def one_step(cfg, model, batch, tok, reward, weight=None):
     return seqs, m.reduce("cpu")
 
 
-def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantage_and_weight(tiny_model, monkeypatch):
+@pytest.mark.parametrize("attention", ["sdpa", "grpo_varlen"])
+def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantage_and_weight(tiny_model, monkeypatch,
+                                                                                              attention):
     """One step in-process, on a batch whose rewards are known: the loss is the GRPO objective computed here sequence
     by sequence with each one's own group advantage, its TIS weights (trainer over server, capped), its weight (a
     filtered sequence counts nowhere) and the temperature; the entropy is that of the sampling distribution; a
     gradient step raises the rewarded completions against the others; with mu = 2 the logged grad_norm is the mean
-    over both updates."""
+    over both updates. Through transformers' SDPA and through varlen_attention (one row per micro-batch)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     dist_init()
     try:
         torch.manual_seed(0)
-        model = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False), init_device_mesh("cpu", (1,)), torch.bfloat16)
+        from transformers import AutoConfig
+        impl = g.attention_for(attention[-6:], AutoConfig.from_pretrained(tiny_model), torch.device("cpu"))
+        model = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False, impl), init_device_mesh("cpu", (1,)),
+                        torch.bfloat16)
+        model.varlen = attention == "grpo_varlen"  # as load_models sets it
         G, T, cap = 4, 0.8, 1.5
         prompts = [[4, 5, 6, 8], [6, 7], [9, 4, 10]]
         completions = [[11 + (k * 5 + j) % 13 for j in range(1 + k % 4)] + [3] for k in range(12)]  # lengths 2..5, EOS last

@@ -164,6 +164,7 @@ M = [  # (name, file, old, new, -k expression)
  ('varlen: boundaries never passed to the model', 'grpo_sglang.py', 'use_cache=False, **b["varlen"]).logits', 'use_cache=False).logits', 'packed_batch'),
  ('varlen: auto takes it off CUDA too', 'grpo_sglang.py', 'if device.type != "cuda" and choice == "auto" else', 'if False else', 'attention_auto'),
  ('varlen: soft-capped attention not refused', 'grpo_sglang.py', 'else f"{config.model_type} soft-caps attention" if getattr(config, "attn_logit_softcapping", None)', 'else f"{config.model_type} soft-caps attention" if False', 'attention_auto'),
+ ('varlen: sequences of one row see each other (the step test)', 'grpo_sglang.py', 'allowed = (seq[:, None] == seq[None, :]) & ', 'allowed = ', 'train_step_is_the_grpo'),
  ('token parts: ranks cut different numbers (FSDP hangs)', 'grpo_sglang.py', 'want = int(all_reduce_named({"parts": want}, dist.ReduceOp.MAX, device)["parts"])', 'pass', 'as_many_micro'),
  ('token parts: over the budget', 'grpo_sglang.py', 'if total + n > budget and i > cuts[-1]:', 'if total + n > 2 * budget and i > cuts[-1]:', 'micro_batches_hold'),
  ('micro-batches by count again (short ones alone)', 'grpo_sglang.py', 'for part in token_parts([n[i] for i in order], size * max(n), seqs["mask"].device):', 'for part in (range(k, min(k + size, len(n))) for k in range(0, len(n), size)):', 'micro_batches_hold'),
