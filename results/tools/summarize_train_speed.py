@@ -142,9 +142,19 @@ def main_pair(commit, a, b):
                      "peak_gb": round(max(s["peak_gb"] for s in x["steps"]), 1),
                      "first_step_s": round(x["steps"][0]["train_s"], 1), "profiled": "--profile" in x["flags"],
                      "pack_fill": round(statistics.median(s["pack_fill"] for s in x["steps"]), 4)}
+    for v, when in ((a, "before"), (b, "after")):  # the issue's names: a is "before", b "after" (one script)
+        out[f"smol_coloc_step_s_{when}"] = out[f"smol_coloc_async_step_{v}"]
+        q15 = out.get(f"bench_q15_{v}", {})
+        out[f"q15_train_s_{when}"], out[f"q15_mfu_{when}"] = q15.get("train_s"), q15.get("mfu")
+        out[f"q15_peak_gb_{when}"] = q15.get("peak_gb")
+        for k in ("smol_train_s", "smol_noasync_step_s", "q7_train_s"):
+            out[f"{k}_{when}"] = None  # not run in this pipeline
     out["notes"] = {"medians": "steps 4 to the last (check: steps 2-100)", "bench": "results/tools/train_phase_bench.py"
                     ", random models of the shapes, no server; medians of steps 4 to the last, profiled steps left out",
-                    "flop_count": "6 x parameters x (prompt + completion tokens) per step; peak 989.4 TFLOP/s"}
+                    "flop_count": "6 x parameters x (prompt + completion tokens) per step; peak 989.4 TFLOP/s",
+                    "issue_names": f"*_before: {a}, *_after: {b} (one script, the flag side by side); smol_coloc_step_s: "
+                                   "the colocated async pair; q15_*: bench_q15_{a,b} (full rows); smol_train_s, "
+                                   "smol_noasync_step_s (--no-async pairs) and q7 (7B shape): not run"}
     json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
     print(json.dumps(out, indent=1))
 
