@@ -61,7 +61,7 @@ serve_dedicated() { # mem_fraction: SmolLM2 on GPU 1, port 30010, under the pid 
 gpu_tests() { # timeout: pytest -k gpu_real against that server
   log "gpu tests"
   GRPO_TEST_MODEL="$K" GRPO_TEST_PORT=30010 GRPO_TEST_PIDFILE=/tmp/grpo_gpu_test.pid timeout "$1" \
-    python3 -m pytest -q -s test_smoke.py -k gpu_real > "$RES/gpu_tests.log" 2>&1
+    python3 -m pytest -q -s test_smoke.py -k "gpu_real or on_cuda" > "$RES/gpu_tests.log" 2>&1
   log "gpu tests: exit $? $(tail -n 1 "$RES/gpu_tests.log")"; }
 bench_x2() { # name model port timeout reps
   log "bench $1"; timeout "$4" python3 bench.py --layout x2 --model "$2" --server_url http://127.0.0.1:$3 \
@@ -390,6 +390,48 @@ coloc() {  # the colocated before/after of the train-speed issue: server and tra
     --steps 30 --eval_every 0
   stop coloc
   log "coloc done"
+}
+
+# PHASES=train_speed_final: every number of the train-speed issue's summary in one pipeline, d7f3a11 (.gpukit/before/)
+# against the working tree: the SmolLM2 --no-async pair (server alone on GPU 1), the colocated pair, three SmolLM2
+# seeds at once (one server each on GPU 1; their step times share GPU 0), the GPU tests, the 1.5B pair, the 7B pair.
+train_speed_final() {
+  make_model qwen2.5-1.5b-random,qwen2.5-7b-random 400 make_models.log & MK=$!  # GPU 0, before anything is timed
+  serve_dedicated 0.15
+  GPU=1 SERVERS=2 PORT=30013 MODEL="$K" MEM_FRACTION=0.15 LOG="$RES/serve_seeds.log" PIDFILE=/tmp/serve_seeds.pid \
+    timeout 600 bash serve.sh >> "$RES/pipeline.log" 2>&1
+  wait $MK
+  pair speed_smol_noasync 300 "${SMOL[@]}" --server_url http://127.0.0.1:30010 --server_gpu 1 --steps 30 --eval_every 0 \
+    --no-async
+  coloc
+  local P=(30010 30013 30014)
+  for k in 0 1 2; do
+    train smol_async_seed$k /tmp/r/l$k 400 "${SMOL[@]}" --server_url http://127.0.0.1:${P[$k]} --server_gpu 1 --steps 100 \
+      --eval_every 50 --async --seed $k &
+  done
+  wait
+  PIDFILE=/tmp/serve_seeds.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3 & Q=$!  # loads while the GPU tests run
+  gpu_tests 400
+  PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  wait $Q
+  pair speed_q15 600 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 "${BIG[@]}" --steps 6 \
+    --micro_batch 8 --max_new_tokens 1024 --no-async
+  stop q15
+  serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4
+  # 7B, checkpointing: a run's last checkpoint (~91 GB with AdamW's moments) would not fit the disk, so each run is
+  # ended once its last step is logged (the runs' metrics end there)
+  local F=(--model "$M/qwen2.5-7b-random" --server_url http://127.0.0.1:30012 "${BIG[@]}" --prompts_per_step 16
+           --steps 6 --micro_batch 8 --grad_checkpointing --no-async)
+  for v in before after; do
+    ( until grep -qs '"step": 6,' "/tmp/r/speed_q7_$v/metrics.jsonl"; do sleep 2; done; sleep 3
+      pkill -f "out_dir /tmp/r/speed_q7_$v" ) & W=$!
+    if [ $v = before ]; then SCRIPT=$BEFORE train speed_q7_$v /tmp/r/speed_q7_$v 600 "${F[@]}"
+    else train speed_q7_$v /tmp/r/speed_q7_$v 600 "${F[@]}"; fi
+    kill $W 2>/dev/null; rm -rf "/tmp/r/speed_q7_$v"
+  done
+  stop q7
+  log "train_speed_final done"
 }
 
 if [ "${PHASES:-all}" = all ]; then

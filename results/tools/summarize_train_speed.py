@@ -1,5 +1,6 @@
 """results/x2/train_speed/at-COMMIT/summary.json (and, with --latest, results/x2/train_speed/summary.json) from the
-runs of `PHASES="nan speed learn variants coloc q15 profile" bash results/run_x2.sh` at COMMIT (results/README.md):
+runs of `PHASES=train_speed_final bash results/run_x2.sh` (or the earlier "nan speed learn variants coloc q15
+profile") at COMMIT (results/README.md):
 every number comes from a metrics file in results/x2/train_speed/at-COMMIT/. "before" is d7f3a11's script
 (.gpukit/before/), "after" the commit's, one after the other on one machine and one server.
 
@@ -41,9 +42,13 @@ def main(commit, latest):
         t = out[f"q15_train_s_{v}"]
         out[f"q15_mfu_{v}"] = round(6 * Q15_PARAMS * tokens / t / PEAK, 4) if t and tokens else None
         out[f"q15_peak_gb_{v}"] = max((r["peak_mem_gb"] for r in rows(d, f"speed_q15_{v}")), default=None)
-    out["q7_train_s_before"] = out["q7_train_s_after"] = None  # not run
+    for v in ("before", "after"):  # 16 x 8, 128 new tokens, checkpointing (run_x2.sh train_speed_final; else null)
+        out[f"q7_train_s_{v}"] = med(rows(d, f"speed_q7_{v}"), "time_train")
+        out[f"q7_peak_gb_{v}"] = max((r["peak_mem_gb"] for r in rows(d, f"speed_q7_{v}")), default=None)
     seeds = [s for s in (0, 1, 2) if rows(d, f"smol_async_seed{s}")]
     out["check_mismatch_median_after"] = med(rows(d, "smol_async_seed0"), "check_mismatch_mean", 2)
+    out["check_mismatch_median_after_by_seed"] = {s: med(rows(d, f"smol_async_seed{s}"), "check_mismatch_mean", 2)
+                                                  for s in seeds}
     out["reward_81_100_after"] = {s: round(statistics.mean(r["reward_mean"] for r in rows(d, f"smol_async_seed{s}")
                                                            if r["step"] > 80), 4) for s in seeds}
     out["seeds_train_s_after"] = {s: med(rows(d, f"smol_async_seed{s}"), "time_train") for s in seeds}
