@@ -4,6 +4,7 @@
 #   . .gpukit/a/env.sh && setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &                 (phases A-D)
 #   . .gpukit/a/env.sh && PHASES=tf32 setsid bash results/run_x2.sh > /tmp/res/pipeline.out 2>&1 &     (one of the
 #      PHASES below: nccl_big_models, memory_steps_7b, tf32, tf32_7b, check_async, layout, multi (= multi_tests multi_bench),
+#      train_speed_final,
 #      or several at once;
 #      results/README.md says which commit ran which)
 # It copies the repo to /tmp/work and runs from there; everything lands in $RES (default /tmp/res).
