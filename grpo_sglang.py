@@ -1600,13 +1600,14 @@ def varlen_attention(module, q, k, v, attention_mask, dropout=0.0, scaling=None,
         return sdpa_attention_forward(module, q, k, v, None, dropout, scaling, **kwargs)
     R, H, L, D = q.shape
     q, k, v = (t.transpose(1, 2).reshape(R * L, -1, D) for t in (q, k, v))  # (tokens, heads, D)
-    k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // v.shape[1], 1)  # GQA: kv head h // rep
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         from torch.nn.attention.varlen import varlen_attn
         left = sliding_window - 1 if sliding_window else -1  # (left, 0): causal, within the window if any
+        # GQA in the kernel (flash: query head h reads kv head h // (H / Hkv)), no repeated copies of k and v
         out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, scale=scaling,
                           window_size=(left, 0))
     else:
+        k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // v.shape[1], 1)  # GQA: kv head h // rep
         i = torch.arange(R * L, device=q.device)
         seq = torch.searchsorted(cu_seq_lens_q, i, right=True)  # each token's sequence
         back = i[:, None] - i[None, :]  # how far back a key is
