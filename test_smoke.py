@@ -956,6 +956,32 @@ def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_pl
     assert all(torch.allclose(got[n].grad, want[n].grad, atol=1e-5, rtol=1e-4) for n in want), \
         [n for n in want if not torch.allclose(got[n].grad, want[n].grad, atol=1e-5, rtol=1e-4)]
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the head's TF32 and bf16 matmuls as a GPU runs them")
+@pytest.mark.parametrize("tf32", [False, True])
+def test_head_logprobs_on_cuda_against_float64_autograd(tf32):
+    """HeadLogprobs on CUDA, where its fast path's dtypes matter (TF32 logits, bf16 gradient matmuls written into fp32
+    slices of dW): log-probs, entropies and both gradients against float64 autograd on the CPU, at a size with
+    several row chunks and vocabulary slices that do not divide (the CPU test's sizes are tiny)."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(301, 96, generator=gen, dtype=torch.float64), torch.randn(3001, 96, generator=gen,
+                                                                                dtype=torch.float64) / 4
+    t, gl = torch.randint(0, 3001, (301,), generator=gen), torch.randn(301, generator=gen, dtype=torch.float64)
+    for T, ge in ((0.7, None), (1.0, torch.randn(301, generator=gen, dtype=torch.float64))):  # short way; both
+        x64, w64 = x.clone().requires_grad_(), w.clone().requires_grad_()
+        logp = torch.log_softmax(x64 @ w64.T / T, -1)
+        lp_ref, ent_ref = logp.gather(1, t[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+        want = torch.autograd.grad((lp_ref * gl).sum() + ((ent_ref * ge).sum() if ge is not None else 0), (x64, w64))
+        xc, wc = (a.detach().float().cuda().requires_grad_() for a in (x, w))
+        lp, ent = g.HeadLogprobs.apply(xc, wc, t.cuda(), T, None, tf32, 64)
+        got = torch.autograd.grad((lp * gl.float().cuda()).sum() + ((ent * ge.float().cuda()).sum() if ge is not None
+                                                                   else 0), (xc, wc))
+        rel = lambda a, b: ((a.double().cpu() - b).norm() / b.norm()).item()
+        tol = (2e-3, 1e-2) if tf32 else (1e-5, 1e-5)  # TF32 logits (10-bit inputs); bf16 gradient matmuls
+        assert rel(lp, lp_ref) < tol[0] and rel(ent, ent_ref) < tol[0], (T, rel(lp, lp_ref), rel(ent, ent_ref))
+        assert got[1].dtype == torch.float32 and rel(got[0], want[0]) < tol[1] and rel(got[1], want[1]) < tol[1], \
+            (T, rel(got[0], want[0]), rel(got[1], want[1]))
+
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch's varlen kernel runs on CUDA")
 @pytest.mark.parametrize("window", [None, 100])

@@ -14,6 +14,9 @@
 #                                                           # seeds, then train_bench; log /tmp/res/pipeline.log
 #   . .gpukit/a/env.sh && setsid bash results/run_h200.sh varlen > /tmp/res/pipeline.out 2>&1 &
 #                                                           # --attention varlen against sdpa (the kit's chunks)
+#   . .gpukit/a/env.sh && NOW=<commit> setsid bash results/run_h200.sh gqa_head > /tmp/res/pipeline.out 2>&1 &
+#                                                           # CUDA tests of the head and GQA varlen, train phase
+#                                                           # of c8b26ce against NOW: smol, q15, q7 shapes
 #   . .gpukit/a/env.sh && bash results/run_h200.sh final     # fresh machine: server with decode graphs up to
 #                                                           # 256, bench.py step + rollout on the final code
 # Afterwards, on any machine (no GPU):
@@ -82,7 +85,7 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
     echo "[$(date +%T)] $name: exit $? $(tail -n 1 "$RES/bench_$name.log")" | tee -a "$RES/train_bench.log"; pack; }
   for v in ${TB_VARIANTS:-smol smol_reshard smol_compile q15 q15_reshard q15_compile}; do
     if [[ $v == *@* ]]; then  # SHAPE@COMMIT: that commit's grpo_sglang.py (copied to .gpukit/at-COMMIT/), side by side
-      s=${v%@*}; n=30; mixed=(); [ "${s%_mixed}" = q15 ] && n=7  # SHAPE: smol, q15 or q15_mixed (as the variants)
+      s=${v%@*}; n=30; mixed=(); [ "${s%_mixed}" = q15 ] && n=7; [ "$s" = q7 ] && n=8  # SHAPE: smol, q15, q15_mixed, q7
       [ "$s" != "${s%_mixed}" ] && n=10 && mixed=(--truncated 0.25)
       GRPO_SCRIPT=.gpukit/at-${v#*@}/grpo_sglang.py tb "${s}_at_${v#*@}" --shape "${s%_mixed}" --steps $n "${mixed[@]}"
       continue
@@ -154,6 +157,26 @@ varlen)  # --attention varlen (the default where it applies) against sdpa, one s
   bash serve.sh stop >> "$RES/pipeline.log" 2>&1
   TB_VARIANTS=${TB_VARIANTS:-q15_mixed q15_mixed_sdpa q15_varlen q15_sdpa smol_varlen smol_sdpa q15_mixed_compile \
     q15_mixed_compile_sdpa q15_compile_prof smol_compile} TB_TIMEOUT=240 bash "$0" train_bench
+  log "all done"
+  ;;
+gqa_head)  # 4a5c26c (the head's backward without bf16 copies of W and dW) and 0d711fb (GQA in the varlen kernel) on
+  # the GPU: the CUDA tests (and a broken copy that must fail), then the train phase alone (train_bench) of
+  # c8b26ce's trainer and this one, side by side: SmolLM2, 1.5B and 7B shapes (time and peak memory). Needs the kit's
+  # chunk c only, and .gpukit/at-c8b26ce/ and .gpukit/at-$NOW/ (NOW: this commit) with their grpo_sglang.py.
+  log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
+  python3 -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)" > "$RES/versions.txt" 2>&1
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$RES/versions.txt"
+  timeout 300 python3 -m pytest -q -s test_smoke.py -k "varlen_kernel or head_logprobs_on_cuda" > "$RES/gpu_tests.log" 2>&1
+  log "gpu tests: exit $? ($(tail -n 1 "$RES/gpu_tests.log"))"
+  rm -rf /tmp/broken && mkdir -p /tmp/broken && cp grpo_sglang.py reward_fns.py test_smoke.py /tmp/broken/
+  # kv heads tiled (query head h reads kv head h % Hkv, not h // group): the CUDA test must fail
+  sed -i 's/out = varlen_attn(q, k, v,/out = varlen_attn(q, k.repeat(1, H \/\/ k.shape[1], 1), v.repeat(1, H \/\/ v.shape[1], 1),/' \
+    /tmp/broken/grpo_sglang.py
+  grep -c "k.repeat(1, H // k.shape" /tmp/broken/grpo_sglang.py >> "$RES/gpu_tests_broken.log"
+  (cd /tmp/broken && timeout 300 python3 -m pytest -q -s test_smoke.py -k varlen_kernel) >> "$RES/gpu_tests_broken.log" 2>&1
+  log "gpu test, kv heads tiled (must fail): exit $? ($(tail -n 1 "$RES/gpu_tests_broken.log"))"; pack
+  : "${NOW:?set NOW=<commit>}"
+  TB_VARIANTS="smol@c8b26ce smol@$NOW q15@c8b26ce q15@$NOW q7@c8b26ce q7@$NOW" TB_TIMEOUT=420 bash "$0" train_bench
   log "all done"
   ;;
 final)

@@ -8,7 +8,8 @@ grpo_sglang.py (e.g. `-- --attention sdpa`).
 
 --shape: a random-weight model built from a config in code (weights do not change the time): smol (SmolLM2-135M's
 shapes: 16 prompts x 8, 128 new tokens, micro-batch 128, beta 0.04, as results/run_x2.sh's SMOL runs) or q15
-(Qwen2.5-1.5B's: 24 x 8, 1024 new tokens, micro-batch 8, beta 0, every completion 1024 long as a random model's are).
+(Qwen2.5-1.5B's: 24 x 8, 1024 new tokens, micro-batch 8, beta 0, every completion 1024 long as a random model's are)
+or q7 (Qwen2.5-7B's, untied head: 16 x 8, 128 new tokens, micro-batch 8, checkpointing, as run_x2.sh's 7B runs).
 Prompts are 40-52 tokens (the built-in task's ~46); completions are log-normal around 30 tokens with --truncated of
 them at the limit (SmolLM2's runs: mean 20-43, 2-12% truncated). --cudnn turns PyTorch's cuDNN attention back on
 (setup() turns it off); --reshard makes shard() gather the weights again for backward whatever the model's size.
@@ -19,6 +20,7 @@ seconds from the batch to the end of train(), GPU synchronised), its tokens, and
 the peak.
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -47,6 +49,9 @@ SHAPES = {
     "q15": dict(cls="Qwen2Config", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
                 max_position_embeddings=32768),
+    "q7": dict(cls="Qwen2Config", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, rope_theta=1e6, rms_norm_eps=1e-6,
+               max_position_embeddings=32768),
     "tiny": dict(cls="LlamaConfig", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),  # a CPU check of the tool
 }
@@ -55,7 +60,9 @@ FLAGS = {"smol": ["--prompts_per_step", "16", "--group_size", "8", "--max_new_to
          "tiny": ["--prompts_per_step", "4", "--group_size", "4", "--max_new_tokens", "64", "--micro_batch", "8",
                   "--beta", "0.04"],
          "q15": ["--prompts_per_step", "24", "--group_size", "8", "--max_new_tokens", "1024", "--micro_batch", "8",
-                 "--lr", "1e-6"]}
+                 "--lr", "1e-6"],
+         "q7": ["--prompts_per_step", "16", "--group_size", "8", "--max_new_tokens", "128", "--micro_batch", "8",
+                "--lr", "1e-6", "--grad_checkpointing"]}
 
 
 def build(shape, d):
@@ -109,6 +116,9 @@ def main():
     if cuda:
         torch.cuda.set_device(device)
         torch.backends.cuda.enable_cudnn_sdp(args.cudnn)  # setup()'s choice, unless --cudnn
+        gc.collect()  # the model build() made (15 GB at q7) is not part of the train phase's peak
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     dist.init_process_group("nccl" if cuda else "gloo")
     from torch.distributed.device_mesh import init_device_mesh
     rt = SimpleNamespace(rank=0, world=1, master=True, device=device, mesh=init_device_mesh(device.type, (1,)),
