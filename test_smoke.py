@@ -2703,7 +2703,9 @@ def test_no_pickle_is_ever_read_from_the_network():
 
 def _have_gpu_and_sglang():
     import importlib.util
-    return torch.cuda.is_available() and importlib.util.find_spec("sglang.launch_server") is not None
+    # find_spec of a submodule imports its parent: ask for the package first (a GPU machine without SGLang)
+    return (torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None
+            and importlib.util.find_spec("sglang.launch_server") is not None)
 
 
 gpu = pytest.mark.skipif(not _have_gpu_and_sglang(), reason="needs a GPU and SGLang")
