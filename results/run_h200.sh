@@ -176,7 +176,7 @@ gqa_head)  # 4a5c26c (the head's backward without bf16 copies of W and dW) and 0
   (cd /tmp/broken && timeout 300 python3 -m pytest -q -s test_smoke.py -k varlen_kernel) >> "$RES/gpu_tests_broken.log" 2>&1
   log "gpu test, kv heads tiled (must fail): exit $? ($(tail -n 1 "$RES/gpu_tests_broken.log"))"; pack
   : "${NOW:?set NOW=<commit>}"
-  TB_VARIANTS="smol@c8b26ce smol@$NOW q15@c8b26ce q15@$NOW q7@c8b26ce q7@$NOW" TB_TIMEOUT=420 bash "$0" train_bench
+  TB_VARIANTS=${TB_VARIANTS:-"smol@c8b26ce smol@$NOW q15@c8b26ce q15@$NOW q7@c8b26ce q7@$NOW"} TB_TIMEOUT=420 bash "$0" train_bench
   log "all done"
   ;;
 final)
