@@ -109,6 +109,8 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
       q15_mixed_sdpa) tb q15_mixed_sdpa --shape q15 --steps 10 --truncated 0.25 -- --attention sdpa ;;
       q15_compile_prof) TORCH_LOGS=recompiles tb q15_compile_prof --shape q15 --steps 8 --profile "$RES/profile_q15_compile" \
           --profile_steps 7 -- --compile ;;
+      q7_memory) tb q7_memory --shape q7 --steps 5 --memory "$RES/peak_q7.txt" ;;  # what is live at the 7B peak
+      q15_memory) tb q15_memory --shape q15 --steps 5 --memory "$RES/peak_q15.txt" ;;
       q15_mixed_compile) TORCH_LOGS=recompiles tb q15_mixed_compile --shape q15 --steps 10 --truncated 0.25 -- --compile ;;
       q15_mixed_compile_sdpa) TORCH_LOGS=recompiles tb q15_mixed_compile_sdpa --shape q15 --steps 10 --truncated 0.25 \
           -- --compile --attention sdpa ;;

@@ -50,8 +50,8 @@ SHAPES = {
                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
                 max_position_embeddings=32768),
     "q7": dict(cls="Qwen2Config", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-               num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, rope_theta=1e6, rms_norm_eps=1e-6,
-               max_position_embeddings=32768),
+               num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
+               rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
     "tiny": dict(cls="LlamaConfig", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),  # a CPU check of the tool
 }
@@ -93,6 +93,41 @@ def made_up_batch(cfg, vocab, truncated, rng, device):
             "server_lp": torch.tensor(lp, device=device)}
 
 
+def write_peak(snapshot, base, path):
+    """Replays the recorded allocations of one step (torch.cuda.memory._snapshot) to its peak, and writes what was
+    live then, grouped by where it was allocated (the innermost frames in grpo_sglang.py, else in torch): the part of
+    the peak above what was allocated before the step (weights, optimizer state) is what a change can move."""
+    trace = snapshot["device_traces"][torch.cuda.current_device()]
+    events = [e for e in trace if e["action"] in ("alloc", "free_completed")]
+    cur, top, at = base, base, -1
+    for i, e in enumerate(events):
+        cur += e["size"] if e["action"] == "alloc" else -e["size"]
+        if cur > top:
+            top, at = cur, i
+    live = {}
+    for e in events[: at + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        else:
+            live.pop(e["addr"], None)
+
+    def where(e):
+        frames = [f for f in e.get("frames", []) if f["filename"].endswith(("grpo_sglang.py", "train_phase_bench.py"))]
+        torch_frames = [f for f in e.get("frames", []) if "/torch/" in f["filename"]][:2]
+        return " <- ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}"
+                           for f in torch_frames[:1] + frames[:3])
+
+    groups = {}
+    for e in live.values():
+        n, size = groups.get(where(e), (0, 0))
+        groups[where(e)] = (n + 1, size + e["size"])
+    with open(path, "w") as f:
+        f.write(f"before the step {base / 1e9:.3f} GB; peak {top / 1e9:.3f} GB at event {at} of {len(events)}; "
+                f"{(top - base) / 1e9:.3f} GB allocated during the step and live at the peak:\n")
+        for k, (n, size) in sorted(groups.items(), key=lambda kv: -kv[1][1])[:40]:
+            f.write(f"{size / 1e9:8.3f} GB {n:5d} x  {k}\n")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="smol", choices=list(SHAPES))
@@ -104,6 +139,7 @@ def main():
     p.add_argument("--profile", default="", help="folder for torch.profiler tables of --profile_steps")
     p.add_argument("--profile_steps", default="", help="'a-b': the steps profiled (left out of the median); default: "
                    "the last three, since SmolLM2's steps after a profile ran slower (results/h200/train_speed/)")
+    p.add_argument("--memory", default="", help="file for what is allocated at the last step's peak (CUDA)")
     p.add_argument("--out", required=True)
     args, rest = p.parse_known_args()
     path = build(args.shape, os.path.join(args.models, args.shape))
@@ -141,6 +177,9 @@ def main():
         m = g.Metrics()
         if prof and step == window[0]:
             prof.start()
+        if args.memory and step == args.steps - 1:  # the last step's allocations, to find what makes its peak
+            base = torch.cuda.memory_allocated()
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
         sync()
         t0 = time.time()
         mbs = g.micro_batches(seqs, cfg.micro_batch, 0, **flat)
@@ -152,6 +191,9 @@ def main():
         dt = time.time() - t0
         if prof and step == window[-1]:
             prof.stop()
+        if args.memory and step == args.steps - 1:
+            write_peak(torch.cuda.memory._snapshot(), base, args.memory)
+            torch.cuda.memory._record_memory_history(enabled=None)
         tokens = sum(len(a) + len(b) for a, b in zip(seqs["prompt"], seqs["completion"]))
         r = m.reduce(device)
         steps.append({"step": step, "train_s": dt, "tokens": tokens, "pack_fill": r.get("pack_fill"),
