@@ -1669,7 +1669,9 @@ class HeadLogprobs(torch.autograd.Function):
         # in w's dtype, each slice cast as it is written (and W's slices cast as they are read): a bf16 (V, H) copy
         # beside the fp32 one costs 1.1 GB at 7B's head
         dw = torch.empty(w.shape, device=w.device, dtype=w.dtype) if ctx.needs_input_grad[1] else None
-        cols = max(1, chunk * len(w) // max(1, len(x)))  # as many logits as a forward chunk
+        # as many logits as a forward chunk, and W's slice (cast to dt as read) at most 2^26 values: with few rows, as
+        # 7B's 8 x ~170 tokens, a slice would be most of W, ~1.4 GB of transients at a 7B step's peak (results/README)
+        cols = max(1, min(chunk * len(w) // max(1, len(x)), 2**26 // w.shape[1]))
         for c in (slice(s, s + cols) for s in range(0, len(w), cols)):
             z, dcap = HeadLogprobs.logits(x, w[c], temperature, cap, tf32)  # (N, cols), fp32: p as the forward's
             logp = z.sub_(lse[:, None])  # in place: z is not needed again
