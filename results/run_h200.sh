@@ -82,7 +82,8 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
   tb() { local name=$1; shift
     timeout "${TB_TIMEOUT:-300}" python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) \
       results/tools/train_phase_bench.py --out "$RES/bench_$name.json" "$@" > "$RES/bench_$name.log" 2>&1
-    echo "[$(date +%T)] $name: exit $? $(tail -n 1 "$RES/bench_$name.log")" | tee -a "$RES/train_bench.log"; pack; }
+    local rc=$?  # (before $(date ...), which would report its own status)
+    echo "[$(date +%T)] $name: exit $rc $(tail -n 1 "$RES/bench_$name.log")" | tee -a "$RES/train_bench.log"; pack; }
   for v in ${TB_VARIANTS:-smol smol_reshard smol_compile q15 q15_reshard q15_compile}; do
     if [[ $v == *@* ]]; then  # SHAPE@COMMIT: that commit's grpo_sglang.py (copied to .gpukit/at-COMMIT/), side by side
       s=${v%@*}; n=30; mixed=(); [ "${s%_mixed}" = q15 ] && n=7; [ "$s" = q7 ] && n=8  # SHAPE: smol, q15, q15_mixed, q7
