@@ -96,6 +96,8 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
       smol_cudnn) tb smol_cudnn --shape smol --cudnn ;;
       smol_reshard) tb smol_reshard --shape smol --reshard ;;
       smol_compile) TORCH_LOGS=recompiles tb smol_compile --shape smol -- --compile ;;
+      smol_compile_prof) TORCH_LOGS=recompiles tb smol_compile_prof --shape smol --profile "$RES/profile_smol_compile" \
+          -- --compile ;;
       q15) tb q15 --shape q15 --steps 7 --profile "$RES/profile_q15" --profile_steps 6 ;;
       q15_reshard) tb q15_reshard --shape q15 --steps 7 --reshard ;;
       q15_compile) TORCH_LOGS=recompiles tb q15_compile --shape q15 --steps 8 -- --compile ;;
