@@ -96,7 +96,8 @@ def made_up_batch(cfg, vocab, truncated, rng, device):
 def write_peak(snapshot, base, path):
     """Replays the recorded allocations of one step (torch.cuda.memory._snapshot) to its peak, and writes what was
     live then, grouped by where it was allocated (the innermost frames in grpo_sglang.py, else in torch): the part of
-    the peak above what was allocated before the step (weights, optimizer state) is what a change can move."""
+    the peak above what was allocated before the step (weights, optimizer state) is what a change can move. Each
+    group is named by the innermost torch frame and up to three of grpo_sglang.py's (or this tool's)."""
     trace = snapshot["device_traces"][torch.cuda.current_device()]
     events = [e for e in trace if e["action"] in ("alloc", "free_completed")]
     cur, top, at = base, base, -1
@@ -112,15 +113,16 @@ def write_peak(snapshot, base, path):
             live.pop(e["addr"], None)
 
     def where(e):
-        frames = [f for f in e.get("frames", []) if f["filename"].endswith(("grpo_sglang.py", "train_phase_bench.py"))]
-        torch_frames = [f for f in e.get("frames", []) if "/torch/" in f["filename"]][:2]
+        frames = e.get("frames", [])
+        ours = [f for f in frames if f["filename"].endswith(("grpo_sglang.py", "train_phase_bench.py"))][:3]
         return " <- ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}"
-                           for f in torch_frames[:1] + frames[:3])
+                           for f in [f for f in frames if "/torch/" in f["filename"]][:1] + ours)
 
     groups = {}
     for e in live.values():
-        n, size = groups.get(where(e), (0, 0))
-        groups[where(e)] = (n + 1, size + e["size"])
+        key = where(e)
+        n, size = groups.get(key, (0, 0))
+        groups[key] = (n + 1, size + e["size"])
     with open(path, "w") as f:
         f.write(f"before the step {base / 1e9:.3f} GB; peak {top / 1e9:.3f} GB at event {at} of {len(events)}; "
                 f"{(top - base) / 1e9:.3f} GB allocated during the step and live at the peak:\n")
@@ -142,6 +144,8 @@ def main():
     p.add_argument("--memory", default="", help="file for what is allocated at the last step's peak (CUDA)")
     p.add_argument("--out", required=True)
     args, rest = p.parse_known_args()
+    if args.memory and not torch.cuda.is_available():
+        p.error("--memory reads CUDA's allocation history: it needs a GPU")
     path = build(args.shape, os.path.join(args.models, args.shape))
     cfg = g.parse_config(["--model", path, "--dataset", "builtin", "--out_dir", "/tmp/bench_out"] + FLAGS[args.shape]
                          + [a for a in rest if a != "--"])
@@ -200,7 +204,8 @@ def main():
                       "micro_batches": len(mbs), "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
                       "grad_norm": r.get("grad_norm")})
         print(json.dumps(steps[-1]), flush=True)
-    tail = [s for s in steps[4:] if s["step"] not in window] or steps  # profiled steps run slower
+    recorded = {args.steps - 1} if args.memory else set()  # as profiled steps, a recorded one runs slower
+    tail = [s for s in steps[4:] if s["step"] not in window and s["step"] not in recorded] or steps
     med = statistics.median(s["train_s"] for s in tail)
     tok = statistics.median(s["tokens"] for s in tail)
     res = {"shape": args.shape, "script": os.environ.get("GRPO_SCRIPT", "grpo_sglang.py"), "cudnn": args.cudnn,
@@ -210,8 +215,8 @@ def main():
            "mfu": 6 * n_params * tok / med / PEAK if cuda else None, "steps": steps}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     json.dump(res, open(args.out, "w"), indent=1)
-    print(f"{args.out}: median train phase {med:.3f} s over {len(tail)} steps (4-{len(steps) - 1}, profiled ones out), "
-          f"{tok:.0f} tokens, MFU {res['mfu'] or 0:.3f}")
+    print(f"{args.out}: median train phase {med:.3f} s over {len(tail)} steps (4-{len(steps) - 1}, profiled or "
+          f"recorded ones out), {tok:.0f} tokens, MFU {res['mfu'] or 0:.3f}")
     if prof:
         os.makedirs(args.profile, exist_ok=True)
         for key, name in (("self_cpu_time_total", "ops_by_cpu.txt"), ("self_device_time_total", "ops_by_cuda.txt")):
