@@ -1670,7 +1670,7 @@ class HeadLogprobs(torch.autograd.Function):
         # beside the fp32 one costs 1.1 GB at 7B's head
         dw = torch.empty(w.shape, device=w.device, dtype=w.dtype) if ctx.needs_input_grad[1] else None
         # as many logits as a forward chunk, and W's slice (cast to dt as read) at most 2^26 values: with few rows, as
-        # 7B's 8 x ~170 tokens, a slice would be most of W, ~1.4 GB of transients at a 7B step's peak (results/README)
+        # 7B's 8 x ~170 tokens, a slice would be most of W, ~1.5 GB live at a 7B step's peak (results/h200/train_bench)
         cols = max(1, min(chunk * len(w) // max(1, len(x)), 2**26 // w.shape[1]))
         for c in (slice(s, s + cols) for s in range(0, len(w), cols)):
             z, dcap = HeadLogprobs.logits(x, w[c], temperature, cap, tf32)  # (N, cols), fp32: p as the forward's

@@ -956,6 +956,7 @@ def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_pl
     assert all(torch.allclose(got[n].grad, want[n].grad, atol=1e-5, rtol=1e-4) for n in want), \
         [n for n in want if not torch.allclose(got[n].grad, want[n].grad, atol=1e-5, rtol=1e-4)]
 
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the head's TF32 and bf16 matmuls as a GPU runs them")
 @pytest.mark.parametrize("tf32", [False, True])
 def test_head_logprobs_on_cuda_against_float64_autograd(tf32):
@@ -980,7 +981,6 @@ def test_head_logprobs_on_cuda_against_float64_autograd(tf32):
         assert rel(lp, lp_ref) < tol[0] and rel(ent, ent_ref) < tol[0], (T, rel(lp, lp_ref), rel(ent, ent_ref))
         assert got[1].dtype == torch.float32 and rel(got[0], want[0]) < tol[1] and rel(got[1], want[1]) < tol[1], \
             (T, rel(got[0], want[0]), rel(got[1], want[1]))
-
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch's varlen kernel runs on CUDA")
