@@ -1725,6 +1725,23 @@ def install_head(model, tf32_head=False):
     head.forward = head_forward
 
 
+def fuse_rms_norms(model):
+    """Llama's RMSNorm (x / rms(x) * weight, in fp32; Qwen's, Mistral's, ...) through torch's fused kernel: one kernel
+    each way for the ~8 passes over the activations of transformers' forward and ~12 of its backward (one norm before
+    attention, one before the MLP, in every block). The result is rounded to the input's dtype once, after the weight,
+    as SGLang's kernel does (transformers rounds before the weight too). A norm that computes something else (Gemma's
+    x * (1 + weight)) keeps its forward: each is compared with the fused one on a probe first."""
+    fused = lambda m, x: torch.nn.functional.rms_norm(x, m.weight.shape, m.weight.to(x.dtype), m.fused_eps)
+    for m in model.modules():
+        w, eps = getattr(m, "weight", None), getattr(m, "variance_epsilon", getattr(m, "eps", None))
+        if not type(m).__name__.endswith("RMSNorm") or w is None or w.dim() != 1 or not isinstance(eps, float):
+            continue
+        m.fused_eps, x = eps, torch.randn(3, len(w), device=w.device, dtype=torch.float32)
+        with torch.no_grad():
+            if torch.allclose(m(x).float(), fused(m, x).float(), rtol=1e-4, atol=1e-5):
+                m.forward = fused.__get__(m)
+
+
 def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, frozen=False, unit_params=1e8,
           keep_params=2e9):
     """FSDP2: consecutive transformer blocks in units of about `unit_params` parameters (one block each for 7B;
@@ -1748,6 +1765,7 @@ def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, froze
     # others not, and --compile would compile two graphs for the one block (~20 s each on an H200)
     to_compute = lambda t: t.to(param_dtype).view_as(t) if torch.is_tensor(t) and t.is_floating_point() else t
     block = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    fuse_rms_norms(model)
     units, keep = [[]], sum(p.numel() for p in model.parameters()) < keep_params
     for m in (m for m in model.modules() if type(m).__name__ in (model._no_split_modules or [])):
         if sum(p.numel() for b in units[-1] for p in b.parameters()) >= unit_params:

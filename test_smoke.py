@@ -7,6 +7,7 @@ that speaks SGLang's endpoints and loads the weights it is sent;  6. faults and 
 """
 import collections
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -981,6 +982,56 @@ def test_head_logprobs_on_cuda_against_float64_autograd(tf32):
         assert rel(lp, lp_ref) < tol[0] and rel(ent, ent_ref) < tol[0], (T, rel(lp, lp_ref), rel(ent, ent_ref))
         assert got[1].dtype == torch.float32 and rel(got[0], want[0]) < tol[1] and rel(got[1], want[1]) < tol[1], \
             (T, rel(got[0], want[0]), rel(got[1], want[1]))
+
+
+@pytest.mark.parametrize("arch, n_fused", [("llama", 5), ("qwen3", 9), ("gemma3", 0)])
+def test_fused_rms_norms_compute_transformers_norms_and_leave_gemmas_alone(arch, n_fused, tmp_path):
+    """fuse_rms_norms gives Llama's and Qwen's RMSNorms (Qwen3's per-head q and k norms too) torch's fused norm and
+    leaves Gemma's (x * (1 + weight)) as it is: in fp32 the whole model computes what transformers' does; in bf16 one
+    norm's output is rounded once (within half a bf16 step of the exact value) and its gradients are bf16-close."""
+    from transformers import AutoModelForCausalLM
+    d, gen = build_tiny(str(tmp_path), arch), torch.Generator().manual_seed(0)
+    model, plain = (AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32) for _ in range(2))
+    norms = [(m, p) for m, p in zip(model.modules(), plain.modules()) if type(m).__name__.endswith("RMSNorm")]
+    for m, p in norms:  # weights that matter (transformers starts them at 1, or Gemma's at 0)
+        m.weight.data = p.weight.data = torch.rand(m.weight.shape, generator=gen) + 0.5
+    g.fuse_rms_norms(model)
+    fused = [m for m, _ in norms if "forward" in m.__dict__]
+    assert len(norms) >= 5 and len(fused) == n_fused
+    ids = torch.randint(4, model.config.vocab_size, (2, 12), generator=gen)
+    assert torch.allclose(model(ids).logits, plain(ids).logits, atol=1e-5)
+    if fused:
+        check_fused_norm_in_bf16(fused[0], "cpu")
+
+
+def check_fused_norm_in_bf16(norm, device):
+    """A fused norm's bf16 output and gradients (x, weight) against float64 autograd of x / rms(x) * weight."""
+    norm = copy.deepcopy(norm).to(device=device, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(64, norm.weight.shape[0], generator=gen) * 3).bfloat16()
+    gy = torch.randn(x.shape, generator=gen)
+    x64, w64 = x.double().requires_grad_(), norm.weight.detach().double().cpu().requires_grad_()
+    want = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + norm.fused_eps) * w64
+    want_g = torch.autograd.grad((want * gy.double()).sum(), (x64, w64))
+    xd = x.to(device).requires_grad_()
+    y = norm(xd)
+    got_g = torch.autograd.grad((y.float() * gy.to(device)).sum(), (xd, norm.weight))
+    assert y.dtype == torch.bfloat16 and ((y.double().cpu() - want).abs() <= want.abs() * 2**-8 + 1e-30).all()
+    rel = lambda a, b: ((a.double().cpu() - b).norm() / b.norm()).item()
+    assert rel(got_g[0], want_g[0]) < 1e-2 and rel(got_g[1], want_g[1]) < 1e-2, (rel(got_g[0], want_g[0]),
+                                                                              rel(got_g[1], want_g[1]))
+    return y
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's fused RMSNorm kernel runs on CUDA")
+def test_fused_rms_norm_on_cuda_runs_torchs_kernel_within_bf16_rounding(tmp_path):
+    """On CUDA fuse_rms_norms' norms run torch's fused kernel (its own backward), in bf16 within rounding."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(build_tiny(str(tmp_path), "qwen2"), dtype=torch.float32)
+    g.fuse_rms_norms(model)
+    y = check_fused_norm_in_bf16(model.model.norm, "cuda")
+    print("grad_fn:", y.grad_fn.name())
+    assert "Fused" in y.grad_fn.name(), y.grad_fn.name()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch's varlen kernel runs on CUDA")
