@@ -17,6 +17,9 @@
 #   . .gpukit/a/env.sh && NOW=<commit> setsid bash results/run_h200.sh gqa_head > /tmp/res/pipeline.out 2>&1 &
 #                                                           # CUDA tests of the head and GQA varlen, train phase
 #                                                           # of c8b26ce against NOW: smol, q15, q7 shapes
+#   . .gpukit/a/env.sh && NOW=<commit> setsid bash results/run_h200.sh fused_norm > /tmp/res/pipeline.out 2>&1 &
+#                                                           # fused RMSNorm: CUDA tests, train phase of e79e488
+#                                                           # against NOW, colocated async pairs, seeds, 7B pair
 #   . .gpukit/a/env.sh && bash results/run_h200.sh final     # fresh machine: server with decode graphs up to
 #                                                           # 256, bench.py step + rollout on the final code
 # Afterwards, on any machine (no GPU):
@@ -182,6 +185,32 @@ gqa_head)  # 4a5c26c (the head's backward without bf16 copies of W and dW) and 0
   log "gpu test, kv heads tiled (must fail): exit $? ($(tail -n 1 "$RES/gpu_tests_broken.log"))"; pack
   : "${NOW:?set NOW=<commit>}"
   TB_VARIANTS=${TB_VARIANTS:-"smol@c8b26ce smol@$NOW q15@c8b26ce q15@$NOW q7@c8b26ce q7@$NOW"} TB_TIMEOUT=420 bash "$0" train_bench
+  log "all done"
+  ;;
+fused_norm)  # fuse_rms_norms (torch's fused RMSNorm) on the GPU: the CUDA tests, the train phase alone of BASE's
+  # trainer and NOW's side by side (SmolLM2 and 1.5B shapes), colocated SmolLM2 async pairs (BASE, NOW) on one server
+  # for the sync check's mismatch and the step, three NOW seeds of 100 steps, then the 7B pair. Needs all the kit's
+  # chunks, and .gpukit/at-$BASE/ and .gpukit/at-$NOW/ with their grpo_sglang.py.
+  : "${NOW:?set NOW=<commit>}" "${BASE:=e79e488}"
+  log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
+  run() { local name=$1 script=$2; shift 2; log "train $name: $*"
+    timeout 400 python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) "$script" \
+      "${TRAIN[@]:6}" --out_dir "/tmp/r/$name" "$@" > "$RES/$name.log" 2>&1
+    log "train $name: exit $? ($(tail -n 1 "$RES/$name.log" | cut -c1-160))"
+    cp "/tmp/r/$name/metrics.jsonl" "$RES/$name.metrics.jsonl" 2>/dev/null; pack; }
+  python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)" > "$RES/versions.txt" 2>&1
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$RES/versions.txt"
+  timeout 300 python3 -m pytest -q -s test_smoke.py -k "fused_rms or head_logprobs_on_cuda or varlen_kernel" > "$RES/gpu_tests.log" 2>&1
+  log "gpu tests: exit $? ($(tail -n 1 "$RES/gpu_tests.log"))"; pack
+  TB_VARIANTS="smol@$BASE smol@$NOW q15@$BASE q15@$NOW" TB_TIMEOUT=300 bash "$0" train_bench
+  SECONDS=0; bash serve.sh >> "$RES/pipeline.log" 2>&1; log "server up after $SECONDS s"
+  for k in 1 2; do
+    run "coloc_async_${BASE}_$k" ".gpukit/at-$BASE/grpo_sglang.py" --steps 30 --eval_every 0 --save_every 0 --async
+    run "coloc_async_${NOW}_$k" ".gpukit/at-$NOW/grpo_sglang.py" --steps 30 --eval_every 0 --save_every 0 --async
+  done
+  for k in 0 1 2; do run "smol_async_seed$k" grpo_sglang.py --steps 100 --eval_every 50 --save_every 0 --async --seed $k; done
+  bash serve.sh stop >> "$RES/pipeline.log" 2>&1
+  TB_VARIANTS="q7@$BASE q7@$NOW" TB_TIMEOUT=420 bash "$0" train_bench
   log "all done"
   ;;
 final)
