@@ -1002,6 +1002,15 @@ def test_fused_rms_norms_compute_transformers_norms_and_leave_gemmas_alone(arch,
     assert torch.allclose(model(ids).logits, plain(ids).logits, atol=1e-5)
     if fused:
         check_fused_norm_in_bf16(fused[0], "cpu")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:  # what the trainer's models get: shard() fuses them
+        sharded = g.shard(g.load_policy(d, torch.device("cpu"), False), init_device_mesh("cpu", (1,)), torch.bfloat16)
+    finally:
+        dist.destroy_process_group()
+    assert sum("forward" in m.__dict__ for m in sharded.modules() if type(m).__name__.endswith("RMSNorm")) == n_fused
 
 
 def check_fused_norm_in_bf16(norm, device):

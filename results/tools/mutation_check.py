@@ -4,7 +4,7 @@ it: each must fail ("CAUGHT"). The mutations: the bugs of the first sync-check w
 into a copy of the script (its part 4), one per fix of that issue and of the layout issue (GSPO, entropy), several
 servers, the resume-and-layouts issue (its one-line bugs and each safeguard, serve.sh's included), the step's table
 and weights, the LM head's log-probs (HeadLogprobs), the GRPO variants, FSDP's units and the profile tool, the
-varlen attention and the micro-batches by tokens.
+varlen attention and the micro-batches by tokens, the fused RMSNorms.
 
     python3 results/tools/mutation_check.py [name-substring ...]      # from the repo root, CPU only
     python3 results/tools/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
@@ -37,6 +37,9 @@ M = [  # (name, file, old, new, -k expression)
  ('nccl send waited first, no timeout', 'grpo_sglang.py', '    def wait():\n        for srv, answered in zip(', '    def wait():\n        sent and sent.result()\n        for srv, answered in zip(', 'nccl_path_failures'),
  ('plain format ignored', 'grpo_sglang.py', 'fmt = ("chat" if tok.chat_template else "plain") if', 'fmt = "chat" if', 'base_model'),
  ('async resume keeps stale version', 'grpo_sglang.py', 'batch = next_batch or on_all_ranks(server.rollout, my_prompts(step), step)', 'batch = next_batch or on_all_ranks(server.rollout, my_prompts(step), max(step - 1, 0) if cfg.async_ and step > 0 else step)', 'async_resume'),
+ ('RMSNorms not fused by shard()', 'grpo_sglang.py', '    fuse_rms_norms(model)\n', '', 'fused_rms'),
+ ("every RMSNorm fused (Gemma's too)", 'grpo_sglang.py', 'if torch.allclose(m(x).float(), fused(m, x).float(), rtol=1e-4, atol=1e-5):', 'if True:', 'fused_rms'),
+ ('fused RMSNorm rounded before the weight', 'grpo_sglang.py', 'torch.nn.functional.rms_norm(x, m.weight.shape, m.weight.to(x.dtype), m.fused_eps)', 'torch.nn.functional.rms_norm(x, m.weight.shape, None, m.fused_eps) * m.weight.to(x.dtype)', 'fused_rms'),
  ('no bf16 cast in recompute', 'grpo_sglang.py', '        m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)\n', '', 'recompute_in_bf16'),
  ('default group bound', 'grpo_sglang.py', 'dist.init_process_group("nccl" if use_cuda else "gloo")', 'dist.init_process_group("nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)', 'not_bound'),
  ('TIS args swapped at the call site', 'grpo_sglang.py', 'tis = tis_weights(old, x["server_lp"], cfg.tis_cap,', 'tis = tis_weights(x["server_lp"], old, cfg.tis_cap,', 'policy_loss or train_step_is'),
