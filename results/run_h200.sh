@@ -35,6 +35,13 @@ TRAIN=(python3 -m torch.distributed.run --nproc_per_node 1 grpo_sglang.py --colo
        --micro_batch 128 --lr 1e-5 --beta 0.04)
 pack() { tar czf "${OUT:-/tmp}/res.tgz" -C "$RES" . ; }
 trap pack EXIT
+log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
+# run NAME SCRIPT FLAGS...: a colocated training run of SCRIPT (this grpo_sglang.py or an older commit's) on the server
+run() { local name=$1 script=$2; shift 2; log "train $name: $*"
+  timeout 400 python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) "$script" \
+    "${TRAIN[@]:6}" --out_dir "/tmp/r/$name" "$@" > "$RES/$name.log" 2>&1
+  log "train $name: exit $? ($(tail -n 1 "$RES/$name.log" | cut -c1-160))"
+  cp "/tmp/r/$name/metrics.jsonl" "$RES/$name.metrics.jsonl" 2>/dev/null; pack; }
 
 case "${1:-main}" in
 main)
@@ -125,12 +132,6 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
   ;;
 train_speed)  # colocated before (BEFORE: d7f3a11's script) / after pairs, 30 steps each, alternating on one server;
   # SmolLM2 async 100 steps, seeds 0-2; then the train phase alone (train_bench, the server stopped)
-  log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
-  run() { local name=$1 script=$2; shift 2; log "train $name: $*"
-    timeout 400 python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) "$script" \
-      "${TRAIN[@]:6}" --out_dir "/tmp/r/$name" "$@" > "$RES/$name.log" 2>&1
-    log "train $name: exit $? ($(tail -n 1 "$RES/$name.log" | cut -c1-160))"
-    cp "/tmp/r/$name/metrics.jsonl" "$RES/$name.metrics.jsonl" 2>/dev/null; pack; }
   BEFORE=${BEFORE:-.gpukit/before/grpo_sglang.py}
   python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)" > "$RES/versions.txt" 2>&1
   SECONDS=0; bash serve.sh >> "$RES/pipeline.log" 2>&1; log "server up after $SECONDS s"
@@ -146,7 +147,6 @@ train_speed)  # colocated before (BEFORE: d7f3a11's script) / after pairs, 30 st
 varlen)  # --attention varlen (the default where it applies) against sdpa, one script, side by side on one machine:
   # the kernel's GPU test (and a broken copy of it that must fail), colocated async pairs, three SmolLM2 seeds, then
   # train_bench (the server stopped)
-  log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
   run() { local name=$1; shift; log "train $name: $*"
     timeout 400 python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) \
       grpo_sglang.py "${TRAIN[@]:6}" --out_dir "/tmp/r/$name" "$@" > "$RES/$name.log" 2>&1
@@ -171,7 +171,6 @@ gqa_head)  # 4a5c26c (the head's backward without bf16 copies of W and dW) and 0
   # the GPU: the CUDA tests (and a broken copy that must fail), then the train phase alone (train_bench) of
   # c8b26ce's trainer and this one, side by side: SmolLM2, 1.5B and 7B shapes (time and peak memory). Needs the kit's
   # chunk c only, and .gpukit/at-c8b26ce/ and .gpukit/at-$NOW/ (NOW: this commit) with their grpo_sglang.py.
-  log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
   python3 -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)" > "$RES/versions.txt" 2>&1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$RES/versions.txt"
   timeout 300 python3 -m pytest -q -s test_smoke.py -k "varlen_kernel or head_logprobs_on_cuda" > "$RES/gpu_tests.log" 2>&1
@@ -192,12 +191,6 @@ fused_norm)  # fuse_rms_norms (torch's fused RMSNorm) on the GPU: the CUDA tests
   # for the sync check's mismatch and the step, three NOW seeds of 100 steps, then the 7B pair. Needs all the kit's
   # chunks, and .gpukit/at-$BASE/ and .gpukit/at-$NOW/ with their grpo_sglang.py.
   : "${NOW:?set NOW=<commit>}" "${BASE:=e79e488}"
-  log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
-  run() { local name=$1 script=$2; shift 2; log "train $name: $*"
-    timeout 400 python3 -m torch.distributed.run --nproc_per_node 1 --master_port $((20000 + RANDOM % 9000)) "$script" \
-      "${TRAIN[@]:6}" --out_dir "/tmp/r/$name" "$@" > "$RES/$name.log" 2>&1
-    log "train $name: exit $? ($(tail -n 1 "$RES/$name.log" | cut -c1-160))"
-    cp "/tmp/r/$name/metrics.jsonl" "$RES/$name.metrics.jsonl" 2>/dev/null; pack; }
   python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)" > "$RES/versions.txt" 2>&1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$RES/versions.txt"
   timeout 300 python3 -m pytest -q -s test_smoke.py -k "fused_rms or head_logprobs_on_cuda or varlen_kernel" > "$RES/gpu_tests.log" 2>&1
