@@ -118,8 +118,10 @@ class Config:
     # the trainer's compute
     micro_batch: int = arg(32, "sequences per forward/backward on one rank at the step's longest length (shorter "
                                "ones share: as many tokens); larger is faster if it fits", "v >= 1")
-    tf32_head: bool = arg(True, "the fp32 LM head on TF32 tensor cores (fp32 logits, ~8x faster; its gradient's "
-                                "matmuls in bf16); off: exact fp32")
+    head_matmul: str = arg("tf32", "the LM head's logits, always fp32: 'tf32' (from the fp32 weights on TF32 tensor "
+                                   "cores), 'bf16' (bf16 inputs, fp32 sums: the server's fp32 head's products, at "
+                                   "twice TF32's rate) or 'fp32' (exact, ~8x slower); the gradient's matmuls in bf16 "
+                                   "unless 'fp32'", ("tf32", "bf16", "fp32"))
     attention: str = arg("auto", "packed rows' attention: 'varlen' (PyTorch's flash kernel, each sequence on its "
                                  "own; CUDA), 'sdpa' (transformers' masked path); auto: varlen where it applies",
                          ("auto", "varlen", "sdpa"))
@@ -727,9 +729,9 @@ def parse_config(argv=None):
 
 # Flags a resumed run may change: how and where it runs, not what it trains (README, "Resuming").
 RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
-             "device", "micro_batch", "attention", "tf32_head", "grad_checkpointing", "compile", "max_nonfinite_steps",
-             "server_url", "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync",
-             "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
+             "device", "micro_batch", "attention", "head_matmul", "grad_checkpointing", "compile",
+             "max_nonfinite_steps", "server_url", "api_key", "server_gpu", "colocate", "request_timeout",
+             "request_retries", "sync", "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
 
 
 def restore_config(cfg):
@@ -753,6 +755,7 @@ def restore_config(cfg):
                         f"run must train what it trained: {was}. Drop them to continue that run, or start a new run "
                         f"in another --out_dir. Flags a resume may change: "
                         + ", ".join(f"--{k.rstrip('_')}" for k in sorted(RESUMABLE)))
+    saved.setdefault("head_matmul", "tf32" if saved.pop("tf32_head", True) else "fp32")  # (the flag's older form)
     for k, v in saved.items():
         if k in fields and k not in given and k != "api_key":
             setattr(cfg, k, v)
@@ -1027,13 +1030,13 @@ def load_models(cfg, rt):
         check_architecture(rt.ckpt, cfg.model)
     attention = attention_for(cfg.attention, AutoConfig.from_pretrained(cfg.model), rt.device)
     model = load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing, attention)
-    model = shard(model, rt.mesh, torch.bfloat16, cfg.tf32_head, cfg.compile)
+    model = shard(model, rt.mesh, torch.bfloat16, cfg.head_matmul, cfg.compile)
     model.varlen = attention == "grpo_varlen"  # (micro_batches: flat rows)
     ref = None
     if cfg.beta > 0:
         ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16, attn_implementation=attention)
         ref = ref.to(rt.device).eval()
-        ref = shard(ref, rt.mesh, torch.bfloat16, cfg.tf32_head, cfg.compile, frozen=True).requires_grad_(False)
+        ref = shard(ref, rt.mesh, torch.bfloat16, cfg.head_matmul, cfg.compile, frozen=True).requires_grad_(False)
     # fused: one kernel and no temporaries; the default (foreach) Adam allocates a copy of a moment per step,
     # which for a 7B model on one H200 is the difference between fitting and an OOM at the first step
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -1622,15 +1625,17 @@ class HeadLogprobs(torch.autograd.Function):
     softmax(z), z = cap(x W^T) / temperature, in fp32, ~2^27 logits at a time (`chunk` rows; backward: all rows, a
     slice of the vocabulary): the (N, V) fp32 logits never exist at once, and backward recomputes each slice's logits
     (one more head matmul) rather than keeping them (the idea of Liger's fused linear cross-entropy). cap: Gemma's
-    soft-capping, cap * tanh(logits / cap). If tf32: the logits on TF32 (scoped to the head, since the global switch
-    would also round the fp32 RoPE angles: transformers issue 48428) and the gradient's two matmuls in bf16, as in
-    every block's backward (the log-probs the check compares stay TF32; else exact fp32 throughout). A pass over
-    2^27 fp32 logits costs about as much as a small matmul: the code counts them."""
+    soft-capping, cap * tanh(logits / cap). mm (--head_matmul): 'tf32', the logits on TF32 (scoped to the head, since
+    the global switch would also round the fp32 RoPE angles: transformers issue 48428); 'bf16', from x and W rounded
+    to bf16 (as the server holds them) with fp32 products and sums; either way the gradient's two matmuls in bf16, as
+    in every block's backward. 'fp32': exact fp32 throughout. A pass over 2^27 fp32 logits costs about as much as a
+    small matmul: the code counts them."""
     @staticmethod
-    def forward(ctx, x, w, targets, temperature, cap, tf32, chunk):
+    def forward(ctx, x, w, targets, temperature, cap, mm, chunk):
         lp, ent, lse = (torch.empty(len(x), device=x.device) for _ in range(3))
+        wl = w.bfloat16() if mm == "bf16" else w  # cast once, not per chunk
         for r in (slice(s, s + chunk) for s in range(0, len(x), chunk)):
-            z = HeadLogprobs.logits(x[r], w, temperature, cap, tf32)[0]  # (chunk, V)
+            z = HeadLogprobs.logits(x[r], wl, temperature, cap, mm)[0]  # (chunk, V)
             lse[r] = z.gather(1, targets[r, None]).squeeze(1)  # z at the target, for now
             logp = torch.log_softmax(z, -1)
             del z  # one (chunk, V) tensor fewer from here on
@@ -1639,15 +1644,19 @@ class HeadLogprobs(torch.autograd.Function):
             ent[r] = -logp.exp().mul_(logp).sum(-1)  # -Σ p log p (not einsum: a slow bmm)
             del logp
         ctx.save_for_backward(x, w, targets, lse, ent)
-        ctx.args = temperature, cap, tf32, chunk
+        ctx.args = temperature, cap, mm, chunk
         ctx.set_materialize_grads(False)  # an output nobody used (the entropy, mostly) has no gradient to compute
         return lp, ent
 
     @staticmethod
-    def logits(x, w, temperature, cap, tf32):
+    def logits(x, w, temperature, cap, mm):
         """-> the rows' z, and dz/d(x W^T) / temperature where a soft-cap makes it more than that (else None)."""
-        with tf32_matmuls(tf32):
-            raw = x.float() @ w.float().T
+        if mm == "bf16":  # the products of bf16 values are exact in fp32: one kernel, bf16 in, fp32 out (CUDA)
+            x, w = x.bfloat16(), w.bfloat16()
+            raw = torch.mm(x, w.T, out_dtype=torch.float32) if x.is_cuda else x.float() @ w.float().T
+        else:
+            with tf32_matmuls(mm == "tf32"):
+                raw = x.float() @ w.float().T
         if not cap:
             return raw if temperature == 1 else raw / temperature, None  # at T = 1, one pass over (chunk, V) fewer
         t = torch.tanh(raw / cap)
@@ -1660,9 +1669,9 @@ class HeadLogprobs(torch.autograd.Function):
         whose inner size is the row count. With the log-probs' gradient alone and no soft-cap (the usual case)
         d loss / dz = row (p - onehot), row = -g_lp / T: the row factor goes on the (N, H) side of the matmuls."""
         x, w, targets, lse, ent = ctx.saved_tensors
-        temperature, cap, tf32, chunk = ctx.args
+        temperature, cap, mm, chunk = ctx.args
         short = g_ent is None and not cap
-        dt = torch.bfloat16 if tf32 else torch.float32  # the gradient's matmuls: bf16 (as every block's) or exact
+        dt = torch.float32 if mm == "fp32" else torch.bfloat16  # the gradient's matmuls: bf16 (as every block's)
         row = -g_lp[:, None].float() / temperature if short else 1 / temperature
         xr = (x.float() * row).to(dt)
         acc = torch.zeros(x.shape, device=x.device)  # Σ over slices of gz @ W, (N, H)
@@ -1673,7 +1682,7 @@ class HeadLogprobs(torch.autograd.Function):
         # 7B's 8 x ~170 tokens, a slice would be most of W, ~1.5 GB live at a 7B step's peak (results/h200/train_bench)
         cols = max(1, min(chunk * len(w) // max(1, len(x)), 2**26 // w.shape[1]))
         for c in (slice(s, s + cols) for s in range(0, len(w), cols)):
-            z, dcap = HeadLogprobs.logits(x, w[c], temperature, cap, tf32)  # (N, cols), fp32: p as the forward's
+            z, dcap = HeadLogprobs.logits(x, w[c], temperature, cap, mm)  # (N, cols), fp32: p as the forward's
             logp = z.sub_(lse[:, None])  # in place: z is not needed again
             here = ((targets >= c.start) & (targets < c.start + z.shape[1]))[:, None]  # the target is in this slice
             at = (targets - c.start).clamp(0, z.shape[1] - 1)[:, None]
@@ -1705,7 +1714,7 @@ def tf32_matmuls(on=True):
         torch.set_float32_matmul_precision(before)
 
 
-def install_head(model, tf32_head=False):
+def install_head(model, head_matmul="fp32"):
     """The LM head computes the log-probs of the tokens that completion_logprobs asks for (head.job) and their
     entropy, with HeadLogprobs, instead of the (B, C, V) logits; asked nothing, it returns the logits."""
     head, cap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
@@ -1717,9 +1726,9 @@ def install_head(model, tf32_head=False):
 
     def head_forward(x):  # (R, L, H); head.weight: by now FSDP has swapped the gathered weight in
         if "job" not in head.__dict__:  # a plain call: the logits (with an autograd of its own, in fp32)
-            return HeadLogprobs.logits(x, head.weight, 1.0, cap, tf32_head)[0]
+            return HeadLogprobs.logits(x, head.weight, 1.0, cap, head_matmul)[0]
         src, tgt, dst, shape, temperature = head.__dict__.pop("job")  # set by completion_logprobs (pack_batch)
-        lp, ent = HeadLogprobs.apply(x.flatten(0, 1)[src], head.weight, tgt, temperature, cap, tf32_head, chunk)
+        lp, ent = HeadLogprobs.apply(x.flatten(0, 1)[src], head.weight, tgt, temperature, cap, head_matmul, chunk)
         head.entropy = torch.zeros(shape, device=x.device).index_put(tuple(dst), ent)
         return torch.zeros(shape, device=x.device).index_put(tuple(dst), lp)  # (B, C): the log-probs
     head.forward = head_forward
@@ -1742,7 +1751,7 @@ def fuse_rms_norms(model):
                 m.forward = fused.__get__(m)
 
 
-def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, frozen=False, unit_params=1e8,
+def shard(model, mesh, param_dtype, head_matmul="fp32", compile_blocks=False, frozen=False, unit_params=1e8,
           keep_params=2e9):
     """FSDP2: consecutive transformer blocks in units of about `unit_params` parameters (one block each for 7B;
     SmolLM2's 30 in two, 29 + 1: FSDP's hooks cost CPU time per unit), computing in bf16; fp32 master weights, grads.
@@ -1756,9 +1765,9 @@ def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, froze
     0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same).
     Some final norms (Gemma's) return their input's dtype, bf16 from the last block, so the head casts
     its input to fp32 itself: one cast where it matters, rather than fp32 activations between blocks.
-    `tf32_head`: the head's logits on TF32, whose input rounding is finer than that of the bf16 weights the
-    server's head reads, and its gradient's matmuls in bf16; in exact fp32 it was the largest single cost of a 1.5B
-    training step (FLOP count)."""
+    `head_matmul` (HeadLogprobs): 'tf32', the head's logits on TF32, whose input rounding is finer than that of the
+    bf16 weights the server's head reads; 'bf16', from those bf16 weights; both with the gradient's matmuls in bf16.
+    In exact fp32 ('fp32') the head was the largest single cost of a 1.5B training step (FLOP count)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.utils._pytree import tree_map
     # a block's inputs in bf16, and always as views: FSDP hands the first block of a unit a view of its input and the
@@ -1778,7 +1787,7 @@ def shard(model, mesh, param_dtype, tf32_head=False, compile_blocks=False, froze
             m.forward = torch.compile(m.forward, dynamic=True)
     for unit in units if units[0] else []:
         fully_shard(unit, mesh=mesh, mp_policy=block, reshard_after_forward=not keep)
-    install_head(model, tf32_head)
+    install_head(model, head_matmul)
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
     if not frozen:
         model.register_forward_hook(reshard_after_no_grad)

@@ -55,12 +55,13 @@ def test_group_advantages_hand_values():
 def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
     """The LM head's log-probs and entropies, chunk by chunk, and its own backward, against log_softmax and autograd
     in float64 on fresh random inputs: temperatures, chunks that do not divide the rows, Gemma's soft-capping, the
-    log-probs alone (no entropy gradient) and both."""
+    log-probs alone (no entropy gradient) and both; each --head_matmul ('bf16': the log-probs of x and W rounded to
+    bf16, exactly; the gradients within bf16 rounding of the unrounded ones)."""
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])  # hand values: x = the logits, W = I
-    lp, ent = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 1.0, None, False, 1)
+    lp, ent = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 1.0, None, "fp32", 1)
     assert torch.allclose(lp, torch.tensor([3 - math.log(math.e + math.e ** 2 + math.e ** 3), -math.log(3)]))
     assert torch.allclose(ent[1], torch.tensor(math.log(3)))
-    lp2, _ = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 2.0, None, False, 5)
+    lp2, _ = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 2.0, None, "fp32", 5)
     assert torch.allclose(lp2[0], torch.tensor(1.5 - math.log(math.e ** 0.5 + math.e + math.e ** 1.5)))
     torch.manual_seed(0)
     cases = ((None, 1.0, 3, True), (None, 0.7, 5, False), (None, 1.0, 4, False), (30.0, 0.8, 4, True), (2.0, 1.0, 99, True),
@@ -69,18 +70,22 @@ def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
         x, w = torch.randn(11, 6, dtype=torch.float64, requires_grad=True), torch.randn(13, 6, dtype=torch.float64,
                                                                                       requires_grad=True)
         t, gl, ge = torch.randint(0, 13, (11,)), torch.randn(11, dtype=torch.float64), torch.randn(11, dtype=torch.float64)
-        z = (cap * torch.tanh(x @ w.T / cap) if cap else x @ w.T) / T
-        lp_ref, p = torch.log_softmax(z, -1).gather(1, t[:, None]).squeeze(1), torch.softmax(z, -1)
-        ent_ref = -(p * torch.log_softmax(z, -1)).sum(-1)
+        def lp_ent(x, w):
+            logp = torch.log_softmax((cap * torch.tanh(x @ w.T / cap) if cap else x @ w.T) / T, -1)
+            return logp.gather(1, t[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+        lp_ref, ent_ref = lp_ent(x, w)
         want = torch.autograd.grad((lp_ref * gl).sum() + (both * ent_ref * ge).sum(), (x, w))
-        for tf32, tol in ((False, 1e-5), (True, 1e-2)):  # tf32: the gradient's matmuls in bf16 (~3 digits)
+        rounded = lp_ent(x.detach().bfloat16().double(), w.detach().bfloat16().double())  # what 'bf16' computes
+        for mm, tol in (("fp32", 1e-5), ("tf32", 1e-2), ("bf16", 1e-2)):  # else the gradient's matmuls in bf16
             x32, w32 = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
-            lp, ent = g.HeadLogprobs.apply(x32, w32, t, T, cap, tf32, chunk)
+            lp, ent = g.HeadLogprobs.apply(x32, w32, t, T, cap, mm, chunk)
             got = torch.autograd.grad((lp * gl.float()).sum() + ((ent * ge.float()).sum() if both else 0), (x32, w32))
             rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()
-            assert rel(lp, lp_ref) < 1e-6 and rel(ent, ent_ref) < 1e-5, (cap, T, chunk, tf32)
-            assert got[0].dtype == got[1].dtype == torch.float32, tf32
-            assert rel(got[0], want[0]) < tol and rel(got[1], want[1]) < tol, (cap, T, chunk, tf32)
+            lp_want, ent_want = rounded if mm == "bf16" else (lp_ref, ent_ref)
+            assert rel(lp, lp_want) < 1e-6 and rel(ent, ent_want) < 1e-5, (cap, T, chunk, mm)
+            assert got[0].dtype == got[1].dtype == torch.float32, mm
+            assert rel(got[0], want[0]) < tol and rel(got[1], want[1]) < tol, (cap, T, chunk, mm)
+        assert rel(rounded[0].float(), lp_ref) > 1e-4  # (the rounding shows)
 
 
 def test_kl_k3_hand_values():
@@ -959,11 +964,12 @@ def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_pl
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the head's TF32 and bf16 matmuls as a GPU runs them")
-@pytest.mark.parametrize("tf32", [False, True])
-def test_head_logprobs_on_cuda_against_float64_autograd(tf32):
-    """HeadLogprobs on CUDA, where its fast path's dtypes matter (TF32 logits, bf16 gradient matmuls written into fp32
-    slices of dW): log-probs, entropies and both gradients against float64 autograd on the CPU, at a size with
-    several row chunks and vocabulary slices that do not divide (the CPU test's sizes are tiny)."""
+@pytest.mark.parametrize("mm", ["fp32", "tf32", "bf16"])
+def test_head_logprobs_on_cuda_against_float64_autograd(mm):
+    """HeadLogprobs on CUDA, where its fast paths' dtypes matter (TF32 logits, or bf16 x bf16 -> fp32 ones; bf16
+    gradient matmuls written into fp32 slices of dW): log-probs, entropies ('bf16': those of x and W rounded to bf16)
+    and both gradients against float64 autograd on the CPU, at a size with several row chunks and vocabulary slices
+    that do not divide (the CPU test's sizes are tiny)."""
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(301, 96, generator=gen, dtype=torch.float64), torch.randn(3001, 96, generator=gen,
                                                                                 dtype=torch.float64) / 4
@@ -973,12 +979,15 @@ def test_head_logprobs_on_cuda_against_float64_autograd(tf32):
         logp = torch.log_softmax(x64 @ w64.T / T, -1)
         lp_ref, ent_ref = logp.gather(1, t[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
         want = torch.autograd.grad((lp_ref * gl).sum() + ((ent_ref * ge).sum() if ge is not None else 0), (x64, w64))
+        if mm == "bf16":  # the log-probs of the rounded values
+            logp = torch.log_softmax(x.bfloat16().double() @ w.bfloat16().double().T / T, -1)
+            lp_ref, ent_ref = logp.gather(1, t[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
         xc, wc = (a.detach().float().cuda().requires_grad_() for a in (x, w))
-        lp, ent = g.HeadLogprobs.apply(xc, wc, t.cuda(), T, None, tf32, 64)
+        lp, ent = g.HeadLogprobs.apply(xc, wc, t.cuda(), T, None, mm, 64)
         got = torch.autograd.grad((lp * gl.float().cuda()).sum() + ((ent * ge.float().cuda()).sum() if ge is not None
                                                                    else 0), (xc, wc))
         rel = lambda a, b: ((a.double().cpu() - b).norm() / b.norm()).item()
-        tol = (2e-3, 1e-2) if tf32 else (1e-5, 1e-5)  # TF32 logits (10-bit inputs); bf16 gradient matmuls
+        tol = {"tf32": (2e-3, 1e-2), "bf16": (1e-5, 1e-2), "fp32": (1e-5, 1e-5)}[mm]  # TF32: 10-bit inputs
         assert rel(lp, lp_ref) < tol[0] and rel(ent, ent_ref) < tol[0], (T, rel(lp, lp_ref), rel(ent, ent_ref))
         assert got[1].dtype == torch.float32 and rel(got[0], want[0]) < tol[1] and rel(got[1], want[1]) < tol[1], \
             (T, rel(got[0], want[0]), rel(got[1], want[1]))
@@ -1183,9 +1192,9 @@ def test_tf32_head_computes_the_same_logprobs_and_grads_and_stays_scoped(arch, t
     dist.init_process_group("gloo", rank=0, world_size=1)
     d, seen, results = build_tiny(str(tmp_path), arch), [], []
     try:
-        for tf32 in (False, True):
+        for mm in ("fp32", "tf32"):
             torch.manual_seed(0)
-            model = g.shard(g.load_policy(d, torch.device("cpu"), False), init_device_mesh("cpu", (1,)), torch.bfloat16, tf32)
+            model = g.shard(g.load_policy(d, torch.device("cpu"), False), init_device_mesh("cpu", (1,)), torch.bfloat16, mm)
             model.model.rotary_emb.register_forward_hook(lambda *a: seen.append(torch.get_float32_matmul_precision()))
             lp = g.completion_logprobs(model, g.pack_batch([{"prompt": [4, 5, 6], "completion": [7, 8, 9]},
                                                             {"prompt": [5], "completion": [10, 11]}], 0, "cpu"), 1.0)[0]
@@ -1486,7 +1495,7 @@ def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
     for k in ("loss", "grad_norm", "reward_mean", "accuracy", "kl", "clip_frac", "entropy", "completion_len_mean",
               "zero_std_groups_frac", "check_mismatch_mean", "check_mismatch_max", "mismatch_mean", "mismatch_max",
               "mismatch_kl", "is_ratio_mean", "is_ratio_max", "is_truncated_frac"):
-        # (the head's gradient matmuls are bf16 (--tf32_head): micro-batches split otherwise round otherwise)
+        # (the head's gradient matmuls are bf16 (--head_matmul tf32): micro-batches split otherwise round otherwise)
         assert m2[k] == pytest.approx(m1[k], rel=1e-3 if k == "grad_norm" else 1e-4, abs=1e-6), k
         # (another attention kernel: bf16 rounding moves the trainer-server gaps, ~3e-4 here, by up to ~2e-5)
         assert mv[k] == pytest.approx(m1[k], rel=1e-2 if k == "grad_norm" else 1e-3, abs=1e-4 if "mismatch" in k else 1e-5), k
@@ -2163,6 +2172,15 @@ def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it
         assert saved["attention"] == "varlen"
     finally:
         s.close()
+
+
+def test_a_run_saved_with_tf32_head_restores_its_flags_as_head_matmul(tmp_path):
+    """--resume of a run saved before --head_matmul: its --tf32_head (or --no-tf32_head) comes back as the same head."""
+    for old, new in ((False, "fp32"), (True, "tf32")):
+        (tmp_path / "config.json").write_text(json.dumps({"tf32_head": old, "steps": 5}))
+        cfg = g.Config(out_dir=str(tmp_path), resume=True)
+        g.restore_config(cfg)
+        assert cfg.head_matmul == new and cfg.steps == 5 and not hasattr(cfg, "tf32_head"), old
 
 
 def test_resuming_a_checkpoint_of_another_architecture_is_one_error(tiny_model, tmp_path):
