@@ -20,6 +20,9 @@
 #   . .gpukit/a/env.sh && NOW=<commit> setsid bash results/run_h200.sh fused_norm > /tmp/res/pipeline.out 2>&1 &
 #                                                           # fused RMSNorm: CUDA tests, train phase of e79e488
 #                                                           # against NOW, colocated async pairs, seeds, 7B pair
+#   . .gpukit/a/env.sh && setsid bash results/run_h200.sh head_bf16 > /tmp/res/pipeline.out 2>&1 &
+#                                                           # --head_matmul bf16 against tf32: CUDA tests, train
+#                                                           # phase, colocated pairs (sync check), bf16 seeds
 #   . .gpukit/a/env.sh && bash results/run_h200.sh final     # fresh machine: server with decode graphs up to
 #                                                           # 256, bench.py step + rollout on the final code
 # Afterwards, on any machine (no GPU):
@@ -110,6 +113,8 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
           -- --compile ;;
       q15) tb q15 --shape q15 --steps 7 --profile "$RES/profile_q15" --profile_steps 6 ;;
       q15_reshard) tb q15_reshard --shape q15 --steps 7 --reshard ;;
+      q15_bf16head) tb q15_bf16head --shape q15 --steps 7 -- --head_matmul bf16 ;;
+      smol_bf16head) tb smol_bf16head --shape smol -- --head_matmul bf16 ;;
       q15_compile) TORCH_LOGS=recompiles tb q15_compile --shape q15 --steps 8 -- --compile ;;
       q15_compile_again) TORCH_LOGS=recompiles tb q15_compile_again --shape q15 --steps 8 -- --compile ;;  # (warm caches)
       # --attention sdpa against the default (varlen where it applies); _mixed: a quarter of the completions at
@@ -204,6 +209,21 @@ fused_norm)  # fuse_rms_norms (torch's fused RMSNorm) on the GPU: the CUDA tests
   for k in 0 1 2; do run "smol_async_seed$k" grpo_sglang.py --steps 100 --eval_every 50 --save_every 0 --async --seed $k; done
   bash serve.sh stop >> "$RES/pipeline.log" 2>&1
   TB_VARIANTS="q7@$BASE q7@$NOW" TB_TIMEOUT=420 bash "$0" train_bench
+  log "all done"
+  ;;
+head_bf16)  # --head_matmul bf16 against tf32 (the default), one script, side by side: the CUDA tests of the head, the
+  # train phase alone (1.5B and SmolLM2 shapes), colocated async pairs for the sync check's mismatch, three bf16 seeds
+  log "gpu tests: $(timeout 300 python3 -m pytest -q -s test_smoke.py -k "head_logprobs_on_cuda or fused_rms" 2>&1 \
+    | tee "$RES/gpu_tests.log" | tail -n 1)"; pack
+  TB_VARIANTS="q15 q15_bf16head smol smol_bf16head" TB_TIMEOUT=240 bash "$0" train_bench
+  SECONDS=0; bash serve.sh >> "$RES/pipeline.log" 2>&1; log "server up after $SECONDS s"
+  for k in 1 2; do for h in tf32 bf16; do
+    run "coloc_async_${h}_$k" grpo_sglang.py --steps 30 --eval_every 0 --save_every 0 --async --head_matmul $h
+  done; done
+  for k in 0 1 2; do
+    run "smol_async_bf16_seed$k" grpo_sglang.py --steps 100 --eval_every 50 --save_every 0 --async --seed $k --head_matmul bf16
+  done
+  bash serve.sh stop >> "$RES/pipeline.log" 2>&1
   log "all done"
   ;;
 final)
