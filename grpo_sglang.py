@@ -1674,6 +1674,7 @@ class HeadLogprobs(torch.autograd.Function):
         dt = torch.float32 if mm == "fp32" else torch.bfloat16  # the gradient's matmuls: bf16 (as every block's)
         row = -g_lp[:, None].float() / temperature if short else 1 / temperature
         xr = (x.float() * row).to(dt)
+        xl = x.bfloat16() if mm == "bf16" else x  # the logits' input, cast once (as the forward casts W once)
         acc = torch.zeros(x.shape, device=x.device)  # Σ over slices of gz @ W, (N, H)
         # in w's dtype, each slice cast as it is written (and W's slices cast as they are read): a bf16 (V, H) copy
         # beside the fp32 one costs 1.1 GB at 7B's head
@@ -1682,7 +1683,8 @@ class HeadLogprobs(torch.autograd.Function):
         # 7B's 8 x ~170 tokens, a slice would be most of W, ~1.5 GB live at a 7B step's peak (results/h200/train_bench)
         cols = max(1, min(chunk * len(w) // max(1, len(x)), 2**26 // w.shape[1]))
         for c in (slice(s, s + cols) for s in range(0, len(w), cols)):
-            z, dcap = HeadLogprobs.logits(x, w[c], temperature, cap, mm)  # (N, cols), fp32: p as the forward's
+            wc = w[c].bfloat16() if mm == "bf16" else w[c]  # bf16: one cast, for the logits and the gradient
+            z, dcap = HeadLogprobs.logits(xl, wc, temperature, cap, mm)  # (N, cols), fp32: p as the forward's
             logp = z.sub_(lse[:, None])  # in place: z is not needed again
             here = ((targets >= c.start) & (targets < c.start + z.shape[1]))[:, None]  # the target is in this slice
             at = (targets - c.start).clamp(0, z.shape[1] - 1)[:, None]
@@ -1697,7 +1699,7 @@ class HeadLogprobs(torch.autograd.Function):
                     gz.scatter_add_(1, at, here * g_lp[:, None].float())
                 gz = (gz * dcap if dcap is not None else gz).to(dt)
             del z, logp
-            acc += gz @ w[c].to(dt)
+            acc += gz @ wc.to(dt)
             if dw is not None:
                 dw[c] = gz.T @ xr
         dx = (acc * row).to(x.dtype) if ctx.needs_input_grad[0] else None

@@ -21,7 +21,7 @@ M = [  # (name, file, old, new, -k expression)
  ('kl_k3 args swapped', 'grpo_sglang.py', 'kl = kl_k3(logp, ref_logp) if', 'kl = kl_k3(ref_logp, logp) if', 'grpo_token_loss'),
  ('same order every epoch', 'grpo_sglang.py', 'manual_seed(seed + epoch)', 'manual_seed(seed)', 'epochs_are'),
  ('no fp32 cast at the head', 'grpo_sglang.py', 'raw = x.float() @ w.float().T', 'raw = (x @ w.float().T).float()', 'architectures and gemma3'),
- ('TF32 head: wrong input gradient', 'grpo_sglang.py', 'acc += gz @ w[c].to(dt)', 'acc += gz @ (1.01 * w[c].to(dt))', 'tf32 or head_logprobs'),
+ ('TF32 head: wrong input gradient', 'grpo_sglang.py', 'acc += gz @ wc.to(dt)', 'acc += gz @ (1.01 * wc.to(dt))', 'tf32 or head_logprobs'),
  ('TF32 head: wrong weight gradient', 'grpo_sglang.py', 'dw[c] = gz.T @ xr', 'dw[c] = 0.99 * gz.T @ xr', 'head_logprobs'),
  ('head: one-hot of targets in other vocabulary slices', 'grpo_sglang.py', 'here = ((targets >= c.start) & (targets < c.start + z.shape[1]))[:, None]', 'here = (targets >= c.start)[:, None]', 'head_logprobs'),
  ('head: logsumexp saved wrong', 'grpo_sglang.py', 'lse[r] -= lp[r]', 'lse[r] += lp[r]', 'head_logprobs'),
