@@ -118,10 +118,10 @@ class Config:
     # the trainer's compute
     micro_batch: int = arg(32, "sequences per forward/backward on one rank at the step's longest length (shorter "
                                "ones share: as many tokens); larger is faster if it fits", "v >= 1")
-    head_matmul: str = arg("tf32", "the LM head's logits, always fp32: 'tf32' (from the fp32 weights on TF32 tensor "
-                                   "cores), 'bf16' (bf16 inputs, fp32 sums: the server's fp32 head's products, at "
-                                   "twice TF32's rate) or 'fp32' (exact, ~8x slower); the gradient's matmuls in bf16 "
-                                   "unless 'fp32'", ("tf32", "bf16", "fp32"))
+    head_matmul: str = arg("bf16", "the LM head's logits, always fp32: 'bf16' (bf16 inputs, fp32 sums: the products "
+                                   "the server's fp32 head forms from its bf16 weights), 'tf32' (from the fp32 weights "
+                                   "on TF32 tensor cores, half bf16's rate) or 'fp32' (exact, ~8x slower); the "
+                                   "gradient's matmuls in bf16 unless 'fp32'", ("bf16", "tf32", "fp32"))
     attention: str = arg("auto", "packed rows' attention: 'varlen' (PyTorch's flash kernel, each sequence on its "
                                  "own; CUDA), 'sdpa' (transformers' masked path); auto: varlen where it applies",
                          ("auto", "varlen", "sdpa"))
@@ -1551,7 +1551,7 @@ def push_weights(cfg, model, link, version):
 
 
 # ----------------------------------------------------------------------------------------
-# The trainer's model: FSDP2, the TF32 head, checkpoints.
+# The trainer's model: FSDP2, the LM head, checkpoints.
 
 def load_policy(path, device, grad_checkpointing, attention="sdpa"):
     """fp32 master weights in training mode, which transformers' gradient checkpointing needs. Every
@@ -1625,10 +1625,10 @@ class HeadLogprobs(torch.autograd.Function):
     softmax(z), z = cap(x W^T) / temperature, in fp32, ~2^27 logits at a time (`chunk` rows; backward: all rows, a
     slice of the vocabulary): the (N, V) fp32 logits never exist at once, and backward recomputes each slice's logits
     (one more head matmul) rather than keeping them (the idea of Liger's fused linear cross-entropy). cap: Gemma's
-    soft-capping, cap * tanh(logits / cap). mm (--head_matmul): 'tf32', the logits on TF32 (scoped to the head, since
-    the global switch would also round the fp32 RoPE angles: transformers issue 48428); 'bf16', from x and W rounded
-    to bf16 (as the server holds them) with fp32 products and sums; either way the gradient's two matmuls in bf16, as
-    in every block's backward. 'fp32': exact fp32 throughout. A pass over 2^27 fp32 logits costs about as much as a
+    soft-capping, cap * tanh(logits / cap). mm (--head_matmul): 'bf16', the logits from x and W rounded to bf16 (as
+    the server holds them) with fp32 products and sums; 'tf32', on TF32 (scoped to the head, since the global switch
+    would also round the fp32 RoPE angles: transformers issue 48428); either way the gradient's two matmuls in bf16,
+    as in every block's backward. 'fp32': exact fp32 throughout. A pass over 2^27 fp32 logits costs about as much as a
     small matmul: the code counts them."""
     @staticmethod
     def forward(ctx, x, w, targets, temperature, cap, mm, chunk):
@@ -1767,8 +1767,8 @@ def shard(model, mesh, param_dtype, head_matmul="fp32", compile_blocks=False, fr
     0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same).
     Some final norms (Gemma's) return their input's dtype, bf16 from the last block, so the head casts
     its input to fp32 itself: one cast where it matters, rather than fp32 activations between blocks.
-    `head_matmul` (HeadLogprobs): 'tf32', the head's logits on TF32, whose input rounding is finer than that of the
-    bf16 weights the server's head reads; 'bf16', from those bf16 weights; both with the gradient's matmuls in bf16.
+    `head_matmul` (HeadLogprobs): 'bf16', the head's logits from the bf16 weights the server's head reads; 'tf32', on
+    TF32, whose input rounding is finer; both with the gradient's matmuls in bf16.
     In exact fp32 ('fp32') the head was the largest single cost of a 1.5B training step (FLOP count)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.utils._pytree import tree_map

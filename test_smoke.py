@@ -1491,7 +1491,8 @@ def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
     prompts = [set(r) for r in asked2]
     assert not prompts[0] & prompts[1] and prompts[0] | prompts[1] == set(asked1[0]) and len(asked1[0]) == 16
     assert sorted(map(str, gen1)) == sorted(map(str, gen2))  # identical rollouts, split differently
-    assert m1["kl"] > 0 and m1["mismatch_max"] > 0 and m1["loss"] != 0
+    # (kl: 0, the policy is still the reference at step 1; test_kl_is_logged_once_with_mu_2 logs one that is not)
+    assert m1["kl"] == 0 and m1["mismatch_max"] > 0 and m1["loss"] != 0
     for k in ("loss", "grad_norm", "reward_mean", "accuracy", "kl", "clip_frac", "entropy", "completion_len_mean",
               "zero_std_groups_frac", "check_mismatch_mean", "check_mismatch_max", "mismatch_mean", "mismatch_max",
               "mismatch_kl", "is_ratio_mean", "is_ratio_max", "is_truncated_frac"):
@@ -1531,18 +1532,31 @@ def test_compile_flag_on_two_ranks_with_checkpointing_takes_the_step_it_takes_wi
 
 
 def test_kl_is_logged_once_with_mu_2(tiny_model, tmp_path):
-    """With lr 0 the mu=2 passes see the same policy, so the logged KL must equal mu=1's on the same rollouts."""
+    """With lr 0 the mu=2 passes see the same policy, so the logged KL must equal mu=1's on the same rollouts. For
+    that to say anything the policy must differ from the reference: both runs resume, at lr 0, from one step taken at
+    lr 3e-2 (at step 1 the policy is the reference, and the KL is 0)."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "base", "--steps", "1", "--beta", "0.1", "--reward",
+                                  "has_number", rewards=True))
+        assert code == 0, out
+    finally:
+        s.close()
     kl = {}
     for mu in (1, 2):
+        d = tmp_path / str(mu)
+        shutil.copytree(tmp_path / "base", d)
+        saved = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps(dict(saved, mu=mu, lr=0.0)))  # what this run trains with
         s = StandIn(tiny_model)
         try:
-            code, out = run(train_cmd(tiny_model, s.url, tmp_path / str(mu), "--steps", "1", "--mu", str(mu),
-                                      "--beta", "0.1", "--lr", "0"))
-            assert code == 0, out
-            kl[mu] = [r for r in read_metrics(tmp_path / str(mu)) if "kl" in r][0]["kl"]
+            code, out = run(train_cmd(tiny_model, s.url, d, "--steps", "2", "--mu", str(mu), "--beta", "0.1",
+                                      "--lr", "0", "--reward", "has_number", "--resume", rewards=True))
+            assert code == 0 and "at step 1" in out, out
+            kl[mu] = [r for r in read_metrics(d) if "kl" in r and r["step"] == 2][0]["kl"]
         finally:
             s.close()
-    assert kl[1] > 0 and kl[2] == pytest.approx(kl[1], rel=1e-6)
+    assert kl[1] > 1e-4 and kl[2] == pytest.approx(kl[1], rel=1e-6), kl
 
 
 def test_async_trains_one_step_off_and_never_updates_mid_generation(tiny_model, tmp_path):
@@ -1817,10 +1831,11 @@ def test_api_key_is_sent_and_a_missing_key_is_explained(tiny_model, tmp_path):
         assert code == 1 and "wrong or missing --api_key" in out
         # the other loss paths ride along: mu=2 (old logprobs, ratio != 1), KL to a reference, TIS, seq mean
         code, out = run(train_cmd(tiny_model, s.url, tmp_path / "b", "--steps", "1", "--api_key", "sekret",
-                                  "--mu", "2", "--beta", "0.1", "--tis_cap", "2", "--loss_agg", "seq"))
+                                  "--mu", "2", "--beta", "0.1", "--tis_cap", "2", "--loss_agg", "seq", "--reward",
+                                  "has_number", rewards=True))  # (rewards that differ: the first update moves)
         assert code == 0, out
         m = [r for r in read_metrics(tmp_path / "b") if "kl" in r][0]
-        assert m["kl"] > 0 and math.isfinite(m["loss"])  # the second update sees a policy that moved
+        assert m["kl"] > 1e-4 and math.isfinite(m["loss"])  # the second update sees a policy that moved
     finally:
         s.close()
 
@@ -2151,7 +2166,8 @@ def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it
     any server is asked; flags of how and where it runs (--steps, --micro_batch, --attention) may change."""
     s = StandIn(tiny_model)
     try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "1", "--beta", "0.1", "--group_size", "2"))
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "1", "--beta", "0.1", "--group_size", "2",
+                                  "--entropy_coef", "0.01"))  # (an entropy bonus: step 1 moves, whatever the rewards)
         assert code == 0, out
         before = s.calls["/generate"]
         code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--resume", "--group_size", "4", "--lr",
@@ -2166,7 +2182,7 @@ def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it
         assert code == 0 and "at step 1" in out, out
         assert "batch: 2 prompts x 2 completions = 4 sequences per step" in out, out
         m = [r for r in read_metrics(tmp_path) if "kl" in r]
-        assert [r["step"] for r in m] == [1, 2] and m[1]["kl"] > 0  # --beta 0.1 restored, not the default 0
+        assert [r["step"] for r in m] == [1, 2] and m[1]["kl"] > 1e-4  # --beta 0.1 restored, not the default 0
         saved = json.load(open(tmp_path / "config.json"))
         assert saved["beta"] == 0.1 and saved["group_size"] == 2 and saved["steps"] == 2 and saved["micro_batch"] == 3
         assert saved["attention"] == "varlen"

@@ -113,8 +113,19 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
           -- --compile ;;
       q15) tb q15 --shape q15 --steps 7 --profile "$RES/profile_q15" --profile_steps 6 ;;
       q15_reshard) tb q15_reshard --shape q15 --steps 7 --reshard ;;
+      # the head's logits (--head_matmul: bf16 the default since the commit after 9a85e3e, tf32 before; run at 9a85e3e
+      # as q15 / smol, with the tf32 default, and q15_bf16head / smol_bf16head)
+      q15_tf32head) tb q15_tf32head --shape q15 --steps 7 --profile "$RES/profile_q15" --profile_steps 6 \
+          -- --head_matmul tf32 ;;
       q15_bf16head) tb q15_bf16head --shape q15 --steps 7 -- --head_matmul bf16 ;;
+      smol_tf32head) tb smol_tf32head --shape smol --profile "$RES/profile_smol" -- --head_matmul tf32 ;;
       smol_bf16head) tb smol_bf16head --shape smol -- --head_matmul bf16 ;;
+      q7_tf32head) tb q7_tf32head --shape q7 --steps 8 -- --head_matmul tf32 ;;
+      q7_bf16head) tb q7_bf16head --shape q7 --steps 8 -- --head_matmul bf16 ;;
+      q15_compile_tf32head) TORCH_LOGS=recompiles tb q15_compile_tf32head --shape q15 --steps 8 -- --compile \
+          --head_matmul tf32 ;;
+      q15_compile_bf16head) TORCH_LOGS=recompiles tb q15_compile_bf16head --shape q15 --steps 8 -- --compile \
+          --head_matmul bf16 ;;
       q15_compile) TORCH_LOGS=recompiles tb q15_compile --shape q15 --steps 8 -- --compile ;;
       q15_compile_again) TORCH_LOGS=recompiles tb q15_compile_again --shape q15 --steps 8 -- --compile ;;  # (warm caches)
       # --attention sdpa against the default (varlen where it applies); _mixed: a quarter of the completions at
@@ -211,11 +222,11 @@ fused_norm)  # fuse_rms_norms (torch's fused RMSNorm) on the GPU: the CUDA tests
   TB_VARIANTS="q7@$BASE q7@$NOW" TB_TIMEOUT=420 bash "$0" train_bench
   log "all done"
   ;;
-head_bf16)  # --head_matmul bf16 against tf32 (the default), one script, side by side: the CUDA tests of the head, the
+head_bf16)  # --head_matmul bf16 against tf32 (the default until 9a85e3e), one script, side by side: the head's CUDA tests, the
   # train phase alone (1.5B and SmolLM2 shapes), colocated async pairs for the sync check's mismatch, three bf16 seeds
   log "gpu tests: $(timeout 300 python3 -m pytest -q -s test_smoke.py -k "head_logprobs_on_cuda or fused_rms" 2>&1 \
     | tee "$RES/gpu_tests.log" | tail -n 1)"; pack
-  TB_VARIANTS="q15 q15_bf16head smol smol_bf16head" TB_TIMEOUT=240 bash "$0" train_bench
+  TB_VARIANTS="q15_tf32head q15_bf16head smol_tf32head smol_bf16head" TB_TIMEOUT=240 bash "$0" train_bench
   SECONDS=0; bash serve.sh >> "$RES/pipeline.log" 2>&1; log "server up after $SECONDS s"
   for k in 1 2; do for h in tf32 bf16; do
     run "coloc_async_${h}_$k" grpo_sglang.py --steps 30 --eval_every 0 --save_every 0 --async --head_matmul $h

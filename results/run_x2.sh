@@ -180,7 +180,7 @@ memory_steps_7b() {
   log "memory_steps_7b done"
 }
 
-# PHASES=tf32: the LM head on TF32 tensor cores (--head_matmul tf32, the default) against
+# PHASES=tf32: the LM head on TF32 tensor cores (--head_matmul tf32, the default until 9a85e3e) against
 # exact fp32 (--head_matmul fp32; before 2026-12-01 --no-tf32_head), side by side: 1.5B step times sync vs async (issue 10's 0.65 target) and the 1.5B sync
 # step without it; SmolLM2 100 steps sync vs async, and async without it (does the batch mismatch move?); the GPU tests.
 tf32() {
@@ -188,14 +188,14 @@ tf32() {
   serve q15 1 30011 "$M/qwen2.5-1.5b-random" 0.3 & Q15=$!
   serve_dedicated 0.15 & SMOLSRV=$!  # loads while the 1.5B runs
   wait $Q15
-  sync_vs_async q15 "$M/qwen2.5-1.5b-random" 30011 400 --steps 12 --micro_batch 32
+  sync_vs_async q15 "$M/qwen2.5-1.5b-random" 30011 400 --steps 12 --micro_batch 32 --head_matmul tf32
   train x2_q15_sync_fp32_head /tmp/r/q15s_fp32 400 --model "$M/qwen2.5-1.5b-random" --server_url http://127.0.0.1:30011 \
     "${BIG[@]}" --steps 12 --micro_batch 32 --no-async --head_matmul fp32
   stop q15
   wait $SMOLSRV
   local U=(--server_url http://127.0.0.1:30010 --server_gpu 1)
-  train x2_smol_sync /tmp/r/x2_sync 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --no-async
-  train x2_smol_async /tmp/r/x2_async 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --async
+  train x2_smol_sync /tmp/r/x2_sync 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --no-async --head_matmul tf32
+  train x2_smol_async /tmp/r/x2_async 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --async --head_matmul tf32
   train x2_smol_async_fp32_head /tmp/r/x2_async_fp32 400 "${SMOL[@]}" "${U[@]}" --steps 100 --eval_every 50 --async --head_matmul fp32
   gpu_tests 500
   PIDFILE=/tmp/grpo_gpu_test.pid bash serve.sh stop >> "$RES/pipeline.log" 2>&1
@@ -206,7 +206,7 @@ tf32() {
 tf32_7b() {
   make_model qwen2.5-7b-random 300 make_models_7b.log
   serve q7 1 30012 "$M/qwen2.5-7b-random" 0.4
-  sync_vs_async q7 "$M/qwen2.5-7b-random" 30012 500 --steps 6 --micro_batch 8 --grad_checkpointing
+  sync_vs_async q7 "$M/qwen2.5-7b-random" 30012 500 --steps 6 --micro_batch 8 --grad_checkpointing --head_matmul tf32
   stop q7
   log "tf32_7b done"
 }
