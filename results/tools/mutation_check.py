@@ -4,7 +4,7 @@ it: each must fail ("CAUGHT"). The mutations: the bugs of the first sync-check w
 into a copy of the script (its part 4), one per fix of that issue and of the layout issue (GSPO, entropy), several
 servers, the resume-and-layouts issue (its one-line bugs and each safeguard, serve.sh's included), the step's table
 and weights, the LM head's log-probs (HeadLogprobs), the GRPO variants, FSDP's units and the profile tool, the
-varlen attention and the micro-batches by tokens, the fused RMSNorms.
+varlen attention and the micro-batches by tokens, the fused RMSNorms, the KL metrics (a policy that moved).
 
     python3 results/tools/mutation_check.py [name-substring ...]      # from the repo root, CPU only
     python3 results/tools/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
@@ -173,6 +173,9 @@ M = [  # (name, file, old, new, -k expression)
  ('token parts: ranks cut different numbers (FSDP hangs)', 'grpo_sglang.py', 'want = int(all_reduce_named({"parts": want}, dist.ReduceOp.MAX, device)["parts"])', 'pass', 'as_many_micro'),
  ('token parts: over the budget', 'grpo_sglang.py', 'if total + n > budget and i > cuts[-1]:', 'if total + n > 2 * budget and i > cuts[-1]:', 'micro_batches_hold'),
  ('micro-batches by count again (short ones alone)', 'grpo_sglang.py', 'for part in token_parts([n[i] for i in order], size * max(n), seqs["mask"].device):', 'for part in (range(k, min(k + size, len(n))) for k in range(0, len(n), size)):', 'micro_batches_hold'),
+ ('mu 2: the KL metric counted per update (twice)', 'grpo_sglang.py', 'else 0.0, w.sum())', 'else 0.0, w.sum() / cfg.mu)', 'kl_is_logged_once'),
+ ('mu 2: only the last update steps (the second sees an unmoved policy)', 'grpo_sglang.py', '        if finite and n_seqs > 0:', '        if finite and n_seqs > 0 and update == cfg.mu - 1:', 'api_key_is_sent'),
+ ('resume: --beta not restored', 'grpo_sglang.py', '        if k in fields and k not in given and k != "api_key":', '        if k in fields and k not in given and k not in ("api_key", "beta"):', 'restores_its_flags_and_refuses'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
