@@ -777,6 +777,10 @@ def check_config(cfg, world):
         raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda, but torch sees no GPU: use --device cpu (tests), or a torch build with CUDA")
+    if (cfg.head_matmul == "bf16" and cfg.device != "cpu" and torch.cuda.is_available()
+            and tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 8)):  # mm's bf16 in, fp32 out: 2.8
+        raise UserError(f"--head_matmul bf16 needs torch >= 2.8 on a GPU (torch.mm with out_dtype), this is torch "
+                        f"{torch.__version__}: pip install -U torch (sglang 0.5.16 pins 2.11), or --head_matmul tf32")
     if cfg.colocate and cfg.sync == "nccl":
         raise UserError("--sync nccl needs the server on another GPU than rank 0 (NCCL allows one rank per GPU); "
                         "drop --colocate or use --sync tensor")

@@ -2064,6 +2064,22 @@ def test_device_cuda_without_a_gpu_is_refused(tmp_path):
         g.check_config(g.Config(device="cuda", out_dir=str(tmp_path)), 1)
 
 
+def test_bf16_head_on_a_gpu_with_a_torch_before_2_8_is_refused(tmp_path, monkeypatch):
+    """--head_matmul bf16 (the default) needs torch.mm(..., out_dtype=float32) on CUDA, torch >= 2.8: older is one
+    clear error before anything heavy (it would be a TypeError in the head's first forward); tf32 and the CPU run."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for version, head, device, refused in (("2.7.1+cu126", "bf16", "auto", True), ("2.7.1", "tf32", "auto", False),
+                                           ("2.7.1", "bf16", "cpu", False), ("2.8.0", "bf16", "auto", False),
+                                           ("2.11.0+cu130", "bf16", "cuda", False)):
+        monkeypatch.setattr(torch, "__version__", version)
+        cfg = g.Config(head_matmul=head, device=device, out_dir=str(tmp_path))
+        if refused:
+            with pytest.raises(g.UserError, match=r"--head_matmul bf16 needs torch >= 2.8 .* this is torch 2\.7\.1"):
+                g.check_config(cfg, 1)
+        else:
+            g.check_config(cfg, 1)
+
+
 def test_a_fresh_run_never_writes_into_another_runs_folder_and_a_resumed_one_logs_each_step_once(tiny_model, tmp_path):
     kinds = lambda: [(r["step"], "eval_accuracy" in r) for r in read_metrics(tmp_path)]
     flags = ("--steps", "4", "--save_every", "2")

@@ -176,6 +176,8 @@ M = [  # (name, file, old, new, -k expression)
  ('mu 2: the KL metric counted per update (twice)', 'grpo_sglang.py', 'else 0.0, w.sum())', 'else 0.0, w.sum() / cfg.mu)', 'kl_is_logged_once'),
  ('mu 2: only the last update steps (the second sees an unmoved policy)', 'grpo_sglang.py', '        if finite and n_seqs > 0:', '        if finite and n_seqs > 0 and update == cfg.mu - 1:', 'api_key_is_sent'),
  ('resume: --beta not restored', 'grpo_sglang.py', '        if k in fields and k not in given and k != "api_key":', '        if k in fields and k not in given and k not in ("api_key", "beta"):', 'restores_its_flags_and_refuses'),
+ ('bf16 head: torch 2.7 let through', 'grpo_sglang.py', '< (2, 8)):  # mm', '< (2, 7)):  # mm', 'bf16_head_on_a_gpu'),
+ ('bf16 head: torch checked only with --device cuda (not auto)', 'grpo_sglang.py', 'cfg.head_matmul == "bf16" and cfg.device != "cpu"', 'cfg.head_matmul == "bf16" and cfg.device == "cuda"', 'bf16_head_on_a_gpu'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
