@@ -113,7 +113,7 @@ train_bench)  # only the kit's chunk c is needed (transformers); each variant pa
           -- --compile ;;
       q15) tb q15 --shape q15 --steps 7 --profile "$RES/profile_q15" --profile_steps 6 ;;
       q15_reshard) tb q15_reshard --shape q15 --steps 7 --reshard ;;
-      # the head's logits (--head_matmul: bf16 the default since the commit after 9a85e3e, tf32 before; run at 9a85e3e
+      # the head's logits (--head_matmul: bf16 the default since f7ee041, tf32 before; run at 9a85e3e
       # as q15 / smol, with the tf32 default, and q15_bf16head / smol_bf16head)
       q15_tf32head) tb q15_tf32head --shape q15 --steps 7 --profile "$RES/profile_q15" --profile_steps 6 \
           -- --head_matmul tf32 ;;
@@ -222,7 +222,7 @@ fused_norm)  # fuse_rms_norms (torch's fused RMSNorm) on the GPU: the CUDA tests
   TB_VARIANTS="q7@$BASE q7@$NOW" TB_TIMEOUT=420 bash "$0" train_bench
   log "all done"
   ;;
-head_bf16)  # --head_matmul bf16 against tf32 (the default until 9a85e3e), one script, side by side: the head's CUDA tests, the
+head_bf16)  # --head_matmul bf16 against tf32 (the default before f7ee041), one script, side by side: the head's CUDA tests, the
   # train phase alone (1.5B and SmolLM2 shapes), colocated async pairs for the sync check's mismatch, three bf16 seeds
   log "gpu tests: $(timeout 300 python3 -m pytest -q -s test_smoke.py -k "head_logprobs_on_cuda or fused_rms" 2>&1 \
     | tee "$RES/gpu_tests.log" | tail -n 1)"; pack

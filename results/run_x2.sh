@@ -180,7 +180,7 @@ memory_steps_7b() {
   log "memory_steps_7b done"
 }
 
-# PHASES=tf32: the LM head on TF32 tensor cores (--head_matmul tf32, the default until 9a85e3e) against
+# PHASES=tf32: the LM head on TF32 tensor cores (--head_matmul tf32, the default before f7ee041) against
 # exact fp32 (--head_matmul fp32; before 2026-12-01 --no-tf32_head), side by side: 1.5B step times sync vs async (issue 10's 0.65 target) and the 1.5B sync
 # step without it; SmolLM2 100 steps sync vs async, and async without it (does the batch mismatch move?); the GPU tests.
 tf32() {
