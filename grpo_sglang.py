@@ -715,12 +715,14 @@ def parse_config(argv=None):
     import argparse
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 argument_default=argparse.SUPPRESS)  # only the flags given come back
-    for f in dataclasses.fields(Config):
-        flag, h = "--" + f.name.rstrip("_"), f.metadata["help"]  # `async` is a Python keyword: field async_
+    for f in dataclasses.fields(Config):  # `async` is a Python keyword: field async_
+        flag, h = "--" + f.name.rstrip("_"), f"{f.metadata['help']} (default: {f.default})".replace("%", "%%")
         if type(f.default) is bool:
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, help=h)
         else:
-            p.add_argument(flag, dest=f.name, type=type(f.default), help=h)
+            ok = f.metadata["ok"]
+            p.add_argument(flag, dest=f.name, type=type(f.default), help=h,
+                           metavar="{" + ",".join(ok) + "}" if isinstance(ok, tuple) else None)
     given = vars(p.parse_args(argv))
     cfg = Config(**given)
     cfg.given = set(given)
@@ -864,12 +866,11 @@ def setup(cfg):
     sync, why = pick_sync(cfg, servers, server_idx, visible)
     if sync == "nccl":  # SGLang's server runs NCCL with cuMem off unless told otherwise: both ends must agree
         os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
-    if "RANK" not in os.environ:  # plain `python grpo_sglang.py`: a world of one
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"), RANK="0",
-                          WORLD_SIZE="1")
-    # No device_id: a default group bound to a device makes torch build every later NCCL group by splitting
-    # it, and the weight-update group must instead meet the server (found on the GPU: the server waited).
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    # plain `python grpo_sglang.py`: a world of one, whose store needs no port (two such runs on one host, or a port
+    # taken meanwhile, would collide on one). No device_id: a default group bound to a device makes torch build every
+    # later NCCL group by splitting it, and the weight-update group must instead meet the server (the server waited).
+    alone = {} if "RANK" in os.environ else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+    dist.init_process_group("nccl" if use_cuda else "gloo", **alone)
     from torch.distributed.device_mesh import init_device_mesh
     torch.manual_seed(cfg.seed + rank)
     if use_cuda:  # CUDA-IPC handles then name the GPU by UUID (see the weight sync); CUDA tensors only

@@ -2156,6 +2156,15 @@ def test_a_step_on_a_known_reward_raises_the_rewarded_completions(tiny_model, se
     assert (adv * gain).sum() > 0
 
 
+def test_help_lists_every_flag_with_its_help_and_default():
+    code, out = run([sys.executable, os.path.join(HERE, "grpo_sglang.py"), "--help"], timeout=120)
+    assert code == 0 and "GRPO in one file" in out, out  # (a '%' in a help string once crashed argparse here)
+    squeezed = "".join(out.split())  # argparse wraps the help lines anywhere, hyphens included
+    for f in dataclasses.fields(g.Config):
+        assert "--" + f.name.rstrip("_") in out, f.name
+        assert "".join(f"{f.metadata['help']} (default: {f.default})".split()) in squeezed, f.name
+
+
 def test_a_bad_flag_is_one_clear_line_not_a_traceback(tiny_model, tmp_path):
     code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, "--temperature", "0"), timeout=120)
     assert code == 1 and "--temperature 0.0 is out of range" in out
