@@ -32,9 +32,7 @@ so a server that does not hold what it was sent stops the run even if its tag is
 progress signal in GRPO (its gradient is what counts): watch the reward.
 """
 import concurrent.futures
-import contextlib
 import dataclasses
-import itertools
 import json
 import math
 import os
@@ -119,12 +117,8 @@ class Config:
     micro_batch: int = arg(32, "sequences per forward/backward on one rank at the step's longest length (shorter "
                                "ones share: as many tokens); larger is faster if it fits", "v >= 1")
     head_matmul: str = arg("bf16", "the LM head's logits, always fp32: 'bf16' (bf16 inputs, fp32 sums: the products "
-                                   "the server's fp32 head forms from its bf16 weights), 'tf32' (from the fp32 weights "
-                                   "on TF32 tensor cores, half bf16's rate) or 'fp32' (exact, ~8x slower); the "
-                                   "gradient's matmuls in bf16 unless 'fp32'", ("bf16", "tf32", "fp32"))
-    attention: str = arg("auto", "packed rows' attention: 'varlen' (PyTorch's flash kernel, each sequence on its "
-                                 "own; CUDA), 'sdpa' (transformers' masked path); auto: varlen where it applies",
-                         ("auto", "varlen", "sdpa"))
+                                   "the server's fp32 head forms from its bf16 weights) or 'fp32' (exact, slower; the "
+                                   "gradient's matmuls in fp32 too)", ("bf16", "fp32"))
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     compile: bool = arg(False, "torch.compile each transformer block: a faster train phase after ~1-1.5 min compiling")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient", "v >= 1")
@@ -316,19 +310,18 @@ def samples(seqs):
             for i in range(len(seqs["completion"]))]
 
 
-def micro_batches(seqs, size, pad_id, flat=False):
+def micro_batches(seqs, size, pad_id):
     """The rows in micro-batches, sorted by length, each of at most as many tokens as `size` of the step's longest
     sequences (a micro-batch of a few short ones would leave the GPU idle; memory goes with tokens), as many on every
-    rank (token_parts), each packed (pack_batch) into rows as long as its own longest sequence, or all in one row if
-    `flat` (varlen attention needs no rows): little or none of the compute is padding. -> [{rows (B,), ids, pos (R,
-    L), ..., C}]"""
+    rank (token_parts), each packed (pack_batch) into rows as long as its own longest sequence: little of the compute
+    is padding. -> [{rows (B,), ids, pos (R, L), ..., C}]"""
     n = [len(p) + len(c) for p, c in zip(seqs["prompt"], seqs["completion"])]
     order = sorted(range(len(n)), key=lambda i: n[i])
     out = []
     for part in token_parts([n[i] for i in order], size * max(n), seqs["mask"].device):
         rows = [order[j] for j in part]
         b = pack_batch([{"prompt": seqs["prompt"][i], "completion": seqs["completion"][i]} for i in rows], pad_id,
-                       seqs["mask"].device, flat)
+                       seqs["mask"].device)
         out.append({**b, "rows": torch.tensor(rows, device=b["ids"].device)})
     return out
 
@@ -397,14 +390,11 @@ def weights(cfg, seqs):
 
 
 def completion_logprobs(model, b, temperature):
-    """Micro-batch b (pack_batch) -> (B, C) log softmax(z / T) of its completion tokens under `model` and (B, C) the
-    entropy of softmax(z / T). The LM head computes both for those tokens only, a chunk at a time (HeadLogprobs,
-    below the fence): the (B, C, V) logits never exist. No KV cache: it would only cost time and memory here.
-    b["varlen"] tells the attention where each packed sequence starts (--attention varlen; sdpa reads position_ids)."""
-    head = model.get_output_embeddings()
-    head.job = (b["src"], b["tgt"], b["dst"], b["mask"].shape, temperature)  # what the head scores (set up by shard())
-    lp = model(input_ids=b["ids"], position_ids=b["pos"], use_cache=False, **b["varlen"]).logits
-    return lp, head.__dict__.pop("entropy")
+    """Micro-batch b (pack_batch) -> (B, C) log π(token | what precedes it) of its completion tokens under `model`, and
+    (B, C) the entropy of the distribution each was drawn from: with z the logits at the position before a token,
+    log_softmax(z / temperature)[token] and -Σ p log p. The LM head computes just these, for the completion tokens
+    only, a chunk at a time (head_logprobs, below the fence): the (B, C, V) logits never exist."""
+    return head_logprobs(model, b, temperature)
 
 
 def policy_loss(cfg, x, logp, old, ent):
@@ -480,7 +470,7 @@ def main(cfg):
                    else None)
         check = server.check(batch, step, model, pad)  # async: the server re-scores some of it with θ_step, meanwhile
         seqs = sequences(batch, tok, cfg.group_size, rt.device)  # the step's table: a row per sequence
-        mbs = micro_batches(seqs, cfg.micro_batch, pad, flat=model.varlen)  # varlen attention: one row each
+        mbs = micro_batches(seqs, cfg.micro_batch, pad)  # sequences packed end to end in rows
         clock.lap("rollout_wait")
         # 2. the no-grad forwards, per token: the old policy (mu > 1) and the reference (beta > 0)
         old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
@@ -516,41 +506,35 @@ def main(cfg):
 # ---- to read it to change GRPO. main() is called at the very bottom.
 # ======================================================================================================
 
-def pack_batch(samples, pad_id, device, flat=False):
+def pack_batch(samples, pad_id, device):
     """[{prompt, completion}] -> the sequences end to end in rows as long as the longest one (first fit, longest
-    first), so that little of the compute is padding; `flat`: all in one row, padded at its end to a multiple of 8
-    (for varlen_attention: SDPA would take an (L, L) mask for the whole row). position_ids restart at 0 for each
-    sequence (and for each pad token), which transformers reads as packed sequences: attention stays within each
-    (`varlen`, the sequences' boundaries in the flattened rows, lets varlen_attention find them without a mask).
-    Rows that need padding anyway are padded to a multiple of 8 (with --compile, other lengths cost a graph of their
-    own: inductor guards on the alignment of attention's inputs); full rows stay as they are (no pad, no mask:
-    SDPA's fastest kernel). The head scores completion tokens only: position src[j] (of the flattened rows) predicts
-    token tgt[j], whose log-prob goes to (row, column) dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt
-    (n,), dst (2, n), mask (B, C), C, tokens, varlen: transformers' names of the boundaries (cu_seq_lens_q: (S + 1,)
-    offsets)}"""
+    first), so that little of the compute is padding. position_ids restart at 0 for each sequence (and for each pad
+    token), which transformers reads as packed sequences: attention stays within each. Rows that need padding anyway
+    are padded to a multiple of 8 (with --compile, other lengths cost a graph of their own: inductor guards on the
+    alignment of attention's inputs); full rows stay as they are (no pad, no mask: SDPA's fastest kernel). The head
+    scores completion tokens only: position src[j] (of the flattened rows) predicts token tgt[j], whose log-prob goes
+    to (row, column) dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n), mask (B, C), C,
+    tokens}"""
     lens = [len(s["prompt"]) + len(s["completion"]) for s in samples]
-    L, C = -(-sum(lens) // 8) * 8 if flat else max(lens), max(len(s["completion"]) for s in samples)
-    ids, pos, src, tgt, dst, segs = [], [], [], [], [], []
+    L, C = max(lens), max(len(s["completion"]) for s in samples)
+    ids, pos, src, tgt, dst = [], [], [], [], []
     for i in sorted(range(len(samples)), key=lambda i: -lens[i]):
         r = next((r for r, row in enumerate(ids) if len(row) + lens[i] <= L), None)  # the first row with room
         if r is None:
-            r, ids, pos, segs = len(ids), ids + [[]], pos + [[]], segs + [[]]
+            r, ids, pos = len(ids), ids + [[]], pos + [[]]
         p, c = samples[i]["prompt"], samples[i]["completion"]
         at = len(ids[r]) + len(p)  # where the completion starts in row r: the position before predicts its first token
         src += [(r, k) for k in range(at - 1, at - 1 + len(c))]
         tgt += c
         dst += [(i, k) for k in range(len(c))]
-        ids[r], pos[r], segs[r] = ids[r] + p + c, pos[r] + list(range(lens[i])), segs[r] + [lens[i]]
+        ids[r], pos[r] = ids[r] + p + c, pos[r] + list(range(lens[i]))
     L = -(-L // 8) * 8 if any(len(row) < L for row in ids) else L
-    segs = [n for row, s in zip(ids, segs) for n in s + [L - len(row)] if n]  # a row's pads: one more (unread) sequence
     ids, pos = [row + [pad_id] * (L - len(row)) for row in ids], [row + [0] * (L - len(row)) for row in pos]
     n = torch.tensor([len(s["completion"]) for s in samples])
     t = lambda x: torch.tensor(x, dtype=torch.long, device=device)
-    cu = torch.tensor([0] + list(itertools.accumulate(segs)), dtype=torch.int32, device=device)
     return {"ids": t(ids), "pos": t(pos), "src": t([r * L + k for r, k in src]), "tgt": t(tgt),
             "dst": t(dst).reshape(-1, 2).T, "mask": (torch.arange(C) < n.unsqueeze(1)).float().to(device), "C": C,
-            "tokens": sum(lens), "varlen": {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(segs),
-                                            "max_length_k": max(segs)}}
+            "tokens": sum(lens)}
 
 
 def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):
@@ -729,9 +713,9 @@ def parse_config(argv=None):
     return cfg
 
 
-# Flags a resumed run may change: how and where it runs, not what it trains (README, "Resuming").
+# Flags a resumed run may change: how and where it runs, not what it trains (docs/reference.md, "Resume").
 RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
-             "device", "micro_batch", "attention", "head_matmul", "grad_checkpointing", "compile",
+             "device", "micro_batch", "head_matmul", "grad_checkpointing", "compile",
              "max_nonfinite_steps", "server_url", "api_key", "server_gpu", "colocate", "request_timeout",
              "request_retries", "sync", "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
 
@@ -757,7 +741,6 @@ def restore_config(cfg):
                         f"run must train what it trained: {was}. Drop them to continue that run, or start a new run "
                         f"in another --out_dir. Flags a resume may change: "
                         + ", ".join(f"--{k.rstrip('_')}" for k in sorted(RESUMABLE)))
-    saved.setdefault("head_matmul", "tf32" if saved.pop("tf32_head", True) else "fp32")  # (the flag's older form)
     for k, v in saved.items():
         if k in fields and k not in given and k != "api_key":
             setattr(cfg, k, v)
@@ -782,7 +765,7 @@ def check_config(cfg, world):
     if (cfg.head_matmul == "bf16" and cfg.device != "cpu" and torch.cuda.is_available()
             and tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 8)):  # mm's bf16 in, fp32 out: 2.8
         raise UserError(f"--head_matmul bf16 needs torch >= 2.8 on a GPU (torch.mm with out_dtype), this is torch "
-                        f"{torch.__version__}: pip install -U torch (sglang 0.5.16 pins 2.11), or --head_matmul tf32")
+                        f"{torch.__version__}: pip install -U torch (sglang 0.5.16 pins 2.11), or --head_matmul fp32")
     if cfg.colocate and cfg.sync == "nccl":
         raise UserError("--sync nccl needs the server on another GPU than rank 0 (NCCL allows one rank per GPU); "
                         "drop --colocate or use --sync tensor")
@@ -1026,20 +1009,18 @@ def load_models(cfg, rt):
     """-> the policy (fp32 master weights, sharded with FSDP2), the reference (only when beta > 0), AdamW, and the
     step to start from (a checkpoint's, with --resume)."""
     import transformers.masking_utils
-    from transformers import AutoConfig, AutoModelForCausalLM, __version__
+    from transformers import AutoModelForCausalLM, __version__
     if not hasattr(transformers.masking_utils, "find_packed_sequence_indices"):  # what pack_batch's rows need
         raise UserError(f"transformers {__version__} does not read packed sequences: pip install -U transformers")
     if cfg.resume and not rt.ckpt:
         print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
     if rt.ckpt:
         check_architecture(rt.ckpt, cfg.model)
-    attention = attention_for(cfg.attention, AutoConfig.from_pretrained(cfg.model), rt.device)
-    model = load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing, attention)
+    model = load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing)
     model = shard(model, rt.mesh, torch.bfloat16, cfg.head_matmul, cfg.compile)
-    model.varlen = attention == "grpo_varlen"  # (micro_batches: flat rows)
     ref = None
     if cfg.beta > 0:
-        ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16, attn_implementation=attention)
+        ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16, attn_implementation="sdpa")
         ref = ref.to(rt.device).eval()
         ref = shard(ref, rt.mesh, torch.bfloat16, cfg.head_matmul, cfg.compile, frozen=True).requires_grad_(False)
     # fused: one kernel and no temporaries; the default (foreach) Adam allocates a copy of a moment per step,
@@ -1558,71 +1539,23 @@ def push_weights(cfg, model, link, version):
 # ----------------------------------------------------------------------------------------
 # The trainer's model: FSDP2, the LM head, checkpoints.
 
-def load_policy(path, device, grad_checkpointing, attention="sdpa"):
+def load_policy(path, device, grad_checkpointing):
     """fp32 master weights in training mode, which transformers' gradient checkpointing needs. Every
     dropout is set to 0 in the config first: the server samples without dropout, and the trainer must
-    score the same function (with dropout, ratio != 1 at mu = 1 and the mismatch check sees noise).
-    attention: transformers' attn_implementation (attention_for)."""
+    score the same function (with dropout, ratio != 1 at mu = 1 and the mismatch check sees noise). Attention: SDPA,
+    which reads the packed sequences of a row from its position ids (a block-diagonal mask where the row has pads)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(path)
     for k, v in config.to_dict().items():
         if isinstance(v, float) and ("dropout" in k or "pdrop" in k):
             setattr(config, k, 0.0)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32,
-                                                 attn_implementation=attention).to(device).train()
+                                                 attn_implementation="sdpa").to(device).train()
     if grad_checkpointing:
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)(  # newer name first
             {"use_reentrant": False})
         model.config.use_cache = False
     return model
-
-
-def attention_for(choice, config, device):
-    """--attention -> transformers' attn_implementation for the trainer's models. 'auto' takes varlen_attention where it
-    applies: on CUDA, with PyTorch's varlen kernel (torch >= 2.10), for attention without soft-capping (Gemma 2's)."""
-    import importlib.util
-    from transformers import AttentionInterface
-    why = ("this PyTorch has no torch.nn.attention.varlen" if importlib.util.find_spec("torch.nn.attention.varlen")
-           is None else f"{config.model_type} soft-caps attention" if getattr(config, "attn_logit_softcapping", None)
-           else "its kernel is CUDA's" if device.type != "cuda" and choice == "auto" else "")
-    if choice == "varlen" and why:
-        raise UserError(f"--attention varlen: {why}; use --attention sdpa")
-    if choice == "sdpa" or why:
-        return "sdpa"
-    AttentionInterface.register("grpo_varlen", varlen_attention)
-    return "grpo_varlen"
-
-
-def varlen_attention(module, q, k, v, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
-                     cu_seq_lens_q=None, max_length_q=None, **kwargs):
-    """transformers' attention interface for packed rows: q (R, Hq, L, D), k and v (R, Hkv, L, D) -> (R, L, Hq, D),
-    each sequence attending (causally) to itself only, by the boundaries pack_batch gives: cu_seq_lens_q (S + 1,), the
-    sequences' offsets in the R * L flattened tokens. On CUDA, PyTorch's varlen flash kernel: no mask to build, and
-    rows with pads get the kernel full rows get (SDPA takes a slower one for a mask); elsewhere (tests) SDPA with the
-    same mask. No boundaries (a plain call): one sequence per row, which an attention mask (padding) would
-    contradict."""
-    if cu_seq_lens_q is None:
-        if attention_mask is not None:
-            raise UserError("--attention varlen scores packed rows (pack_batch), not rows with an attention mask")
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, q, k, v, None, dropout, scaling, **kwargs)
-    R, H, L, D = q.shape
-    q, k, v = (t.transpose(1, 2).reshape(R * L, -1, D) for t in (q, k, v))  # (tokens, heads, D)
-    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        from torch.nn.attention.varlen import varlen_attn
-        left = sliding_window - 1 if sliding_window else -1  # (left, 0): causal, within the window if any
-        # GQA in the kernel (flash: query head h reads kv head h // (H / Hkv)), no repeated copies of k and v
-        out = varlen_attn(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q, scale=scaling,
-                          window_size=(left, 0))
-    else:
-        k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // v.shape[1], 1)  # GQA: kv head h // rep
-        i = torch.arange(R * L, device=q.device)
-        seq = torch.searchsorted(cu_seq_lens_q, i, right=True)  # each token's sequence
-        back = i[:, None] - i[None, :]  # how far back a key is
-        allowed = (seq[:, None] == seq[None, :]) & (back >= 0) & (back < (sliding_window or R * L + 1))
-        heads_first = [t.transpose(0, 1) for t in (q, k, v)]  # (heads, tokens, D)
-        out = torch.nn.functional.scaled_dot_product_attention(*heads_first, allowed, scale=scaling).transpose(0, 1)
-    return out.reshape(R, L, H, D), None
 
 
 class HeadLogprobs(torch.autograd.Function):
@@ -1631,9 +1564,8 @@ class HeadLogprobs(torch.autograd.Function):
     slice of the vocabulary): the (N, V) fp32 logits never exist at once, and backward recomputes each slice's logits
     (one more head matmul) rather than keeping them (the idea of Liger's fused linear cross-entropy). cap: Gemma's
     soft-capping, cap * tanh(logits / cap). mm (--head_matmul): 'bf16', the logits from x and W rounded to bf16 (as
-    the server holds them) with fp32 products and sums; 'tf32', on TF32 (scoped to the head, since the global switch
-    would also round the fp32 RoPE angles: transformers issue 48428); either way the gradient's two matmuls in bf16,
-    as in every block's backward. 'fp32': exact fp32 throughout. A pass over 2^27 fp32 logits costs about as much as a
+    the server holds them) with fp32 products and sums, and the gradient's two matmuls in bf16, as in every block's
+    backward; 'fp32': exact fp32 throughout. A pass over 2^27 fp32 logits costs about as much as a
     small matmul: the code counts them."""
     @staticmethod
     def forward(ctx, x, w, targets, temperature, cap, mm, chunk):
@@ -1660,8 +1592,7 @@ class HeadLogprobs(torch.autograd.Function):
             x, w = x.bfloat16(), w.bfloat16()
             raw = torch.mm(x, w.T, out_dtype=torch.float32) if x.is_cuda else x.float() @ w.float().T
         else:
-            with tf32_matmuls(mm == "tf32"):
-                raw = x.float() @ w.float().T
+            raw = x.float() @ w.float().T
         if not cap:
             return raw if temperature == 1 else raw / temperature, None  # at T = 1, one pass over (chunk, V) fewer
         t = torch.tanh(raw / cap)
@@ -1711,18 +1642,18 @@ class HeadLogprobs(torch.autograd.Function):
         return dx, dw, None, None, None, None, None
 
 
-@contextlib.contextmanager
-def tf32_matmuls(on=True):
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if on else before)  # TF32 (what SGLang's --enable-tf32-matmul sets)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before)
+def head_logprobs(model, b, temperature):
+    """completion_logprobs' forward: the packed rows of micro-batch b through `model`, whose head (install_head) is
+    told which positions predict which tokens and returns their (B, C) log-probs in place of logits, and the entropies
+    beside them. No KV cache: it would only cost time and memory here."""
+    head = model.get_output_embeddings()
+    head.job = (b["src"], b["tgt"], b["dst"], b["mask"].shape, temperature)
+    lp = model(input_ids=b["ids"], position_ids=b["pos"], use_cache=False).logits  # (B, C) log-probs, not logits
+    return lp, head.__dict__.pop("entropy")
 
 
 def install_head(model, head_matmul="fp32"):
-    """The LM head computes the log-probs of the tokens that completion_logprobs asks for (head.job) and their
+    """The LM head computes the log-probs of the tokens that head_logprobs asks for (head.job) and their
     entropy, with HeadLogprobs, instead of the (B, C, V) logits; asked nothing, it returns the logits."""
     head, cap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
     if type(head) is not torch.nn.Linear or head.bias is not None:
@@ -1734,7 +1665,7 @@ def install_head(model, head_matmul="fp32"):
     def head_forward(x):  # (R, L, H); head.weight: by now FSDP has swapped the gathered weight in
         if "job" not in head.__dict__:  # a plain call: the logits (with an autograd of its own, in fp32)
             return HeadLogprobs.logits(x, head.weight, 1.0, cap, head_matmul)[0]
-        src, tgt, dst, shape, temperature = head.__dict__.pop("job")  # set by completion_logprobs (pack_batch)
+        src, tgt, dst, shape, temperature = head.__dict__.pop("job")  # set by head_logprobs (pack_batch)
         lp, ent = HeadLogprobs.apply(x.flatten(0, 1)[src], head.weight, tgt, temperature, cap, head_matmul, chunk)
         head.entropy = torch.zeros(shape, device=x.device).index_put(tuple(dst), ent)
         return torch.zeros(shape, device=x.device).index_put(tuple(dst), lp)  # (B, C): the log-probs
@@ -1772,9 +1703,8 @@ def shard(model, mesh, param_dtype, head_matmul="fp32", compile_blocks=False, fr
     0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same).
     Some final norms (Gemma's) return their input's dtype, bf16 from the last block, so the head casts
     its input to fp32 itself: one cast where it matters, rather than fp32 activations between blocks.
-    `head_matmul` (HeadLogprobs): 'bf16', the head's logits from the bf16 weights the server's head reads; 'tf32', on
-    TF32, whose input rounding is finer; both with the gradient's matmuls in bf16.
-    In exact fp32 ('fp32') the head was the largest single cost of a 1.5B training step (FLOP count)."""
+    `head_matmul` (HeadLogprobs): 'bf16', the head's logits from the bf16 weights the server's head reads, with the
+    gradient's matmuls in bf16; in exact fp32 ('fp32') the head was the largest single cost of a 1.5B step."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.utils._pytree import tree_map
     # a block's inputs in bf16, and always as views: FSDP hands the first block of a unit a view of its input and the
