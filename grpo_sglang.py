@@ -2,8 +2,8 @@
 GRPO in one file, with rollouts from an SGLang server.
 
     bash serve.sh && torchrun --nproc_per_node 3 grpo_sglang.py        # 4 GPUs: server on 3, training on 0-2
-    GPU=0 bash serve.sh && torchrun --nproc_per_node 1 grpo_sglang.py --colocate   # 1 GPU, shared
-    torchrun --nproc_per_node 4 grpo_sglang.py --server_url http://B:30000 --sync nccl  # server on host B (README)
+    GPU=0 MEM_FRACTION=0.3 bash serve.sh && torchrun --nproc_per_node 1 grpo_sglang.py --colocate     # 1 GPU
+    torchrun --nproc_per_node 4 grpo_sglang.py --server_url http://B:30000 --sync nccl  # server on host B (docs)
     GPU=2,3 SERVERS=2 bash serve.sh && torchrun --nproc_per_node 2 grpo_sglang.py --server_url URL1,URL2 \\
         --server_gpu 2,3                                                # two servers (serve.sh prints the flags)
     python grpo_sglang.py --help                                        # every flag
@@ -143,7 +143,7 @@ class Config:
     eval_every: int = arg(50, "evaluate (greedy, via the server) every N steps; 0 = only at start and end", "v >= 0")
     save_every: int = arg(100, "checkpoint every N steps (0 = only at the end)", "v >= 0")
     out_dir: str = arg("runs/grpo", "checkpoints, metrics.jsonl and config.json go here")
-    resume: bool = arg(False, "continue the run in out_dir from its last checkpoint, with its flags (README)")
+    resume: bool = arg(False, "continue the run in out_dir from its last checkpoint, with its flags (docs)")
     sample_every: int = arg(10, "print one completion every N steps", "v >= 0")
     wandb: bool = arg(False, "log to Weights & Biases")
     wandb_project: str = arg("grpo_sglang", "wandb project")
@@ -262,7 +262,7 @@ def loss_norm(mode, seqs, tokens, max_new_tokens):
 # Data: a built-in task, a local JSON/JSONL file, or any HF dataset with question/answer columns.
 
 def builtin_rows(max_operand, seed=1234):
-    """'What is a + b?' for all a, b in 0..max_operand, shuffled: small models get a fair share right (README)."""
+    """'What is a + b?' for all a, b in 0..max_operand, shuffled: SmolLM2-135M starts at ~35% greedy."""
     pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
     random.Random(seed).shuffle(pairs)
     return [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in pairs]
@@ -840,7 +840,7 @@ def setup(cfg):
         torch.cuda.set_device(device)
         # PyTorch's cuDNN attention (its first choice for masked attention on an H200) builds a plan per shape
         # (pytorch#155958), and packed micro-batches bring a new one almost every step; its backward also gives NaN
-        # at lengths of 64 mod 128 (pytorch#196678; results/x2/train_speed/). Memory-efficient attention takes the
+        # at lengths of 64 mod 128 (pytorch#196678; docs/log.md). Memory-efficient attention takes the
         # same masks.
         torch.backends.cuda.enable_cudnn_sdp(False)
     else:
@@ -1452,7 +1452,7 @@ def send_bucket(cfg, link, flat, meta, last, version):
                  for s in link["servers"]]
         sent = POOL.submit(lambda: [broadcast(flat, s["group"]) for s in link["servers"]])
         hint = ("The NCCL broadcast of a weight bucket did not complete. If the servers are alive, NCCL could not "
-                "connect the ends: run both sides with NCCL_DEBUG=INFO (see the README).")
+                "connect the ends: run both sides with NCCL_DEBUG=INFO (docs/design.md).")
 
     def wait():
         for srv, answered in zip(link["servers"], posts):
@@ -1616,7 +1616,7 @@ class HeadLogprobs(torch.autograd.Function):
         # beside the fp32 one costs 1.1 GB at 7B's head
         dw = torch.empty(w.shape, device=w.device, dtype=w.dtype) if ctx.needs_input_grad[1] else None
         # as many logits as a forward chunk, and W's slice (cast to dt as read) at most 2^26 values: with few rows, as
-        # 7B's 8 x ~170 tokens, a slice would be most of W, ~1.5 GB live at a 7B step's peak (results/h200/train_bench)
+        # 7B's 8 x ~170 tokens, a slice would be most of W, ~1.5 GB live at a 7B step's peak (docs/log.md)
         cols = max(1, min(chunk * len(w) // max(1, len(x)), 2**26 // w.shape[1]))
         for c in (slice(s, s + cols) for s in range(0, len(w), cols)):
             wc = w[c].bfloat16() if mm == "bf16" else w[c]  # bf16: one cast, for the logits and the gradient
@@ -1696,7 +1696,7 @@ def shard(model, mesh, param_dtype, head_matmul="fp32", compile_blocks=False, fr
     A model under `keep_params` keeps its gathered bf16 weights from forward to backward (2 bytes a parameter), and
     over an update's micro-batches (accumulate_grads), rather than gathering them again; a `frozen` one (the
     reference: nothing changes its weights) keeps them from step to step. SmolLM2's train phase on an H200:
-    0.29 -> 0.21 s, both kept (results/h200/train_bench/).
+    0.29 -> 0.21 s, both kept (docs/log.md).
     `compile_blocks`: torch.compile each block's forward (dynamic shapes: packed rows change every step).
     The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
     steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
