@@ -2227,7 +2227,7 @@ def resumed_runs(tiny_model, tmp_path_factory):
         finally:
             s.close()
         got[key] = SimpleNamespace(dir=d / key, metrics=[r for r in read_metrics(d / key) if "loss" in r],
-                                   stand_in=s, tables=tables, killed_at=n)
+                                   stand_in=s, tables=tables, served_first=n)
     return got["ref"], got["resumed"]
 
 
@@ -2276,7 +2276,7 @@ def test_a_resumed_run_samples_and_trains_exactly_as_one_that_never_stopped(resu
     config.json) is asked for the same prompts and served the same completions as the run that never stopped, and
     ends with the same weights and optimizer state."""
     ref, resumed = resumed_runs
-    assert resumed.killed_at == 16 and len(ref.stand_in.generations) == 40  # 2 prompts x 4 a step
+    assert resumed.served_first == 16 and len(ref.stand_in.generations) == 40  # 2 prompts x 4 a step
     assert resumed.stand_in.generations == ref.stand_in.generations
     assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in ref.metrics]
     a, b = ckpt_weights(ref.dir), ckpt_weights(resumed.dir)
