@@ -1243,12 +1243,12 @@ def test_compiled_blocks_compute_the_same_log_probs_and_steps(checkpointing, tmp
     assert max(rel.values()) <= 0.02, rel
 
 
-def one_step(cfg, model, batch, tok, reward, weight=None):
+def one_step(cfg, model, batch, tok, reward, weight=None, ref=None):
     """One step in-process, the way main() runs it: the table, micro-batches, the no-grad forwards, rewards,
     advantages and weights, then train(). -> (the table, the step's metrics)."""
     seqs = g.sequences(batch, tok, cfg.group_size, "cpu")
     mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
-    g.old_and_ref_logprobs(cfg, model, None, seqs, mbs)
+    g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
     m = g.Metrics()
     g.score(seqs, lambda s, w: (reward(s["text"], s["answer"]), {}), lambda c, a: 0.0, cfg.group_size, m)
     seqs["adv"] = g.advantages(cfg, seqs["reward"])
@@ -1866,16 +1866,16 @@ def test_kill_9_then_resume_continues_exactly(tiny_model, tmp_path):
     # uninterrupted reference run
     ref = StandIn(tiny_model)
     try:
-        code, out = run(train_cmd(tiny_model, ref.url, tmp_path / "ref", "--steps", "4"))
+        code, out = run(train_cmd(tiny_model, ref.url, tmp_path / "ref", "--steps", "4", "--seed", "3"))
         assert code == 0, out
     finally:
         ref.close()
-    # the same run, killed with SIGKILL once its step-2 checkpoint exists, then resumed
+    # the same run, killed with SIGKILL once its step-2 checkpoint exists, then resumed (without --seed: its own)
     s = StandIn(tiny_model)
     try:
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
         with open(tmp_path / "killed.log", "w") as f:
-            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4"), stdout=f,
+            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--seed", "3"), stdout=f,
                                  stderr=subprocess.STDOUT, env=env, cwd=HERE)
             deadline = time.time() + 240
             while time.time() < deadline and p.poll() is None:
@@ -1888,14 +1888,14 @@ def test_kill_9_then_resume_continues_exactly(tiny_model, tmp_path):
         ck = g.latest_checkpoint(str(tmp_path / "k"))
         step = torch.load(os.path.join(ck, "trainer_state.pt"), weights_only=True)["step"]
         assert 2 <= step < 4, "the kill landed outside the run"
-        n_before = len(s.rollouts)
+        n_before, served_before = len(s.rollouts), len(s.generations)
         code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--resume"))
         assert code == 0, out
         assert f"at step {step}" in out
     finally:
         s.close()
-    # same next prompts (and completions: the stand-in samples deterministically from the weights)
-    assert s.rollouts[n_before:] == ref.rollouts[step:]
+    # same next prompts, and completions (the stand-in samples deterministically from the weights): 2 x 4 a step
+    assert s.rollouts[n_before:] == ref.rollouts[step:] and s.generations[served_before:] == ref.generations[8 * step:]
     # same final weights and optimizer state as the uninterrupted run
     a, b = ckpt_weights(tmp_path / "ref"), ckpt_weights(tmp_path / "k")
     assert all(torch.equal(a[n], b[n]) for n in a)
@@ -2058,6 +2058,312 @@ def test_a_step_on_a_known_reward_raises_the_rewarded_completions(tiny_model, se
         if 0 < r.sum() < 8:
             assert gain[grp][r == 1].mean() > gain[grp][r == 0].mean(), (grp, gain[grp], r)
     assert (adv * gain).sum() > 0
+
+
+def grpo_advantages(rewards, G, std=None, eps=1e-4):
+    """GRPO's advantages written out here: (r - the group's mean) / (the group's unbiased std, or `std`, + eps); a
+    group of equal rewards gets 0."""
+    import statistics
+    out = []
+    for k in range(0, len(rewards), G):
+        grp = rewards[k: k + G]
+        s = statistics.stdev(grp) if std is None else std
+        out += [0.0 if max(grp) == min(grp) else (r - sum(grp) / G) / (s + eps) for r in grp]
+    return out
+
+
+class Killed(Exception):
+    """A run stopped dead right after a checkpoint, as kill -9 would stop it."""
+
+
+def run_here(model_dir, url, out_dir, *extra, spy=None, kill_after=None):
+    """The script's main() in this process (a run of one rank, no torchrun), on the stand-in at `url`, with the
+    test rewards registered; spy(seqs, cfg) sees the step's table as train() gets it; kill_after: stop dead once the
+    checkpoint of that step is written."""
+    import torch.distributed as dist
+    cfg = g.parse_config(train_cmd(model_dir, url, out_dir, *extra)[2:])
+    train, save, sharing = g.train, g.save_checkpoint, torch.multiprocessing.get_sharing_strategy()
+
+    def spied(cfg, model, opt, seqs, *a):
+        spy and spy(seqs, cfg)
+        return train(cfg, model, opt, seqs, *a)
+
+    def saved(cfg, model, opt, tok, step):
+        save(cfg, model, opt, tok, step)
+        if step == kill_after:
+            raise Killed
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(g, "train", spied), mp.setattr(g, "save_checkpoint", saved)
+        mp.setitem(reward_fns.REWARD_FNS, "has_number", lambda c, a: float("number" in c.split()))
+        try:
+            g.main(cfg)
+        except Killed:
+            pass
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            torch.multiprocessing.set_sharing_strategy(sharing)
+
+
+# The runs that a few tests below share: 5 steps, checkpoints every 2 (and at the end), a warmup and a cosine decay,
+# DAPO's overlong penalty, a seed that is not the default; once uninterrupted, once stopped dead after its step-2
+# checkpoint and resumed (without --seed: the run's own comes back).
+RESUMED_FLAGS = ("--steps", "5", "--save_every", "2", "--lr_warmup_steps", "1", "--lr_schedule", "cosine",
+                 "--min_lr_ratio", "0.5", "--max_new_tokens", "6", "--overlong_buffer", "4",
+                 "--overlong_penalty", "0.5", "--reward", "has_number", "--eval_every", "0")
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(tiny_model, tmp_path_factory):
+    from types import SimpleNamespace
+    d = tmp_path_factory.mktemp("resumed")
+    got = {}
+    for key in ("ref", "resumed"):
+        s, tables = StandIn(tiny_model), []
+        spy = lambda seqs, cfg: tables.append({k: seqs[k].clone() if torch.is_tensor(seqs[k]) else list(seqs[k])
+                                               for k in ("adv", "length", "text", "reward")})
+        try:
+            run_here(tiny_model, s.url, d / key, *RESUMED_FLAGS, "--seed", "7", spy=spy,
+                     kill_after=2 if key == "resumed" else None)
+            n = len(s.generations)
+            if key == "resumed":
+                run_here(tiny_model, s.url, d / key, *RESUMED_FLAGS, "--resume", spy=spy)
+        finally:
+            s.close()
+        got[key] = SimpleNamespace(dir=d / key, metrics=[r for r in read_metrics(d / key) if "loss" in r],
+                                   stand_in=s, tables=tables, served_first=n)
+    return got["ref"], got["resumed"]
+
+
+def test_the_overlong_penalty_reaches_the_advantages_a_run_trains_on(resumed_runs):
+    """--overlong_buffer 4 of --max_new_tokens 6, --overlong_penalty 0.5: a sequence's reward is the task's (here:
+    'number' in the completion) plus 0.5 x DAPO's penalty (0 up to 2 tokens, then -1/4 a token more), and the
+    advantages train() gets are GRPO's of that reward, written out here."""
+    ref, _ = resumed_runs
+    varied = 0
+    for t in ref.tables:
+        penalty = [-0.5 * min(max((n - 2) / 4, 0.0), 1.0) for n in t["length"].tolist()]
+        reward = [float("number" in text.split()) + p for text, p in zip(t["text"], penalty)]
+        assert t["adv"].tolist() == pytest.approx(grpo_advantages(reward, 4), rel=1e-5, abs=1e-6), (t, penalty)
+        varied += any(len(set(penalty[k: k + 4])) > 1 for k in range(0, len(penalty), 4))
+    assert len(ref.tables) == 5 and varied  # (groups whose penalties differ: there it moves the advantages)
+
+
+def test_a_resumed_run_continues_the_lr_schedule_at_its_global_step(resumed_runs):
+    """Warmup over 1 step, then a cosine from --lr to 0.5 x --lr over steps 2-5: the run resumed at step 2 goes on
+    where the schedule was, not from its start."""
+    want = [3e-2 * f for f in (1.0, 1.0, 0.5 + 0.25 * (1 + math.cos(math.pi / 3)),
+                               0.5 + 0.25 * (1 + math.cos(2 * math.pi / 3)), 0.5)]
+    for run in resumed_runs:
+        assert [r["step"] for r in run.metrics] == [1, 2, 3, 4, 5]
+        assert [r["lr"] for r in run.metrics] == pytest.approx(want)
+
+
+def test_a_run_ends_with_a_checkpoint_of_its_last_step(resumed_runs):
+    """--steps 5, --save_every 2: the last checkpoint is that of step 5 (not 4), with the weights the last push sent."""
+    for run in resumed_runs:
+        ck = g.latest_checkpoint(str(run.dir))
+        assert os.path.basename(ck) == "step_5", ck
+        assert torch.load(os.path.join(ck, "trainer_state.pt"), weights_only=True)["step"] == 5
+        assert_server_has(run.stand_in.pushes[-1], ckpt_weights(run.dir))
+
+
+def test_a_checkpoint_replaces_the_one_before_and_latest_names_it(resumed_runs):
+    """Each save drops the checkpoint before it, once `latest` names the new one: one step_N folder stays."""
+    for run in resumed_runs:
+        assert sorted(f for f in os.listdir(run.dir) if f.startswith("step_")) == ["step_5"]
+        assert (run.dir / "latest").read_text() == "step_5"
+
+
+def test_a_resumed_run_samples_and_trains_exactly_as_one_that_never_stopped(resumed_runs):
+    """The run stopped dead after its step-2 checkpoint and resumed without --seed (its --seed 7 comes back from its
+    config.json) is asked for the same prompts and served the same completions as the run that never stopped, and
+    ends with the same weights and optimizer state."""
+    ref, resumed = resumed_runs
+    assert resumed.served_first == 16 and len(ref.stand_in.generations) == 40  # 2 prompts x 4 a step
+    assert resumed.stand_in.generations == ref.stand_in.generations
+    assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in ref.metrics]
+    a, b = ckpt_weights(ref.dir), ckpt_weights(resumed.dir)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    sa, sb = (torch.load(os.path.join(g.latest_checkpoint(str(r.dir)), "trainer_state.pt"), weights_only=True)
+              for r in resumed_runs)
+    assert all(torch.equal(v[k], sb["optimizer"]["state"][i][k]) for i, v in sa["optimizer"]["state"].items()
+               for k in ("exp_avg", "exp_avg_sq", "step"))
+
+
+def sharded(path, frozen=False, noise=0.0):
+    """The trainer's policy (or, frozen, its reference) on one CPU rank; `noise`: its weights moved at random."""
+    from torch.distributed.device_mesh import init_device_mesh
+    model = g.load_policy(path, torch.device("cpu"), False)
+    with torch.no_grad():
+        for p in model.parameters() if noise else ():
+            p.add_(noise * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    return g.shard(model, init_device_mesh("cpu", (1,)), torch.bfloat16, frozen=frozen)
+
+
+def alone(model, prompt, completion, temperature):
+    """(C,) log-probs and (C,) entropies of one completion scored on its own (no packing, no micro-batch)."""
+    with torch.no_grad():
+        lp, ent = g.completion_logprobs(model, g.pack_batch([{"prompt": prompt, "completion": completion}], 0, "cpu"),
+                                        temperature)
+    return lp[0], ent[0]
+
+
+# A step's rollout whose rewards the tests know: 3 prompts x 4 completions of 2-5 tokens (EOS last), 5 of them
+# rewarded ('good'): two in group 0, two in group 1, one in group 2.
+PROMPTS = [[4, 5, 6, 8], [6, 7], [9, 4, 10]]
+COMPLETIONS = [[11 + (k * 5 + j) % 13 for j in range(1 + k % 4)] + [3] for k in range(12)]
+GOOD = [0, 3, 5, 6, 9]
+
+
+class KnownTok:
+    def decode(self, ids, skip_special_tokens):
+        return "good" if COMPLETIONS.index(list(ids)) in GOOD else "bad"
+
+
+def known_batch():
+    """PROMPTS x COMPLETIONS as the server's rollout of version 0 (its log-probs: any)."""
+    return {"rows": [{"ids": p, "answer": "1"} for p in PROMPTS], "version": 0, "srv": [0] * 12,
+            "outs": [(c, [-3.0] * len(c), "stop") for c in COMPLETIONS]}
+
+
+def test_scale_rewards_batch_divides_by_the_std_of_the_whole_batch_over_all_ranks(tmp_path):
+    """Two ranks with rewards of different spread: --scale_rewards batch divides every advantage by the std of all
+    16 rewards (not of a rank's 8, nor of the group), group by the group's, none by nothing; written out here."""
+    rewards = [[1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5], [3.0, 0.0, 1.0, 2.0, 0.0, 4.0, 4.0, 4.0]]
+    script = tmp_path / "adv.py"
+    script.write_text(ADVANTAGES_ON_TWO_RANKS.format(here=HERE, rewards=rewards, out=str(tmp_path / "adv")))
+    code, out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                     f"--master_port={free_port()}", str(script)], timeout=120)
+    assert code == 0, out
+    import statistics
+    std = statistics.stdev(rewards[0] + rewards[1])
+    for rank in (0, 1):
+        got = json.load(open(tmp_path / f"adv{rank}"))
+        r = rewards[rank]
+        assert got["batch"] == pytest.approx(grpo_advantages(r, 4, std=std), rel=1e-5), (rank, got)
+        assert got["group"] == pytest.approx(grpo_advantages(r, 4), rel=1e-5)
+        assert got["none"] == pytest.approx(grpo_advantages(r, 4, std=1.0, eps=0.0), rel=1e-5)
+    assert std == pytest.approx(1.522, abs=1e-3)  # (each rank's own: 0.378 and 1.753)
+
+
+ADVANTAGES_ON_TWO_RANKS = """import json, sys
+sys.path.insert(0, {here!r})
+import torch, torch.distributed as dist
+import grpo_sglang as g
+dist.init_process_group("gloo")
+r = torch.tensor({rewards!r}[dist.get_rank()])
+got = {{m: g.advantages(g.Config(group_size=4, scale_rewards=m), r).tolist() for m in ("group", "batch", "none")}}
+json.dump(got, open({out!r} + str(dist.get_rank()), "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_policy_loss_weighs_each_token_by_the_tis_mode_it_is_given():
+    """--tis_mode reaches the loss: π_old / π_server of [4, 1] and [0.5, 1] at --tis_cap 2, the policy not yet moved
+    (ratio 1, no clipping), so each token's loss is -A x its IS weight: truncated or masked, per token or per sequence
+    (the product over its tokens: 4 and 0.5)."""
+    old = torch.log(torch.tensor([[0.8, 0.5], [0.2, 0.4]]))
+    x = {"adv": torch.tensor([1.0, -2.0]), "mask": torch.ones(2, 2),
+         "server_lp": torch.log(torch.tensor([[0.2, 0.5], [0.4, 0.4]]))}
+    want = {"token_truncate": [[2.0, 1.0], [0.5, 1.0]], "token_mask": [[0.0, 1.0], [0.5, 1.0]],
+            "sequence_truncate": [[2.0, 2.0], [0.5, 0.5]], "sequence_mask": [[0.0, 0.0], [0.5, 0.5]]}
+    for mode, w in want.items():
+        loss, _, _ = g.policy_loss(g.Config(tis_cap=2.0, tis_mode=mode), x, old.clone(), old, None)
+        assert torch.allclose(loss, -x["adv"][:, None] * torch.tensor(w), atol=1e-6), (mode, loss)
+
+
+def test_the_old_policy_and_reference_logprobs_are_at_the_sampling_temperature(tiny_model):
+    """--mu 2 and --beta 0.1 at --temperature 0.7: the no-grad forwards before the first update score each
+    completion token as the server sampled it, log softmax(z / 0.7), z from plain transformers (fp32)."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    dist_init()
+    try:
+        model, ref = sharded(tiny_model), sharded(tiny_model, frozen=True)
+        cfg = g.Config(mu=2, beta=0.1, temperature=0.7, group_size=4)
+        seqs = g.sequences(known_batch(), KnownTok(), 4, "cpu")
+        g.old_and_ref_logprobs(cfg, model, ref, seqs, g.micro_batches(seqs, 3, 0))
+    finally:
+        dist.destroy_process_group()
+    gap = 0.0
+    for k, c in enumerate(COMPLETIONS):
+        p = PROMPTS[k // 4]
+        with torch.no_grad():
+            z = plain(torch.tensor([p + c])).logits[0, len(p) - 1: -1]
+        want = [torch.log_softmax(z / t, -1).gather(-1, torch.tensor(c)[:, None])[:, 0] for t in (0.7, 1.0)]
+        for name in ("old_lp", "ref_lp"):
+            assert seqs[name][k, : len(c)].tolist() == pytest.approx(want[0].tolist(), abs=0.01), (name, k)
+        gap = max(gap, (want[0] - want[1]).abs().max().item())
+    assert gap > 0.1  # (at temperature 1 they would be this far off)
+
+
+def test_the_kl_metric_counts_only_the_sequences_with_a_weight(tiny_model):
+    """--beta 0.1 against a reference that differs from the policy, group 1 filtered out (weight 0): the logged kl
+    is the mean of k3(π, π_ref) over the tokens of the sequences with a weight, each scored here on its own."""
+    import torch.distributed as dist
+    dist_init()
+    try:
+        model, ref = sharded(tiny_model), sharded(tiny_model, frozen=True, noise=0.05)
+        T = 0.8
+        k3 = []
+        for k, c in enumerate(COMPLETIONS):
+            d = alone(ref, PROMPTS[k // 4], c, T)[0] - alone(model, PROMPTS[k // 4], c, T)[0]
+            k3.append(torch.exp(d) - d - 1)
+        cfg = g.Config(beta=0.1, temperature=T, group_size=4, micro_batch=3, max_grad_norm=1e9)
+        weight = torch.tensor([1.0] * 4 + [0.0] * 4 + [1.0] * 4)
+        _, got = one_step(cfg, model, known_batch(), KnownTok(), lambda c, a: float(c == "good"), weight, ref=ref)
+    finally:
+        dist.destroy_process_group()
+    kept = [k for k in range(12) if weight[k]]
+    want = sum(k3[k].sum().item() for k in kept) / sum(len(COMPLETIONS[k]) for k in kept)
+    every = sum(x.sum().item() for x in k3) / sum(map(len, COMPLETIONS))
+    assert got["kl"] == pytest.approx(want, rel=5e-3) and abs(every - want) > 0.1 * want  # (bf16: packed vs alone)
+
+
+def test_entropy_with_mu_2_is_logged_from_the_first_pass_per_token(tiny_model):
+    """--mu 2: the logged entropy is that of the policy that sampled, before either update, per completion token
+    (each sequence scored here on its own), neither summed over the two passes nor mixed with the second's."""
+    import torch.distributed as dist
+    dist_init()
+    try:
+        model, T = sharded(tiny_model), 0.8
+        ents = [alone(model, PROMPTS[k // 4], c, T)[1] for k, c in enumerate(COMPLETIONS)]
+        cfg = g.Config(mu=2, temperature=T, group_size=4, micro_batch=3, max_grad_norm=1e9)
+        _, got = one_step(cfg, model, known_batch(), KnownTok(), lambda c, a: float(c == "good"))
+        after = [alone(model, PROMPTS[k // 4], c, T)[1] for k, c in enumerate(COMPLETIONS)]
+    finally:
+        dist.destroy_process_group()
+    n = sum(map(len, COMPLETIONS))
+    want, moved = sum(e.sum().item() for e in ents) / n, sum(e.sum().item() for e in after) / n
+    assert got["entropy"] == pytest.approx(want, rel=1e-5) and abs(moved - want) > 5e-4 * want  # (the updates moved it)
+
+
+def test_the_sync_check_at_a_temperature_counts_the_tokens_of_the_rescored_rows(tiny_model, server):
+    """--async at --temperature 0.7: the batch is one step old, so the server re-scores some of its rows with the
+    weights the trainer has (at temperature 1, as SGLang's prefill does) and the trainer scores them at temperature 1
+    too. check_mismatch_mean is the mean |Δ| over the tokens the server re-scored (as the stand-in counts them: rows
+    of 2 to 5 tokens, which the trainer's (B, C) scores pad to 5), and small: the same weights."""
+    import torch.distributed as dist
+    from types import SimpleNamespace
+    dist_init()
+    try:
+        model = sharded(tiny_model)
+        srv = g.Server.__new__(g.Server)  # the server's client, without its start-up checks
+        srv.cfg = g.Config(temperature=0.7, check_seqs=4, group_size=4, server_url=server.url)
+        srv.rt, srv.urls = SimpleNamespace(rank=0, world=1, device=torch.device("cpu")), [server.url]
+        server.version = "1"  # the weights after step 1; the batch was sampled from version 0
+        check, m = srv.check(known_batch(), 1, model, 0), g.Metrics()
+        check(g.sequences(known_batch(), KnownTok(), 4, "cpu"), m)
+        got = m.reduce("cpu")
+    finally:
+        dist.destroy_process_group()
+    (asked,) = server.rescores  # one request: prompt + completion of each re-scored row
+    rows = [k for k, c in enumerate(COMPLETIONS) if tuple(PROMPTS[k // 4] + c) in asked]
+    tokens = sum(len(COMPLETIONS[k]) for k in rows)
+    assert len(rows) == 4 and len({len(COMPLETIONS[k]) for k in rows}) == 4, rows  # (of 2, 3, 4 and 5 tokens)
+    assert m.sums["check_mismatch_mean#n"] == tokens and 0 < got["check_mismatch_mean"] < 0.01, (m.sums, tokens)
 
 
 def test_help_lists_every_flag_with_its_help_and_default():

@@ -4,7 +4,8 @@ it: each must fail ("CAUGHT"). The mutations: the bugs of the first sync-check w
 into a copy of the script (its part 4), one per fix of that issue and of the layout issue (GSPO, entropy), several
 servers, the resume-and-layouts issue (its one-line bugs and each safeguard, serve.sh's included), the step's table
 and weights, the LM head's log-probs (HeadLogprobs), the GRPO variants, FSDP's units and the profile tool, the
-varlen attention and the micro-batches by tokens, the fused RMSNorms, the KL metrics (a policy that moved).
+varlen attention and the micro-batches by tokens, the fused RMSNorms, the KL metrics (a policy that moved), and the
+"nothing silent, nothing lost" issue's tests of behaviour (one-line bugs the whole suite once let pass).
 
     python3 results/tools/mutation_check.py [name-substring ...]      # from the repo root, CPU only
     python3 results/tools/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
@@ -168,6 +169,67 @@ M = [  # (name, file, old, new, -k expression)
  ('resume: --beta not restored', 'grpo_sglang.py', '        if k in fields and k not in given and k != "api_key":', '        if k in fields and k not in given and k not in ("api_key", "beta"):', 'restores_its_flags_and_refuses'),
  ('bf16 head: torch 2.7 let through', 'grpo_sglang.py', '< (2, 8)):  # mm', '< (2, 7)):  # mm', 'bf16_head_on_a_gpu'),
  ('bf16 head: torch checked only with --device cuda (not auto)', 'grpo_sglang.py', 'cfg.head_matmul == "bf16" and cfg.device != "cpu"', 'cfg.head_matmul == "bf16" and cfg.device == "cuda"', 'bf16_head_on_a_gpu'),
+ ('scale_rewards batch no longer scales', 'grpo_sglang.py',
+  'cfg.scale_rewards != "none", rloo=',
+  'cfg.scale_rewards == "group", rloo=',
+  'scale_rewards_batch_divides'),
+ ("scale_rewards batch: the batch's std never passed", 'grpo_sglang.py',
+  'std = batch_std(rewards) if cfg.scale_rewards == "batch" else None',
+  'std = None',
+  'scale_rewards_batch_divides'),
+ ("batch std of this rank's rewards only", 'grpo_sglang.py',
+  '    dist.all_reduce(t)\n    n, s, ss = t.tolist()',
+  '    n, s, ss = t.tolist()',
+  'scale_rewards_batch_divides'),
+ ('--tis_mode ignored (the default mode always)', 'grpo_sglang.py',
+  'x["mask"], cfg.tis_mode) if cfg.tis_cap > 0',
+  'x["mask"]) if cfg.tis_cap > 0',
+  'tis_mode_it_is_given'),
+ ('overlong penalty added after the advantages', 'grpo_sglang.py',
+  '        shape_rewards(cfg, seqs, m)  # the flags\' reward terms (DAPO\'s overlong penalty)\n'
+  '        seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)\n',
+  '        seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)\n'
+  '        shape_rewards(cfg, seqs, m)  # the flags\' reward terms (DAPO\'s overlong penalty)\n',
+  'overlong_penalty_reaches'),
+ ('lr schedule restarts at a resume', 'grpo_sglang.py',
+  'lr_factor(step, cfg.steps',
+  'lr_factor(step - start, cfg.steps',
+  'lr_schedule_at_its_global'),
+ ('no final checkpoint', 'grpo_sglang.py',
+  'if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:',
+  'if cfg.save_every and (step + 1) % cfg.save_every == 0:',
+  'ends_with_a_checkpoint'),
+ ('old and reference log-probs at temperature 1', 'grpo_sglang.py',
+  '= completion_logprobs(net, b, cfg.temperature)[0]',
+  '= completion_logprobs(net, b, 1.0)[0]',
+  'at_the_sampling_temperature'),
+ ('resume: --seed not restored', 'grpo_sglang.py',
+  '        if k in fields and k not in given and k != "api_key":',
+  '        if k in fields and k not in given and k not in ("api_key", "seed"):',
+  'never_stopped or kill_9'),
+ ('kl metric over filtered sequences too', 'grpo_sglang.py',
+  'm.mean("kl", (kl.detach() * w).sum() if kl is not None else 0.0, w.sum())',
+  'm.mean("kl", (kl.detach() * x["mask"]).sum() if kl is not None else 0.0, x["mask"].sum())',
+  'kl_metric_counts_only'),
+ ('old checkpoints never removed', 'grpo_sglang.py',
+  '        if old and os.path.basename(old) != f"step_{step}":',
+  '        if False:',
+  'replaces_the_one_before'),
+ ('mu 2: entropy summed over the passes', 'grpo_sglang.py',
+  'm.mean("entropy", (ent.detach() * x["mask"]).sum(), x["mask"].sum())',
+  'm.mean("entropy", (ent.detach() * x["mask"]).sum(), x["mask"].sum() / cfg.mu)',
+  'entropy_with_mu_2'),
+ ('mu 2: entropy logged from every pass', 'grpo_sglang.py',
+  '                seqs["lp0"][b["rows"], : b["C"]] = old\n'
+  '                m.mean("entropy", (ent.detach() * x["mask"]).sum(), x["mask"].sum())\n',
+  '                seqs["lp0"][b["rows"], : b["C"]] = old\n'
+  '            m.mean("entropy", (ent.detach() * x["mask"]).sum(), x["mask"].sum())\n'
+  '            if update == 0:\n',
+  'entropy_with_mu_2'),
+ ("re-scored check counts the trainer's padded row", 'grpo_sglang.py',
+  'return d.sum().item(), len(now), d.max().item()',
+  'return d.sum().item(), len(trainer), d.max().item()',
+  'counts_the_tokens_of_the_rescored'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
