@@ -222,9 +222,9 @@ def tis_weights(old_logp, server_logp, cap, mask=None, mode="token_truncate"):
     "TIS"; AReaL's decoupled PPO). token_*: per token; sequence_*: one per sequence, the product over its tokens.
     *_truncate: min(ratio, cap); *_mask: the ratio, or 0 where it is over the cap (TRL's four IS modes)."""
     d = old_logp - server_logp if mask is None else (old_logp - server_logp) * mask
-    ratio = torch.exp(d.sum(1, keepdim=True) if mode.startswith("sequence") else d)
-    w = torch.clamp(ratio, max=cap) if mode.endswith("truncate") else ratio * (ratio <= cap)
-    return w.expand_as(old_logp)
+    d = d.sum(1, keepdim=True) if mode.startswith("sequence") else d  # the log ratio, per token or per sequence
+    w = torch.exp(d.clamp(max=math.log(cap)))  # in log space: 400 tokens x 0.25 nats is exp(100) = inf, inf * 0 NaN
+    return (w if mode.endswith("truncate") else w * (d <= math.log(cap))).expand_as(old_logp)
 
 
 def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token", tis=None, ref_logp=None, beta=0.0,
@@ -434,7 +434,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
                 seqs["lp0"][b["rows"], : b["C"]] = old
                 m.mean("entropy", (ent.detach() * x["mask"]).sum(), x["mask"].sum())
                 m.mean("pack_fill", b["tokens"], b["ids"].numel())  # real tokens / positions computed
-                mismatch_stats(old, x["server_lp"], x["mask"], cfg.tis_cap, m)
+                mismatch_stats(old, x["server_lp"], x["mask"], cfg.tis_cap, m, cfg.tis_mode)
             loss, clipped, kl = policy_loss(cfg, x, logp, old, ent)
             loss = aggregate(loss, x["mask"], x["weight"], cfg.loss_agg, max(norm, 1e-9))
             (loss * world).backward()  # FSDP averages gradients over ranks: * world gives the batch's gradient
@@ -596,16 +596,18 @@ class Metrics:
         return {**out, **mx}
 
 
-def mismatch_stats(trainer_lp, server_lp, mask, cap, m):
+def mismatch_stats(trainer_lp, server_lp, mask, cap, m, mode="token_truncate"):
     """(B, T) logprobs of the sampled tokens under the trainer and under the server that sampled them, into the
-    metrics m: |Δ|, k3 estimate of KL(server || trainer), and the importance ratio π_trainer / π_server (how often
-    TIS truncates it at `cap`). The numbers TRL, verl and slime log."""
+    metrics m: |Δ|, k3 estimate of KL(server || trainer), the importance ratio π_trainer / π_server per token, and
+    the share of tokens whose TIS weight (`mode`, see tis_weights) the cap cuts. The numbers TRL, verl and slime log."""
     d, n = (trainer_lp - server_lp) * mask, mask.sum()
     ratio = torch.exp(d) * mask
-    m.mean("mismatch_mean", d.abs().sum(), n), m.max("mismatch_max", d.abs().max())
+    m.mean("mismatch_mean", d.abs().sum(), n), m.mean("is_ratio_mean", ratio.sum(), n)
     m.mean("mismatch_kl", (kl_k3(server_lp, trainer_lp) * mask).sum(), n)
-    m.mean("is_ratio_mean", ratio.sum(), n), m.max("is_ratio_max", ratio.max())
-    m.mean("is_truncated_frac", ((ratio > cap) if cap > 0 else ratio < 0).sum(), n)
+    over = (d.sum(1, keepdim=True) if mode.startswith("sequence") else d) > (math.log(cap) if cap > 0 else math.inf)
+    m.mean("is_truncated_frac", (over * mask).sum(), n)
+    if d.numel():  # a micro-batch of empty completions has no maximum (and its means count 0 tokens: null)
+        m.max("mismatch_max", d.abs().max()), m.max("is_ratio_max", ratio.max())
 
 
 def step_metrics(cfg, step, batch, m, clock, t_run, nbytes, rt):
@@ -1905,11 +1907,13 @@ def all_reduce_named(values, op, device):
 
 
 def batch_std(x):
-    """All ranks: (N,) this rank's values -> the unbiased std of the whole batch's (TRL's scale_rewards='batch')."""
-    t = torch.stack([torch.tensor(float(len(x)), device=x.device), x.sum(), (x * x).sum()]).double()
-    dist.all_reduce(t)
-    n, s, ss = t.tolist()
-    return torch.tensor(max(ss - s * s / n, 0.0) / max(n - 1, 1), device=x.device).sqrt()
+    """All ranks: (N,) this rank's values -> the unbiased std of the whole batch's (TRL's scale_rewards='batch'), in
+    float64 around the batch's mean: float32 sums of squares of rewards far from 0 (1000 + {0, 1}) lose the digits."""
+    n_sum = torch.stack([torch.tensor(float(len(x)), device=x.device), x.double().sum()])
+    dist.all_reduce(n_sum)
+    ss = (x.double() - n_sum[1] / n_sum[0]).square().sum()  # then the squares of the deviations from it
+    dist.all_reduce(ss)
+    return (ss / (n_sum[0] - 1).clamp(min=1)).sqrt().to(x.dtype)
 
 
 def clip_grads(params, max_norm):

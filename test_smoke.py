@@ -2590,6 +2590,65 @@ def test_filters_set_weights_and_shaping_adds_the_overlong_penalty():
     assert torch.allclose(seqs["reward"], torch.tensor([1.0, -0.5, 1 - 0.375, 1.0, 0.5, 0.5, 0.0, 0.25]))
 
 
+def test_importance_weights_are_computed_in_log_space_a_huge_sequence_ratio_weighs_0_not_nan():
+    """A sequence's summed log ratio past ~88.7 nats is exp = inf in float32, and inf * 0 = NaN would skip the whole
+    update: in log space it weighs 0 (mask) or the cap (truncate), in all four modes."""
+    huge = g.tis_weights(torch.zeros(2, 400), torch.full((2, 400), -0.25), 2.0, torch.ones(2, 400), "sequence_mask")
+    assert torch.equal(huge, torch.zeros(2, 400))  # 400 x 0.25 = 100 nats: over log 2
+    old = torch.zeros(2, 3)  # log ratios: [100, 0.25, 0] (sum 100.25) and [log 1.5, (pad), (pad)]
+    server = torch.tensor([[-100.0, -0.25, 0.0], [-math.log(1.5), -5.0, -5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    w = lambda mode: g.tis_weights(old, server, 2.0, mask, mode)
+    e = math.exp(0.25)
+    assert torch.allclose(w("token_truncate"), torch.tensor([[2.0, e, 1.0], [1.5, 1.0, 1.0]]))
+    assert torch.allclose(w("token_mask"), torch.tensor([[0.0, e, 1.0], [1.5, 1.0, 1.0]]))
+    assert torch.allclose(w("sequence_truncate"), torch.tensor([[2.0] * 3, [1.5] * 3]))
+    assert torch.allclose(w("sequence_mask"), torch.tensor([[0.0] * 3, [1.5] * 3]))
+
+
+def test_batch_std_is_exact_for_rewards_far_from_0():
+    """--scale_rewards batch: float32 sums of squares lose the std's digits when the rewards are far from 0 (3.5e-4
+    relative at 100 + N(0, 1), 4.7e-2 at 1000 + {0, 1}); it must be torch's std, in float64."""
+    gen = torch.Generator().manual_seed(0)
+    dist_init()
+    try:
+        for r in (100 + torch.randn(64, generator=gen), 1000 + torch.randint(0, 2, (64,), generator=gen).float()):
+            want = r.double().std().item()  # unbiased, of the float32 values the trainer has
+            assert g.batch_std(r).item() == pytest.approx(want, rel=1e-6)
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
+def test_is_truncated_frac_counts_the_tokens_the_tis_mode_cuts_and_empty_micro_batches_log_null():
+    """The share of tokens whose TIS weight the cap cut, under --tis_mode: a sequence mode cuts every token of a
+    sequence whose product of ratios passes the cap, whatever its tokens' own ratios. A micro-batch of empty
+    completions (no columns, or a mask of 0s) logs its means as null, and does not crash on an empty maximum."""
+    trainer = torch.zeros(2, 3)  # ratios: 1.5 x 3 (product 3.375 > 2, no token > 2), and 4, 0.25 (product 1), pad
+    server = torch.tensor([[-math.log(1.5)] * 3, [-math.log(4), math.log(4), 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    got = {}
+    dist_init()
+    try:
+        for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+            m = g.Metrics()
+            g.mismatch_stats(trainer, server, mask, 2.0, m, mode)
+            got[mode] = m.reduce("cpu")["is_truncated_frac"]
+        m = g.Metrics()
+        g.mismatch_stats(trainer, server, mask, 0, m, "sequence_mask")  # --tis_cap 0: no TIS, nothing cut
+        off = m.reduce("cpu")["is_truncated_frac"]
+        m = g.Metrics()
+        g.mismatch_stats(torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2, 0), 2.0, m, "sequence_mask")
+        g.mismatch_stats(torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2, 3), 2.0, m)
+        empty = m.reduce("cpu")
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    assert got == {"token_truncate": 1 / 5, "token_mask": 1 / 5, "sequence_truncate": 3 / 5, "sequence_mask": 3 / 5}
+    assert off == 0
+    assert all(empty[k] is None for k in ("mismatch_mean", "mismatch_kl", "is_ratio_mean", "is_truncated_frac"))
+
+
 def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_model, tmp_path):
     """All the variants together (two ranks, async, sequence-level ratio): the run goes on, the learning rate follows
     its schedule, the overlong penalty is a logged part of the reward, and the sync check still passes."""

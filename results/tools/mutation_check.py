@@ -135,8 +135,8 @@ M = [  # (name, file, old, new, -k expression)
  ('overlong penalty unclamped', 'grpo_sglang.py', '    return ((max_len - buffer - lengths) / buffer).clamp(-1.0, 0.0)', '    return ((max_len - buffer - lengths) / buffer).clamp(max=0.0)', 'overlong'),
  ('rloo without its G/(G-1)', 'grpo_sglang.py', '(group_size / (group_size - 1) if rloo else 1)', '1', 'rloo'),
  ('batch std ignored', 'grpo_sglang.py', '((r.std(dim=1, keepdim=True) if std is None else std) + eps)', '(r.std(dim=1, keepdim=True) + eps)', 'rloo'),
- ('sequence IS per token', 'grpo_sglang.py', 'ratio = torch.exp(d.sum(1, keepdim=True) if mode.startswith("sequence") else d)', 'ratio = torch.exp(d)', 'importance_sampling_modes'),
- ('IS mask keeps the ratio', 'grpo_sglang.py', 'else ratio * (ratio <= cap)', 'else ratio', 'importance_sampling_modes'),
+ ('sequence IS per token', 'grpo_sglang.py', 'd = d.sum(1, keepdim=True) if mode.startswith("sequence") else d  #', 'd = d  #', 'importance_sampling_modes'),
+ ('IS mask keeps the ratio', 'grpo_sglang.py', 'else w * (d <= math.log(cap))', 'else w', 'importance_sampling_modes'),
  ('cispo weight with a gradient', 'grpo_sglang.py', 'torch.clamp(ratio, max=1 + clip_high).detach()', 'torch.clamp(ratio, max=1 + clip_high)', 'cispo'),
  ('entropy bonus with the wrong sign', 'grpo_sglang.py', '    return loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss, clipped, kl', '    return loss + cfg.entropy_coef * ent if cfg.entropy_coef else loss, clipped, kl', 'entropy_bonus'),
  ('truncated not masked', 'grpo_sglang.py', '        w = w * (seqs["truncated"] == 0)', '        w = w', 'filters_set'),
@@ -178,6 +178,10 @@ M = [  # (name, file, old, new, -k expression)
  ('resume: --beta not restored', 'grpo_sglang.py', '        if k in fields and k not in given and k != "api_key":', '        if k in fields and k not in given and k not in ("api_key", "beta"):', 'restores_its_flags_and_refuses'),
  ('bf16 head: torch 2.7 let through', 'grpo_sglang.py', '< (2, 8)):  # mm', '< (2, 7)):  # mm', 'bf16_head_on_a_gpu'),
  ('bf16 head: torch checked only with --device cuda (not auto)', 'grpo_sglang.py', 'cfg.head_matmul == "bf16" and cfg.device != "cpu"', 'cfg.head_matmul == "bf16" and cfg.device == "cuda"', 'bf16_head_on_a_gpu'),
+ ('TIS in linear space (inf * 0 = NaN for a huge sequence ratio)', 'grpo_sglang.py', 'w * (d <= math.log(cap))', 'torch.exp(d) * (d <= math.log(cap))', 'log_space'),
+ ('batch std: float32 sums of squares (one pass)', 'grpo_sglang.py', 'ss = (x.double() - n_sum[1] / n_sum[0]).square().sum()', 'ss = (x * x).sum() - x.sum() ** 2 / len(x)', 'batch_std_is_exact'),
+ ('is_truncated_frac per token under the sequence IS modes', 'grpo_sglang.py', '(d.sum(1, keepdim=True) if mode.startswith("sequence") else d) > (math.log(cap)', 'd > (math.log(cap)', 'is_truncated_frac'),
+ ('empty micro-batch: the maximum of nothing', 'grpo_sglang.py', '    if d.numel():  # a micro-batch', '    if True:  # a micro-batch', 'is_truncated_frac'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
