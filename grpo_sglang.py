@@ -209,9 +209,9 @@ def log_ratio(logp, old_logp, mask, level="token"):
 
 
 def clipped_surrogate(ratio, adv, clip_low, clip_high):
-    """(B, T) ratios π/π_old, (B,) advantages -> per-token loss (B, T) and where clipping was active (B, T).
+    """(B, T) ratios π/π_old, (B,) or (B, T) advantages -> per-token loss (B, T) and where clipping was active (B, T).
     PPO: -min(ratio * A, clip(ratio, 1 - low, 1 + high) * A)."""
-    a = adv.unsqueeze(1)  # (B, 1)
+    a = per_token(adv, ratio)  # (B, 1), or (B, T): one per token
     unclipped, clipped = ratio * a, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
     return -torch.min(unclipped, clipped), (clipped < unclipped)
 
@@ -229,14 +229,15 @@ def tis_weights(old_logp, server_logp, cap, mask=None, mode="token_truncate"):
 
 def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token", tis=None, ref_logp=None, beta=0.0,
                     loss_type="grpo"):
-    """(B, T) log-probs now and before this step's updates, (B,) advantages, (B, T) completion mask -> per-token
-    loss (B, T), where clipping was active (B, T), per-token KL to the reference (B, T) or None.
+    """(B, T) log-probs now and before this step's updates, (B,) or (B, T) advantages, (B, T) completion mask ->
+    per-token loss (B, T), where clipping was active (B, T), per-token KL to the reference (B, T) or None.
     loss = -min(ρA, clip(ρ)A)·w + β·k3(π, π_ref), ρ = π / π_old (see log_ratio), w: TIS weight (1 if None)
     CISPO (MiniMax-M1, ScaleRL; TRL's loss_type='cispo'): -sg(min(ρ, 1 + clip_high)) A log π: the weight is clipped
     and carries no gradient, so every token keeps its log π gradient, clipped or not."""
     ratio = torch.exp(log_ratio(logp, old_logp, mask, level))
     if loss_type == "cispo":
-        loss, clipped = -torch.clamp(ratio, max=1 + clip_high).detach() * adv.unsqueeze(1) * logp, ratio > 1 + clip_high
+        clipped = ratio > 1 + clip_high
+        loss = -torch.clamp(ratio, max=1 + clip_high).detach() * per_token(adv, logp) * logp
     else:
         loss, clipped = clipped_surrogate(ratio, adv, clip_low, clip_high)
     if tis is not None:
@@ -293,7 +294,8 @@ def sequences(batch, tok, group_size, device):
     """A rollout batch -> `seqs`, the step's table: one row per sequence, where every per-sequence quantity lives.
     Rows are never reordered or dropped (to filter, set a weight to 0): row i is sequence i of the rollout everywhere.
       lists (N)     prompt, completion (token ids), text, answer, finish ('stop' or 'length'), server (its index)
-      (N,)          group, length, truncated (1: cut by max_new_tokens); the step adds reward, correct, adv, weight
+      (N,)          group, length, truncated (1: cut by max_new_tokens); the step adds reward, correct, adv (or
+                    (N, C): one per token, right-padded as mask), weight
       (N, C)        mask, server_lp (the sampler's log-probs), right-padded to the longest completion; the forwards
                     add old_lp (mu > 1), ref_lp (beta > 0) and lp0 (the trainer's under the weights the server has)"""
     outs, rows = batch["outs"], [batch["rows"][k // group_size] for k in range(len(batch["outs"]))]
@@ -424,6 +426,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
     n_seqs, n_tokens = batch_counts(seqs, mbs)  # over all ranks, weighted; every rank must run as many micro-batches
     norm = loss_norm(cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
     seqs["lp0"], skipped = torch.zeros_like(seqs["mask"]), 0
+    per_token(seqs["adv"], seqs["mask"])  # (N,) or (N, C): else one clear error, before any forward
     for update in range(cfg.mu):
         for k, b in enumerate(mbs):
             accumulate_grads(model, last=k == len(mbs) - 1)  # FSDP: reduce gradients once per update
@@ -1904,6 +1907,15 @@ def all_reduce_named(values, op, device):
     t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=device).reshape(()) for k in keys])
     dist.all_reduce(t, op=op)
     return dict(zip(keys, t.tolist()))
+
+
+def per_token(adv, like):
+    """(B,) advantages, one per sequence, or (B, T), one per token -> broadcastable to `like` (B, T). Any other
+    shape would broadcast into nonsense ((N, C) ones, as (N, 1, C), times (N, C) ratios: (N, N, C)): one error."""
+    if adv.shape not in (like.shape[:1], like.shape):
+        raise UserError(f"advantages of shape {tuple(adv.shape)} for {like.shape[0]} sequences of {like.shape[1]} "
+                        f"tokens: they must be ({like.shape[0]},), one per sequence, or {tuple(like.shape)}, per token")
+    return adv.unsqueeze(1) if adv.dim() == 1 else adv
 
 
 def batch_std(x):

@@ -2649,6 +2649,84 @@ def test_is_truncated_frac_counts_the_tokens_the_tis_mode_cuts_and_empty_micro_b
     assert all(empty[k] is None for k in ("mismatch_mean", "mismatch_kl", "is_ratio_mean", "is_truncated_frac"))
 
 
+def test_advantages_may_be_per_token_and_any_other_shape_is_one_clear_error():
+    """(B,) advantages, or (B, T) ones (process rewards, a per-token penalty): one equal along each row is exactly
+    the per-sequence loss and gradient, a varying one is the formula token by token; another shape (it would
+    broadcast to (B, B, T) and train on nonsense) is one clear error that names the shapes."""
+    logp0 = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.6, 0.1]]))
+    old = torch.log(torch.tensor([[0.25, 0.2, 0.9], [0.3, 0.3, 0.2]]))  # ratios [2, 1, 1], [1, 2, 0.5]
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+
+    def loss_and_grad(adv, loss_type="grpo"):
+        lp = logp0.clone().requires_grad_(True)
+        loss, clipped, _ = g.grpo_token_loss(lp, old, adv, mask, 0.2, 0.28, loss_type=loss_type)
+        total = g.aggregate(loss, mask, torch.ones(2), "token", 5)
+        total.backward()
+        return loss.detach(), clipped, total.detach(), lp.grad
+    adv = torch.tensor([1.0, -2.0])
+    for loss_type in ("grpo", "cispo"):
+        per_seq, per_tok = loss_and_grad(adv, loss_type), loss_and_grad(adv[:, None].expand(2, 3), loss_type)
+        assert all(torch.equal(a, b) for a, b in zip(per_seq, per_tok)), loss_type
+    a = torch.tensor([[1.0, -1.0, 3.0], [0.5, 2.0, -1.0]])  # -min(ρA, clip(ρ, 0.8, 1.28) A), token by token
+    loss, clipped, total, grad = loss_and_grad(a)
+    assert torch.allclose(loss, torch.tensor([[-1.28, 1.0, -3.0], [-0.5, -2.56, 0.8]]))
+    assert total.item() == pytest.approx((-1.28 + 1.0 - 0.5 - 2.56 + 0.8) / 5)  # the pad's -3 left out
+    assert torch.allclose(grad, torch.tensor([[0.0, 1.0, 0.0], [-0.5, 0.0, 0.0]]) / 5)  # -Aρ where not clipped
+    loss, _, _, _ = loss_and_grad(a, "cispo")  # -sg(min(ρ, 1.28)) A log π
+    assert torch.allclose(loss, -torch.tensor([[1.28, 1.0, 1.0], [1.0, 1.28, 0.5]]) * a * logp0)
+    for bad in (torch.ones(2, 2), torch.ones(3), torch.ones(2, 3, 1)):
+        for loss_type in ("grpo", "cispo"):
+            with pytest.raises(g.UserError, match=re.escape(f"advantages of shape {tuple(bad.shape)} for 2 sequences "
+                                                            f"of 3 tokens: they must be (2,), one per sequence, or "
+                                                            f"(2, 3), per token")):
+                loss_and_grad(bad, loss_type)
+
+
+def test_per_token_advantages_of_the_table_train_as_per_sequence_ones(tiny_model, monkeypatch):
+    """The step's table may hold (N, C) advantages, right-padded as its mask: the micro-batches slice them (rows_of)
+    and the step takes exactly the gradient of the (N,) ones equal along each row; a table of another width is one
+    clear error before any forward. The step logs the share of tokens that its --tis_mode cut."""
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed as dist
+    dist_init()
+    try:
+        model = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False), init_device_mesh("cpu", (1,)),
+                        torch.bfloat16)
+        batch = {"rows": [{"ids": [4, 5], "answer": "1"}], "version": 0, "srv": [0] * 4,
+                 "outs": [([11 + k, 3, 7][: 1 + k % 3], [-1.0] * (1 + k % 3), "stop") for k in range(4)]}
+
+        class Tok:
+            def decode(self, ids, skip_special_tokens):
+                return str(ids[0])
+        grads = []
+        monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a: grads.append(
+            [p.grad.to_local().clone() for p in self.param_groups[0]["params"] if p.grad is not None]))
+
+        def step(seqs):
+            m = g.Metrics()
+            g.train(cfg, model, torch.optim.SGD(model.parameters(), lr=0.05), seqs, mbs, 1, lambda s, m: None, m)
+            return m.reduce("cpu")
+        cfg = g.Config(group_size=4, micro_batch=1, tis_mode="sequence_mask")  # one sequence a micro-batch
+        seqs = g.sequences(batch, Tok(), 4, "cpu")  # completions of 1, 2, 3 and 1 tokens
+        mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
+        assert len({b["C"] for b in mbs}) > 1  # micro-batches of several widths C_b
+        seqs.update(adv=torch.zeros(4), weight=torch.ones(4), reward=torch.zeros(4))
+        step(seqs)  # -> the trainer's log-probs, lp0
+        seqs["server_lp"] = seqs["lp0"] - 0.5 * seqs["mask"]  # e^0.5 < 2 a token: sequences of 2 or 3 over the cap
+        grads.clear()
+        adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+        for a in (adv, adv[:, None].expand_as(seqs["mask"]).clone()):
+            seqs["adv"] = a
+            assert step(seqs)["is_truncated_frac"] == 5 / 7  # sequence_mask: their 2 + 3 of the 7 tokens
+        assert len(grads) == 2 and all(torch.equal(x, y) for x, y in zip(*grads))
+        assert any(x.abs().sum() > 0 for x in grads[0])
+        seqs["adv"] = torch.ones(4, seqs["mask"].shape[1] + 1)
+        with pytest.raises(g.UserError, match=re.escape("advantages of shape (4, 4) for 4 sequences of 3 tokens")):
+            step(seqs)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_model, tmp_path):
     """All the variants together (two ranks, async, sequence-level ratio): the run goes on, the learning rate follows
     its schedule, the overlong penalty is a logged part of the reward, and the sync check still passes."""

@@ -181,7 +181,11 @@ M = [  # (name, file, old, new, -k expression)
  ('TIS in linear space (inf * 0 = NaN for a huge sequence ratio)', 'grpo_sglang.py', 'w * (d <= math.log(cap))', 'torch.exp(d) * (d <= math.log(cap))', 'log_space'),
  ('batch std: float32 sums of squares (one pass)', 'grpo_sglang.py', 'ss = (x.double() - n_sum[1] / n_sum[0]).square().sum()', 'ss = (x * x).sum() - x.sum() ** 2 / len(x)', 'batch_std_is_exact'),
  ('is_truncated_frac per token under the sequence IS modes', 'grpo_sglang.py', '(d.sum(1, keepdim=True) if mode.startswith("sequence") else d) > (math.log(cap)', 'd > (math.log(cap)', 'is_truncated_frac'),
+ ('is_truncated_frac: --tis_mode not passed from the step', 'grpo_sglang.py', 'cfg.tis_cap, m, cfg.tis_mode)', 'cfg.tis_cap, m)', 'per_token_advantages'),
  ('empty micro-batch: the maximum of nothing', 'grpo_sglang.py', '    if d.numel():  # a micro-batch', '    if True:  # a micro-batch', 'is_truncated_frac'),
+ ('per-token advantages broadcast to (B, B, T)', 'grpo_sglang.py', 'a = per_token(adv, ratio)  # (B, 1)', 'a = adv.unsqueeze(1)  # (B, 1)', 'may_be_per_token'),
+ ('CISPO: per-token advantages broadcast to (B, B, T)', 'grpo_sglang.py', '* per_token(adv, logp) * logp', '* adv.unsqueeze(1) * logp', 'may_be_per_token'),
+ ("advantages of another width than the table's unchecked", 'grpo_sglang.py', '    per_token(seqs["adv"], seqs["mask"])  # (N,)', '    pass  # (N,)', 'per_token_advantages'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
