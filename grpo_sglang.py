@@ -57,7 +57,7 @@ import reward_fns
 
 def arg(default, help, ok=None):
     """A flag: its default, one line of help, and the values it may take, checked before anything loads: a tuple
-    of choices, or a rule on its value v ("v > 0")."""
+    of choices, or a rule on its value v ("v > 0"; other flags by name: "v < steps")."""
     return field(default=default, metadata={"help": help, "ok": ok})
 
 
@@ -74,7 +74,7 @@ class Config:
     lr: float = arg(1e-6, "AdamW learning rate", "v >= 0")
     lr_schedule: str = arg("constant", "after the warmup: constant, or a linear or cosine decay to min_lr_ratio",
                            ("constant", "linear", "cosine"))
-    lr_warmup_steps: int = arg(0, "linear learning-rate warmup from 0 over this many steps", "v >= 0")
+    lr_warmup_steps: int = arg(0, "linear learning-rate warmup from 0 over this many steps", "0 <= v < steps")
     min_lr_ratio: float = arg(0.0, "the decay's end, as a fraction of --lr", "0 <= v <= 1")
     weight_decay: float = arg(0.0, "AdamW weight decay", "v >= 0")
     max_grad_norm: float = arg(1.0, "clip the gradient's norm to this (0: no clipping)", "v >= 0")
@@ -95,7 +95,8 @@ class Config:
     tis_mode: str = arg("token_truncate", "the IS ratio per token or sequence, truncated at the cap or masked above",
                         ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
     mask_truncated: bool = arg(False, "completions cut by max_new_tokens get weight 0: out of the loss")
-    overlong_buffer: int = arg(0, "DAPO's overlong penalty over the last N tokens before the limit (0 = off)", "v >= 0")
+    overlong_buffer: int = arg(0, "DAPO's overlong penalty over the last N tokens before the limit (0 = off)",
+                               "0 <= v <= max_new_tokens")  # more would penalise even an empty completion
     overlong_penalty: float = arg(1.0, "the penalty at max_new_tokens (it falls linearly from 0 to -this)", "v >= 0")
     filter_flat_groups: bool = arg(False, "DAPO's dynamic sampling, no resampling: groups with equal rewards weigh 0")
     async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
@@ -777,9 +778,11 @@ def check_config(cfg, world):
     what is allowed; then the rules between flags. -> the servers."""
     for f in dataclasses.fields(cfg):
         ok, v = f.metadata.get("ok"), getattr(cfg, f.name)
-        if ok is not None and not (v in ok if isinstance(ok, tuple) else obeys(v, ok)):
+        if ok is not None and not (v in ok if isinstance(ok, tuple) else obeys(v, ok, cfg)):
+            words = [] if isinstance(ok, tuple) else ok.split()  # a rule may name other flags: say their values
             raise UserError(f"--{f.name.rstrip('_')} {v!r} is out of range: it must be " + (
-                " or ".join(ok) if isinstance(ok, tuple) else " ".join(f.name if x == "v" else x for x in ok.split())))
+                " or ".join(ok) if isinstance(ok, tuple) else " ".join(f.name if x == "v" else x for x in words))
+                + "".join(f" (--{x} is {getattr(cfg, x)})" for x in words if hasattr(cfg, x)))
     if cfg.prompts_per_step % world:
         raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -808,13 +811,13 @@ def check_config(cfg, world):
     return servers
 
 
-def obeys(v, rule):
-    """A Config rule: comparisons of v with numbers, chained ('0 < v <= 1'), alternatives joined by ' or '."""
+def obeys(v, rule, cfg=None):
+    """A Config rule: v compared with numbers or flags, chained ('0 < v <= 1', 'v < steps'), alternatives by ' or '."""
     import operator
     ops = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
     for alt in rule.split(" or "):
         t = alt.split()
-        x = [v if s == "v" else float(s) for s in t[::2]]
+        x = [v if s == "v" else float(getattr(cfg, s, s)) for s in t[::2]]
         if all(ops[op](a, b) for a, op, b in zip(x, t[1::2], x[1:])):
             return True
     return False

@@ -156,9 +156,14 @@ def combine(spec, task):
         name, _, weight = item.strip().partition(":")
         try:
             terms.append((name, get_reward_fn(task if name == "auto" else name), float(weight or 1)))
+            if not math.isfinite(terms[-1][2]):  # a NaN weight makes every reward NaN, then NaN gradients
+                raise ValueError
         except ValueError as e:
-            raise ValueError(str(e) if "unknown" in str(e) else f"{item!r}: the weight must be a number "
+            raise ValueError(str(e) if "unknown" in str(e) else f"{item!r}: the weight must be a finite number "
                              f"(e.g. gsm8k:1,format:0.1)") from None
+    if not any(w for _, _, w in terms):  # every reward 0: every advantage 0, a run that trains on nothing
+        raise ValueError(f"{spec!r}: every weight is 0, so every reward would be 0: give at least one term a weight "
+                         f"other than 0 (e.g. gsm8k:1,format:0.1)")
 
     def reward(sample, warnings):
         total, parts = 0.0, {}

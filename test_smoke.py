@@ -2727,6 +2727,35 @@ def test_per_token_advantages_of_the_table_train_as_per_sequence_ones(tiny_model
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("spec, says", [
+    ("arithmetic:0", "'arithmetic:0': every weight is 0, so every reward would be 0"),
+    ("arithmetic:0,format:0.0", "'arithmetic:0,format:0.0': every weight is 0"),
+    ("arithmetic:nan", "'arithmetic:nan': the weight must be a finite number"),
+    ("format:0.1,arithmetic:inf", "'arithmetic:inf': the weight must be a finite number")])
+def test_reward_weights_must_be_finite_and_not_all_0(tiny_model, spec, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        reward_fns.combine(spec, "arithmetic")
+    with pytest.raises(g.UserError, match=re.escape("--reward: " + says)):  # the trainer's message
+        g.load_data(g.Config(model=tiny_model, dataset="builtin", reward=spec))
+    reward = reward_fns.combine("arithmetic:1,format:0", "arithmetic")  # a 0 beside a weight is fine
+    assert reward({"text": "3", "answer": "3"}, {}) == (1.0, {"arithmetic": 1.0, "format": 0.0})
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--lr_warmup_steps", "10", "--steps", "2"],  # the run would end in its warmup (0.2 x --lr at most)
+     "--lr_warmup_steps 10 is out of range: it must be 0 <= lr_warmup_steps < steps (--steps is 2)"),
+    (["--lr_warmup_steps", "2", "--steps", "2"], "--lr_warmup_steps 2 is out of range"),
+    (["--overlong_buffer", "9", "--max_new_tokens", "8"],  # every completion, even an empty one, would be penalised
+     "--overlong_buffer 9 is out of range: it must be 0 <= overlong_buffer <= max_new_tokens (--max_new_tokens is 8)"),
+    (["--lr_warmup_steps", "1", "--steps", "2", "--overlong_buffer", "8", "--max_new_tokens", "8"], None)])
+def test_a_warmup_as_long_as_the_run_and_an_overlong_buffer_past_the_limit_are_refused(tmp_path, flags, says):
+    """A rule may name another flag, whose value the message gives. A buffer as long as --max_new_tokens is allowed:
+    DAPO's ramp over every length, 0 for an empty completion (a length penalty)."""
+    cfg = g.parse_config(["--out_dir", str(tmp_path)] + flags)
+    with pytest.raises(g.UserError, match=re.escape(says)) if says else contextlib.nullcontext():
+        g.check_config(cfg, 1)
+
+
 def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_model, tmp_path):
     """All the variants together (two ranks, async, sequence-level ratio): the run goes on, the learning rate follows
     its schedule, the overlong penalty is a logged part of the reward, and the sync check still passes."""

@@ -121,7 +121,7 @@ M = [  # (name, file, old, new, -k expression)
  ('metric names not agreed over ranks', 'grpo_sglang.py', '        sums, maxes = (sorted(set().union(*(n[j] for n in names))) for j in (0, 1))', '        sums, maxes = sorted(self.sums), sorted(self.maxes)', 'metrics_are or only_one_rank_logs'),
  ('reward parts not logged', 'grpo_sglang.py', '        m.mean(f"reward_{part}",', '        0 and m.mean(f"reward_{part}",', 'score_counts or worked_examples'),
  ('a reward never sees the sample', 'reward_fns.py', 'r = fn(completion, answer, sample=sample) if wants_sample(fn) else fn(completion, answer)', 'r = fn(completion, answer, sample=None) if wants_sample(fn) else fn(completion, answer)', 'score_counts or worked_examples'),
- ('a Config rule unchecked', 'grpo_sglang.py', '        if ok is not None and not (v in ok if isinstance(ok, tuple) else obeys(v, ok)):', '        if ok is not None and not (v in ok if isinstance(ok, tuple) else True):', 'out_of_range'),
+ ('a Config rule unchecked', 'grpo_sglang.py', '        if ok is not None and not (v in ok if isinstance(ok, tuple) else obeys(v, ok, cfg)):', '        if ok is not None and not (v in ok if isinstance(ok, tuple) else True):', 'out_of_range'),
  ('rows of a micro-batch written to other rows', 'grpo_sglang.py', '                seqs["lp0"][b["rows"], : b["C"]] = old', '                seqs["lp0"][b["rows"].flip(0), : b["C"]] = old', 'train_step_is or other_shapes'),
  ("head's entropy gradient wrong", 'grpo_sglang.py', 'gz = -p * (logp + ent[:, None]) * g_ent[:, None]', 'gz = -p * logp * g_ent[:, None]', 'head_logprobs'),
  ('soft-cap derivative dropped', 'grpo_sglang.py', 'gz = (gz * dcap if dcap is not None else gz).to(dt)', 'gz = gz.to(dt)', 'head_logprobs'),
@@ -186,6 +186,12 @@ M = [  # (name, file, old, new, -k expression)
  ('per-token advantages broadcast to (B, B, T)', 'grpo_sglang.py', 'a = per_token(adv, ratio)  # (B, 1)', 'a = adv.unsqueeze(1)  # (B, 1)', 'may_be_per_token'),
  ('CISPO: per-token advantages broadcast to (B, B, T)', 'grpo_sglang.py', '* per_token(adv, logp) * logp', '* adv.unsqueeze(1) * logp', 'may_be_per_token'),
  ("advantages of another width than the table's unchecked", 'grpo_sglang.py', '    per_token(seqs["adv"], seqs["mask"])  # (N,)', '    pass  # (N,)', 'per_token_advantages'),
+ ('a NaN reward weight accepted', 'reward_fns.py', 'if not math.isfinite(terms[-1][2]):', 'if False:', 'finite_and_not_all_0'),
+ ('all reward weights 0 accepted', 'reward_fns.py', 'if not any(w for _, _, w in terms):', 'if False:', 'finite_and_not_all_0'),
+ ('warmup as long as the run accepted', 'grpo_sglang.py', '"0 <= v < steps")', '"v >= 0")', 'warmup_as_long'),
+ ('overlong buffer past max_new_tokens accepted', 'grpo_sglang.py', '"0 <= v <= max_new_tokens")', '"v >= 0")', 'warmup_as_long'),
+ ("a rule's other flags not compared (read as numbers)", 'grpo_sglang.py', 'float(getattr(cfg, s, s))', '(float(s) if s[0].isdigit() else -math.inf)', 'warmup_as_long'),
+ ("a rule's other flags' values not said", 'grpo_sglang.py', '+ "".join(f" (--{x} is {getattr(cfg, x)})" for x in words if hasattr(cfg, x)))', '+ "")', 'warmup_as_long'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
