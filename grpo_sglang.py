@@ -362,8 +362,9 @@ def score(seqs, reward_fn, correct_fn, group_size, m):
     seqs["reward"] = torch.tensor([r for r, _ in got], device=dev)
     seqs["correct"] = torch.tensor([reward_fns.safe_reward(correct_fn, t, a, warn) == 1 for t, a in
                                     zip(seqs["text"], seqs["answer"])], device=dev, dtype=torch.float)
-    for part in {p for _, parts in got for p in parts}:
-        m.mean(f"reward_{part}", sum(parts.get(part, 0.0) for _, parts in got), N)
+    for part in {p for _, parts in got for p in parts}:  # its mean over the rows that have it, on every rank alike
+        have = [parts[part] for _, parts in got if part in parts]
+        m.mean(f"reward_{part}", sum(have), len(have))
     m.mean("accuracy", seqs["correct"].sum(), N)
     m.mean("completion_len_mean", seqs["length"].sum(), N), m.mean("prompt_len_mean", sum(map(len, seqs["prompt"])), N)
     m.sum("reward_warnings", sum(warn.values()))
@@ -908,14 +909,18 @@ def load_splits(cfg):
     return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
 
 
-def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None):
-    """Format and tokenize each question once: `fmt` 'chat' uses the tokenizer's chat template, 'plain'
-    is 'question\ninstruction\n' (base models). Unusable rows are counted in `skipped`, never fatal."""
+def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None, held=()):
+    """Format and tokenize each question once: `fmt` 'chat' uses the tokenizer's chat template, 'plain' is
+    'question\ninstruction\n' (base models). Unusable rows, and those whose question is `held` out (duplicates of
+    an eval row: never trained on), are counted in `skipped`, never fatal."""
     out, limit = [], max_len or cfg.max_prompt_tokens
     for r in rows:
         q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
         if not isinstance(q, str) or not q.strip():
             skipped[f"empty or missing prompt (--prompt_field {cfg.prompt_field!r})"] += 1
+            continue
+        if q.strip() in held:
+            skipped["question also held out for evaluation (a duplicate)"] += 1
             continue
         if a is None or reward_fns.extract_number(str(a)) is None:
             skipped[f"answer without a number (--answer_field {cfg.answer_field!r})"] += 1
@@ -931,7 +936,7 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None):
             skipped[f"prompt longer than max_prompt_tokens={limit}" if limit == cfg.max_prompt_tokens
                     else f"prompt longer than {limit} tokens (the server's context)"] += 1
             continue
-        out.append({"ids": ids, "answer": str(a), "question": q})
+        out.append({"ids": ids, "answer": str(a), "question": q.strip()})
     return out
 
 
@@ -965,7 +970,8 @@ def load_data(cfg, context=None):
         print0(f"prompts longer than {max_len} tokens are skipped: the server's context ({context}) minus "
                f"--max_new_tokens")
     raw_train, raw_eval, held_out = load_splits(cfg)
-    train, evals = (tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len) for rows in (raw_train, raw_eval))
+    evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, max_len)
+    train = tokenize_rows(raw_train, tok, cfg, instruction, fmt, skipped, max_len, {r["question"] for r in evals})
     print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
            f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
     print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat"

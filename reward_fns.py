@@ -1,9 +1,10 @@
 """
 Reward functions for GRPO. Each one is pure: (completion: str, answer: str) -> float, or a dict of named parts
-{name: float} (the reward is their sum; each part is logged as reward_<name>). A function that also takes a
-parameter named `sample` gets the sequence's row of the trainer's table: token ids ("prompt", "completion"),
-"length", "finish" ('stop', or 'length' when max_new_tokens cut it), the server's log-probs ("server_lp"), and
-in training the reference's ("ref_lp", when --beta > 0) -- e.g. a length penalty:
+{name: float} (the reward is their sum; each part is logged as reward_<name>, its mean over the rows that
+have it). A function that also takes a parameter named `sample` gets the sequence's row of the trainer's table:
+token ids ("prompt", "completion"), "length", "finish" ('stop', or 'length' when max_new_tokens cut it), the
+server's log-probs ("server_lp"), and in training the reference's ("ref_lp", when --beta > 0) -- e.g. a length
+penalty:
     def short(completion, answer, sample): return gsm8k_reward(completion, answer) - 0.001 * sample["length"]
 
 Two registries at the bottom:

@@ -2756,6 +2756,55 @@ def test_a_warmup_as_long_as_the_run_and_an_overlong_buffer_past_the_limit_are_r
         g.check_config(cfg, 1)
 
 
+def test_a_reward_part_is_its_mean_over_the_rows_that_have_it_however_the_rows_fall_on_ranks():
+    """A part some rows report and others not (a dict reward with a key only sometimes): its logged mean is over the
+    rows that report it, the same whether they share a rank or not. Metrics.reduce sums each name's total and count
+    over ranks (0 where a rank lacks it), so scoring each rank's rows into one Metrics is what the ranks log."""
+    class Tok:
+        def decode(self, ids, skip_special_tokens):
+            return "abcd"[ids[0]]
+    parts = {"a": {"bonus": 2.0, "base": 1.0}, "b": {"base": 0.0}, "c": {"base": 1.0}, "d": {"base": 1.0}}
+    reward = lambda s, warn: (sum(parts[s["text"]].values()), parts[s["text"]])
+    table = lambda ks: g.sequences({"rows": [{"ids": [9], "answer": "1"}], "srv": [0] * len(ks),
+                                    "outs": [([k], [-0.5], "stop") for k in ks]}, Tok(), len(ks), "cpu")
+    dist_init()
+    try:
+        logged = []
+        for ranks in ([[0, 1, 2, 3]], [[0, 1], [2, 3]], [[2, 3], [0, 1]]):  # one rank, or two (rank 0 with "a")
+            m = g.Metrics()
+            for ks in ranks:
+                g.score(table(ks), reward, lambda c, a: 0.0, len(ks), m)
+            got = m.reduce("cpu")
+            logged.append((got["reward_bonus"], got["reward_base"]))
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    assert logged == [(2.0, 3 / 4)] * 3  # "bonus": row a's 2 over the one row that has it; "base": all four rows
+
+
+def test_a_question_held_out_for_evaluation_never_trains_even_as_a_duplicate_row(tiny_model, tmp_path, capsys):
+    """Held out means never trained on: a train row whose question is an eval row's (a dataset with duplicates, or
+    an eval split that repeats train rows) leaves the training rows and is counted with its reason."""
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+    (tmp_path / "dups.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + rows))  # each row twice
+    cfg = g.Config(model=tiny_model, dataset=str(tmp_path / "dups.jsonl"), eval_size=200)
+    raw_train, raw_eval, _ = g.load_splits(cfg)  # 4 rows (10%) held out; their twins are among the 36 others
+    twins = sum(r["question"] in {e["question"] for e in raw_eval} for r in raw_train)
+    assert len(raw_eval) == 4 and twins >= 1
+    _, train, evals, _, _ = g.load_data(cfg)
+    assert len(evals) == 4 and len(train) == 36 - twins
+    assert not {r["question"] for r in train} & {r["question"] for r in evals}
+    assert (f"skipped {twins} rows ({{'question also held out for evaluation (a duplicate)': {twins}}})"
+            in capsys.readouterr().out)
+    folder = tmp_path / "splits"  # an eval split with 5 of the train split's questions
+    folder.mkdir()
+    for split, part in (("train", rows[:15]), ("test", rows[10:])):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    _, train, evals, _, _ = g.load_data(g.Config(model=tiny_model, dataset=str(folder), eval_size=200))
+    assert [r["question"] for r in train] == [r["question"] for r in rows[:10]] and len(evals) == 10
+    assert "skipped 5 rows ({'question also held out for evaluation (a duplicate)': 5})" in capsys.readouterr().out
+
+
 def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_model, tmp_path):
     """All the variants together (two ranks, async, sequence-level ratio): the run goes on, the learning rate follows
     its schedule, the overlong penalty is a logged part of the reward, and the sync check still passes."""

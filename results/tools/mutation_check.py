@@ -192,6 +192,9 @@ M = [  # (name, file, old, new, -k expression)
  ('overlong buffer past max_new_tokens accepted', 'grpo_sglang.py', '"0 <= v <= max_new_tokens")', '"v >= 0")', 'warmup_as_long'),
  ("a rule's other flags not compared (read as numbers)", 'grpo_sglang.py', 'float(getattr(cfg, s, s))', '(float(s) if s[0].isdigit() else -math.inf)', 'warmup_as_long'),
  ("a rule's other flags' values not said", 'grpo_sglang.py', '+ "".join(f" (--{x} is {getattr(cfg, x)})" for x in words if hasattr(cfg, x)))', '+ "")', 'warmup_as_long'),
+ ('reward part: rows without it count 0 (ranks disagree)', 'grpo_sglang.py', 'm.mean(f"reward_{part}", sum(have), len(have))', 'm.mean(f"reward_{part}", sum(have), len(got))', 'reward_part_is'),
+ ('held-out questions trained on as duplicates', 'grpo_sglang.py', '        if q.strip() in held:', '        if False:', 'never_trains_even'),
+ ('held-out questions not passed to the training rows', 'grpo_sglang.py', 'max_len, {r["question"] for r in evals})', 'max_len)', 'never_trains_even'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
