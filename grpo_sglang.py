@@ -906,6 +906,10 @@ def load_splits(cfg):
     random.Random(cfg.seed).shuffle(train)  # no held-out split: hold out rows of the train split
     n_eval = min(cfg.eval_size, len(train) // 10)
     why = "the file has no splits" if eval_split is None else "--eval_split ''"
+    if not n_eval and cfg.eval_size:
+        raise UserError(f"--dataset {cfg.dataset} has {len(train)} row(s): too few to hold any out for evaluation ("
+                        f"{why}; 10% are held out, so it needs at least 10). Add rows, or give it an eval split: "
+                        + ("a folder of train.jsonl and test.jsonl" if eval_split is None else "--eval_split NAME"))
     return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
 
 
@@ -1204,11 +1208,11 @@ def rescored_stats(trainer, now, then):
 
 def call(cfg, url, path, payload=None, timeout=None, retries=None):
     """POST (or GET without payload) to the server at `url`, with timeout, retries and backoff. -> JSON or text."""
-    retries = cfg.request_retries if retries is None else retries
+    retries, t = cfg.request_retries if retries is None else retries, timeout or cfg.request_timeout
     for attempt in range(retries + 1):
         try:
             r = requests.request("GET" if payload is None else "POST", url + path, json=payload,
-                                 headers=auth(cfg), timeout=timeout or cfg.request_timeout)
+                                 headers=auth(cfg), timeout=t)
             if r.status_code in (401, 403):
                 raise UserError(f"the server at {url} refused {path} (HTTP {r.status_code}): wrong or missing "
                                 f"--api_key")
@@ -1222,9 +1226,12 @@ def call(cfg, url, path, payload=None, timeout=None, retries=None):
                 return r.text  # /flush_cache answers plain text
         except (requests.ConnectionError, requests.Timeout) as e:
             if attempt == retries:
-                raise UserError(f"no answer from the SGLang server at {url}{path} after "
-                                f"{retries + 1} tries ({type(e).__name__}: {str(e)[:200]}).\n"
-                                f"Is it running? Start it with: bash serve.sh   (see serve.log)") from None
+                hint = "Is it running? Start it with: bash serve.sh   (see serve.log)"
+                if isinstance(e, requests.ReadTimeout):  # it took the request, then said nothing in time
+                    hint = (f"It answered nothing within {t:g} s: it may be alive but busy (see serve.log)"
+                            + ("; raise --request_timeout" if timeout is None else ""))
+                raise UserError(f"no answer from the SGLang server at {url}{path} after {retries + 1} tries "
+                                f"({type(e).__name__}: {str(e)[:200]}).\n{hint}") from None
             time.sleep(min(2 ** attempt, 30))
 
 

@@ -2805,6 +2805,45 @@ def test_a_question_held_out_for_evaluation_never_trains_even_as_a_duplicate_row
     assert "skipped 5 rows ({'question also held out for evaluation (a duplicate)': 5})" in capsys.readouterr().out
 
 
+def test_a_server_slower_than_request_timeout_is_called_busy_not_down(tiny_model):
+    """A server that takes the request but answers nothing within --request_timeout may be alive but busy: the
+    message says so and how to wait longer; one that refuses the connection is asked whether it is running."""
+    s = StandIn(tiny_model, stall_generate_after=0)  # every /generate sleeps 20 s before answering
+    cfg = g.Config(request_timeout=0.5, request_retries=0)
+    try:
+        with pytest.raises(g.UserError) as busy:
+            g.call(cfg, s.url, "/generate", {"input_ids": [[1, 2]]})
+    finally:
+        s.close()
+    assert f"no answer from the SGLang server at {s.url}/generate after 1 tries (ReadTimeout" in str(busy.value)
+    assert ("It answered nothing within 0.5 s: it may be alive but busy (see serve.log); raise --request_timeout"
+            in str(busy.value)) and "Is it running" not in str(busy.value)
+    with pytest.raises(g.UserError) as down:
+        g.call(cfg, f"http://127.0.0.1:{free_port()}", "/generate", {"input_ids": [[1, 2]]})
+    assert "(ConnectionError" in str(down.value) and "Is it running? Start it with: bash serve.sh" in str(down.value)
+    assert "busy" not in str(down.value)
+
+
+def test_a_dataset_too_small_to_hold_any_rows_out_says_so_and_what_to_do(tmp_path):
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(10)]
+    for n in (1, 9):
+        (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
+        with pytest.raises(g.UserError, match=re.escape(
+                f"--dataset {tmp_path / 'small.jsonl'} has {n} row(s): too few to hold any out for evaluation (the "
+                f"file has no splits; 10% are held out, so it needs at least 10). Add rows, or give it an eval split: "
+                f"a folder of train.jsonl and test.jsonl")):
+            g.load_splits(g.Config(dataset=str(tmp_path / "small.jsonl")))
+    (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train, evals, _ = g.load_splits(g.Config(dataset=str(tmp_path / "small.jsonl")))
+    assert len(train) == 9 and len(evals) == 1
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "train.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(g.UserError, match=re.escape("has 1 row(s): too few to hold any out for evaluation (--eval_split"
+                                                    " ''; 10% are held out, so it needs at least 10). Add rows, or give"
+                                                    " it an eval split: --eval_split NAME")):
+        g.load_splits(g.Config(dataset=str(tmp_path / "folder"), eval_split=""))
+
+
 def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_model, tmp_path):
     """All the variants together (two ranks, async, sequence-level ratio): the run goes on, the learning rate follows
     its schedule, the overlong penalty is a logged part of the reward, and the sync check still passes."""

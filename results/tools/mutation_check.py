@@ -195,6 +195,8 @@ M = [  # (name, file, old, new, -k expression)
  ('reward part: rows without it count 0 (ranks disagree)', 'grpo_sglang.py', 'm.mean(f"reward_{part}", sum(have), len(have))', 'm.mean(f"reward_{part}", sum(have), len(got))', 'reward_part_is'),
  ('held-out questions trained on as duplicates', 'grpo_sglang.py', '        if q.strip() in held:', '        if False:', 'never_trains_even'),
  ('held-out questions not passed to the training rows', 'grpo_sglang.py', 'max_len, {r["question"] for r in evals})', 'max_len)', 'never_trains_even'),
+ ('a busy server asked whether it is running', 'grpo_sglang.py', '                if isinstance(e, requests.ReadTimeout):  # it took', '                if False:  # it took', 'called_busy'),
+ ('a dataset too small to hold rows out: no usable rows (skipped: {})', 'grpo_sglang.py', '    if not n_eval and cfg.eval_size:', '    if False:', 'too_small_to_hold'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
