@@ -55,7 +55,7 @@ import reward_fns
 
 def arg(default, help, ok=None):
     """A flag: its default, one line of help, and the values it may take, checked before anything loads: a tuple
-    of choices, or a rule on its value v ("v > 0")."""
+    of choices, or a rule on its value v ("v > 0"; other flags by name: "v < steps")."""
     return field(default=default, metadata={"help": help, "ok": ok})
 
 
@@ -72,7 +72,7 @@ class Config:
     lr: float = arg(1e-6, "AdamW learning rate", "v >= 0")
     lr_schedule: str = arg("constant", "after the warmup: constant, or a linear or cosine decay to min_lr_ratio",
                            ("constant", "linear", "cosine"))
-    lr_warmup_steps: int = arg(0, "linear learning-rate warmup from 0 over this many steps", "v >= 0")
+    lr_warmup_steps: int = arg(0, "linear learning-rate warmup from 0 over this many steps", "0 <= v < steps")
     min_lr_ratio: float = arg(0.0, "the decay's end, as a fraction of --lr", "0 <= v <= 1")
     weight_decay: float = arg(0.0, "AdamW weight decay", "v >= 0")
     max_grad_norm: float = arg(1.0, "clip the gradient's norm to this (0: no clipping)", "v >= 0")
@@ -93,7 +93,8 @@ class Config:
     tis_mode: str = arg("token_truncate", "the IS ratio per token or sequence, truncated at the cap or masked above",
                         ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
     mask_truncated: bool = arg(False, "completions cut by max_new_tokens get weight 0: out of the loss")
-    overlong_buffer: int = arg(0, "DAPO's overlong penalty over the last N tokens before the limit (0 = off)", "v >= 0")
+    overlong_buffer: int = arg(0, "DAPO's overlong penalty over the last N tokens before the limit (0 = off)",
+                               "0 <= v <= max_new_tokens")  # more would penalise even an empty completion
     overlong_penalty: float = arg(1.0, "the penalty at max_new_tokens (it falls linearly from 0 to -this)", "v >= 0")
     filter_flat_groups: bool = arg(False, "DAPO's dynamic sampling, no resampling: groups with equal rewards weigh 0")
     async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
@@ -203,9 +204,9 @@ def log_ratio(logp, old_logp, mask, level="token"):
 
 
 def clipped_surrogate(ratio, adv, clip_low, clip_high):
-    """(B, T) ratios π/π_old, (B,) advantages -> per-token loss (B, T) and where clipping was active (B, T).
+    """(B, T) ratios π/π_old, (B,) or (B, T) advantages -> per-token loss (B, T) and where clipping was active (B, T).
     PPO: -min(ratio * A, clip(ratio, 1 - low, 1 + high) * A)."""
-    a = adv.unsqueeze(1)  # (B, 1)
+    a = per_token(adv, ratio)  # (B, 1), or (B, T): one per token
     unclipped, clipped = ratio * a, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
     return -torch.min(unclipped, clipped), (clipped < unclipped)
 
@@ -216,21 +217,22 @@ def tis_weights(old_logp, server_logp, cap, mask=None, mode="token_truncate"):
     "TIS"; AReaL's decoupled PPO). token_*: per token; sequence_*: one per sequence, the product over its tokens.
     *_truncate: min(ratio, cap); *_mask: the ratio, or 0 where it is over the cap (TRL's four IS modes)."""
     d = old_logp - server_logp if mask is None else (old_logp - server_logp) * mask
-    ratio = torch.exp(d.sum(1, keepdim=True) if mode.startswith("sequence") else d)
-    w = torch.clamp(ratio, max=cap) if mode.endswith("truncate") else ratio * (ratio <= cap)
-    return w.expand_as(old_logp)
+    d = d.sum(1, keepdim=True) if mode.startswith("sequence") else d  # the log ratio, per token or per sequence
+    w = torch.exp(d.clamp(max=math.log(cap)))  # in log space: 400 tokens x 0.25 nats is exp(100) = inf, inf * 0 NaN
+    return (w if mode.endswith("truncate") else w * (d <= math.log(cap))).expand_as(old_logp)
 
 
 def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token", tis=None, ref_logp=None, beta=0.0,
                     loss_type="grpo"):
-    """(B, T) log-probs now and before this step's updates, (B,) advantages, (B, T) completion mask -> per-token
-    loss (B, T), where clipping was active (B, T), per-token KL to the reference (B, T) or None.
+    """(B, T) log-probs now and before this step's updates, (B,) or (B, T) advantages, (B, T) completion mask ->
+    per-token loss (B, T), where clipping was active (B, T), per-token KL to the reference (B, T) or None.
     loss = -min(ρA, clip(ρ)A)·w + β·k3(π, π_ref), ρ = π / π_old (see log_ratio), w: TIS weight (1 if None)
     CISPO (MiniMax-M1, ScaleRL; TRL's loss_type='cispo'): -sg(min(ρ, 1 + clip_high)) A log π: the weight is clipped
     and carries no gradient, so every token keeps its log π gradient, clipped or not."""
     ratio = torch.exp(log_ratio(logp, old_logp, mask, level))
     if loss_type == "cispo":
-        loss, clipped = -torch.clamp(ratio, max=1 + clip_high).detach() * adv.unsqueeze(1) * logp, ratio > 1 + clip_high
+        clipped = ratio > 1 + clip_high
+        loss = -torch.clamp(ratio, max=1 + clip_high).detach() * per_token(adv, logp) * logp
     else:
         loss, clipped = clipped_surrogate(ratio, adv, clip_low, clip_high)
     if tis is not None:
@@ -287,7 +289,8 @@ def sequences(batch, tok, group_size, device):
     """A rollout batch -> `seqs`, the step's table: one row per sequence, where every per-sequence quantity lives.
     Rows are never reordered or dropped (to filter, set a weight to 0): row i is sequence i of the rollout everywhere.
       lists (N)     prompt, completion (token ids), text, answer, finish ('stop' or 'length'), server (its index)
-      (N,)          group, length, truncated (1: cut by max_new_tokens); the step adds reward, correct, adv, weight
+      (N,)          group, length, truncated (1: cut by max_new_tokens); the step adds reward, correct, adv (or
+                    (N, C): one per token, right-padded as mask), weight
       (N, C)        mask, server_lp (the sampler's log-probs), right-padded to the longest completion; the forwards
                     add old_lp (mu > 1), ref_lp (beta > 0) and lp0 (the trainer's under the weights the server has)"""
     outs, rows = batch["outs"], [batch["rows"][k // group_size] for k in range(len(batch["outs"]))]
@@ -352,8 +355,9 @@ def score(seqs, reward_fn, correct_fn, group_size, m):
     seqs["reward"] = torch.tensor([r for r, _ in got], device=dev)
     seqs["correct"] = torch.tensor([reward_fns.safe_reward(correct_fn, t, a, warn) == 1 for t, a in
                                     zip(seqs["text"], seqs["answer"])], device=dev, dtype=torch.float)
-    for part in {p for _, parts in got for p in parts}:
-        m.mean(f"reward_{part}", sum(parts.get(part, 0.0) for _, parts in got), N)
+    for part in {p for _, parts in got for p in parts}:  # its mean over the rows that have it, on every rank alike
+        have = [parts[part] for _, parts in got if part in parts]
+        m.mean(f"reward_{part}", sum(have), len(have))
     m.mean("accuracy", seqs["correct"].sum(), N)
     m.mean("completion_len_mean", seqs["length"].sum(), N), m.mean("prompt_len_mean", sum(map(len, seqs["prompt"])), N)
     m.sum("reward_warnings", sum(warn.values()))
@@ -414,6 +418,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
     n_seqs, n_tokens = batch_counts(seqs, mbs)  # over all ranks, weighted; every rank must run as many micro-batches
     norm = loss_norm(cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
     seqs["lp0"], skipped = torch.zeros_like(seqs["mask"]), 0
+    per_token(seqs["adv"], seqs["mask"])  # (N,) or (N, C): else one clear error, before any forward
     for update in range(cfg.mu):
         for k, b in enumerate(mbs):
             accumulate_grads(model, last=k == len(mbs) - 1)  # FSDP: reduce gradients once per update
@@ -424,7 +429,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
                 seqs["lp0"][b["rows"], : b["C"]] = old
                 m.mean("entropy", (ent.detach() * x["mask"]).sum(), x["mask"].sum())
                 m.mean("pack_fill", b["tokens"], b["ids"].numel())  # real tokens / positions computed
-                mismatch_stats(old, x["server_lp"], x["mask"], cfg.tis_cap, m)
+                mismatch_stats(old, x["server_lp"], x["mask"], cfg.tis_cap, m, cfg.tis_mode)
             loss, clipped, kl = policy_loss(cfg, x, logp, old, ent)
             loss = aggregate(loss, x["mask"], x["weight"], cfg.loss_agg, max(norm, 1e-9))
             (loss * world).backward()  # FSDP averages gradients over ranks: * world gives the batch's gradient
@@ -580,16 +585,18 @@ class Metrics:
         return {**out, **mx}
 
 
-def mismatch_stats(trainer_lp, server_lp, mask, cap, m):
+def mismatch_stats(trainer_lp, server_lp, mask, cap, m, mode="token_truncate"):
     """(B, T) logprobs of the sampled tokens under the trainer and under the server that sampled them, into the
-    metrics m: |Δ|, k3 estimate of KL(server || trainer), and the importance ratio π_trainer / π_server (how often
-    TIS truncates it at `cap`). The numbers TRL, verl and slime log."""
+    metrics m: |Δ|, k3 estimate of KL(server || trainer), the importance ratio π_trainer / π_server per token, and
+    the share of tokens whose TIS weight (`mode`, see tis_weights) the cap cuts. The numbers TRL, verl and slime log."""
     d, n = (trainer_lp - server_lp) * mask, mask.sum()
     ratio = torch.exp(d) * mask
-    m.mean("mismatch_mean", d.abs().sum(), n), m.max("mismatch_max", d.abs().max())
+    m.mean("mismatch_mean", d.abs().sum(), n), m.mean("is_ratio_mean", ratio.sum(), n)
     m.mean("mismatch_kl", (kl_k3(server_lp, trainer_lp) * mask).sum(), n)
-    m.mean("is_ratio_mean", ratio.sum(), n), m.max("is_ratio_max", ratio.max())
-    m.mean("is_truncated_frac", ((ratio > cap) if cap > 0 else ratio < 0).sum(), n)
+    over = (d.sum(1, keepdim=True) if mode.startswith("sequence") else d) > (math.log(cap) if cap > 0 else math.inf)
+    m.mean("is_truncated_frac", (over * mask).sum(), n)
+    if d.numel():  # a micro-batch of empty completions has no maximum (and its means count 0 tokens: null)
+        m.max("mismatch_max", d.abs().max()), m.max("is_ratio_max", ratio.max())
 
 
 def step_metrics(cfg, step, batch, m, clock, t_run, nbytes, rt):
@@ -755,9 +762,11 @@ def check_config(cfg, world):
     what is allowed; then the rules between flags. -> the servers."""
     for f in dataclasses.fields(cfg):
         ok, v = f.metadata.get("ok"), getattr(cfg, f.name)
-        if ok is not None and not (v in ok if isinstance(ok, tuple) else obeys(v, ok)):
+        if ok is not None and not (v in ok if isinstance(ok, tuple) else obeys(v, ok, cfg)):
+            words = [] if isinstance(ok, tuple) else ok.split()  # a rule may name other flags: say their values
             raise UserError(f"--{f.name.rstrip('_')} {v!r} is out of range: it must be " + (
-                " or ".join(ok) if isinstance(ok, tuple) else " ".join(f.name if x == "v" else x for x in ok.split())))
+                " or ".join(ok) if isinstance(ok, tuple) else " ".join(f.name if x == "v" else x for x in words))
+                + "".join(f" (--{x} is {getattr(cfg, x)})" for x in words if hasattr(cfg, x)))
     if cfg.prompts_per_step % world:
         raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -786,13 +795,13 @@ def check_config(cfg, world):
     return servers
 
 
-def obeys(v, rule):
-    """A Config rule: comparisons of v with numbers, chained ('0 < v <= 1'), alternatives joined by ' or '."""
+def obeys(v, rule, cfg=None):
+    """A Config rule: v compared with numbers or flags, chained ('0 < v <= 1', 'v < steps'), alternatives by ' or '."""
     import operator
     ops = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
     for alt in rule.split(" or "):
         t = alt.split()
-        x = [v if s == "v" else float(s) for s in t[::2]]
+        x = [v if s == "v" else float(getattr(cfg, s, s)) for s in t[::2]]
         if all(ops[op](a, b) for a, op, b in zip(x, t[1::2], x[1:])):
             return True
     return False
@@ -880,17 +889,25 @@ def load_splits(cfg):
     random.Random(cfg.seed).shuffle(train)  # no held-out split: hold out rows of the train split
     n_eval = min(cfg.eval_size, len(train) // 10)
     why = "the file has no splits" if eval_split is None else "--eval_split ''"
+    if not n_eval and cfg.eval_size:
+        raise UserError(f"--dataset {cfg.dataset} has {len(train)} row(s): too few to hold any out for evaluation ("
+                        f"{why}; 10% are held out, so it needs at least 10). Add rows, or give it an eval split: "
+                        + ("a folder of train.jsonl and test.jsonl" if eval_split is None else "--eval_split NAME"))
     return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
 
 
-def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None):
-    """Format and tokenize each question once: `fmt` 'chat' uses the tokenizer's chat template, 'plain'
-    is 'question\ninstruction\n' (base models). Unusable rows are counted in `skipped`, never fatal."""
+def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None, held=()):
+    """Format and tokenize each question once: `fmt` 'chat' uses the tokenizer's chat template, 'plain' is
+    'question\ninstruction\n' (base models). Unusable rows, and those whose question is `held` out (duplicates of
+    an eval row: never trained on), are counted in `skipped`, never fatal."""
     out, limit = [], max_len or cfg.max_prompt_tokens
     for r in rows:
         q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
         if not isinstance(q, str) or not q.strip():
             skipped[f"empty or missing prompt (--prompt_field {cfg.prompt_field!r})"] += 1
+            continue
+        if q.strip() in held:
+            skipped["question also held out for evaluation (a duplicate)"] += 1
             continue
         if a is None or reward_fns.extract_number(str(a)) is None:
             skipped[f"answer without a number (--answer_field {cfg.answer_field!r})"] += 1
@@ -906,7 +923,7 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None):
             skipped[f"prompt longer than max_prompt_tokens={limit}" if limit == cfg.max_prompt_tokens
                     else f"prompt longer than {limit} tokens (the server's context)"] += 1
             continue
-        out.append({"ids": ids, "answer": str(a), "question": q})
+        out.append({"ids": ids, "answer": str(a), "question": q.strip()})
     return out
 
 
@@ -940,7 +957,8 @@ def load_data(cfg, context=None):
         print0(f"prompts longer than {max_len} tokens are skipped: the server's context ({context}) minus "
                f"--max_new_tokens")
     raw_train, raw_eval, held_out = load_splits(cfg)
-    train, evals = (tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len) for rows in (raw_train, raw_eval))
+    evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, max_len)
+    train = tokenize_rows(raw_train, tok, cfg, instruction, fmt, skipped, max_len, {r["question"] for r in evals})
     print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
            f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
     print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat"
@@ -1171,11 +1189,11 @@ def rescored_stats(trainer, now, then):
 
 def call(cfg, url, path, payload=None, timeout=None, retries=None):
     """POST (or GET without payload) to the server at `url`, with timeout, retries and backoff. -> JSON or text."""
-    retries = cfg.request_retries if retries is None else retries
+    retries, t = cfg.request_retries if retries is None else retries, timeout or cfg.request_timeout
     for attempt in range(retries + 1):
         try:
             r = requests.request("GET" if payload is None else "POST", url + path, json=payload,
-                                 headers=auth(cfg), timeout=timeout or cfg.request_timeout)
+                                 headers=auth(cfg), timeout=t)
             if r.status_code in (401, 403):
                 raise UserError(f"the server at {url} refused {path} (HTTP {r.status_code}): wrong or missing "
                                 f"--api_key")
@@ -1189,9 +1207,12 @@ def call(cfg, url, path, payload=None, timeout=None, retries=None):
                 return r.text  # /flush_cache answers plain text
         except (requests.ConnectionError, requests.Timeout) as e:
             if attempt == retries:
-                raise UserError(f"no answer from the SGLang server at {url}{path} after "
-                                f"{retries + 1} tries ({type(e).__name__}: {str(e)[:200]}).\n"
-                                f"Is it running? Start it with: bash serve.sh   (see serve.log)") from None
+                hint = "Is it running? Start it with: bash serve.sh   (see serve.log)"
+                if isinstance(e, requests.ReadTimeout):  # it took the request, then said nothing in time
+                    hint = (f"It answered nothing within {t:g} s: it may be alive but busy (see serve.log)"
+                            + ("; raise --request_timeout" if timeout is None else ""))
+                raise UserError(f"no answer from the SGLang server at {url}{path} after {retries + 1} tries "
+                                f"({type(e).__name__}: {str(e)[:200]}).\n{hint}") from None
             time.sleep(min(2 ** attempt, 30))
 
 
@@ -1834,12 +1855,23 @@ def all_reduce_named(values, op, device):
     return dict(zip(keys, t.tolist()))
 
 
+def per_token(adv, like):
+    """(B,) advantages, one per sequence, or (B, T), one per token -> broadcastable to `like` (B, T). Any other
+    shape would broadcast into nonsense ((N, C) ones, as (N, 1, C), times (N, C) ratios: (N, N, C)): one error."""
+    if adv.shape not in (like.shape[:1], like.shape):
+        raise UserError(f"advantages of shape {tuple(adv.shape)} for {like.shape[0]} sequences of {like.shape[1]} "
+                        f"tokens: they must be ({like.shape[0]},), one per sequence, or {tuple(like.shape)}, per token")
+    return adv.unsqueeze(1) if adv.dim() == 1 else adv
+
+
 def batch_std(x):
-    """All ranks: (N,) this rank's values -> the unbiased std of the whole batch's (TRL's scale_rewards='batch')."""
-    t = torch.stack([torch.tensor(float(len(x)), device=x.device), x.sum(), (x * x).sum()]).double()
-    dist.all_reduce(t)
-    n, s, ss = t.tolist()
-    return torch.tensor(max(ss - s * s / n, 0.0) / max(n - 1, 1), device=x.device).sqrt()
+    """All ranks: (N,) this rank's values -> the unbiased std of the whole batch's (TRL's scale_rewards='batch'), in
+    float64 around the batch's mean: float32 sums of squares of rewards far from 0 (1000 + {0, 1}) lose the digits."""
+    n_sum = torch.stack([torch.tensor(float(len(x)), device=x.device), x.double().sum()])
+    dist.all_reduce(n_sum)
+    ss = (x.double() - n_sum[1] / n_sum[0]).square().sum()  # then the squares of the deviations from it
+    dist.all_reduce(ss)
+    return (ss / (n_sum[0] - 1).clamp(min=1)).sqrt().to(x.dtype)
 
 
 def clip_grads(params, max_norm):

@@ -1,9 +1,10 @@
 """
 Reward functions for GRPO. Each one is pure: (completion: str, answer: str) -> float, or a dict of named parts
-{name: float} (the reward is their sum; each part is logged as reward_<name>). A function that also takes a
-parameter named `sample` gets the sequence's row of the trainer's table: token ids ("prompt", "completion"),
-"length", "finish" ('stop', or 'length' when max_new_tokens cut it), the server's log-probs ("server_lp"), and
-in training the reference's ("ref_lp", when --beta > 0) -- e.g. a length penalty:
+{name: float} (the reward is their sum; each part is logged as reward_<name>, its mean over the rows that
+have it). A function that also takes a parameter named `sample` gets the sequence's row of the trainer's table:
+token ids ("prompt", "completion"), "length", "finish" ('stop', or 'length' when max_new_tokens cut it), the
+server's log-probs ("server_lp"), and in training the reference's ("ref_lp", when --beta > 0) -- e.g. a length
+penalty:
     def short(completion, answer, sample): return gsm8k_reward(completion, answer) - 0.001 * sample["length"]
 
 Two registries at the bottom:
@@ -156,9 +157,14 @@ def combine(spec, task):
         name, _, weight = item.strip().partition(":")
         try:
             terms.append((name, get_reward_fn(task if name == "auto" else name), float(weight or 1)))
+            if not math.isfinite(terms[-1][2]):  # a NaN weight makes every reward NaN, then NaN gradients
+                raise ValueError
         except ValueError as e:
-            raise ValueError(str(e) if "unknown" in str(e) else f"{item!r}: the weight must be a number "
+            raise ValueError(str(e) if "unknown" in str(e) else f"{item!r}: the weight must be a finite number "
                              f"(e.g. gsm8k:1,format:0.1)") from None
+    if not any(w for _, _, w in terms):  # every reward 0: every advantage 0, a run that trains on nothing
+        raise ValueError(f"{spec!r}: every weight is 0, so every reward would be 0: give at least one term a weight "
+                         f"other than 0 (e.g. gsm8k:1,format:0.1)")
 
     def reward(sample, warnings):
         total, parts = 0.0, {}

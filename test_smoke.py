@@ -2791,6 +2791,260 @@ def test_filters_set_weights_and_shaping_adds_the_overlong_penalty():
     assert torch.allclose(seqs["reward"], torch.tensor([1.0, -0.5, 1 - 0.375, 1.0, 0.5, 0.5, 0.0, 0.25]))
 
 
+def test_importance_weights_are_computed_in_log_space_a_huge_sequence_ratio_weighs_0_not_nan():
+    """A sequence's summed log ratio past ~88.7 nats is exp = inf in float32, and inf * 0 = NaN would skip the whole
+    update: in log space it weighs 0 (mask) or the cap (truncate), in all four modes."""
+    huge = g.tis_weights(torch.zeros(2, 400), torch.full((2, 400), -0.25), 2.0, torch.ones(2, 400), "sequence_mask")
+    assert torch.equal(huge, torch.zeros(2, 400))  # 400 x 0.25 = 100 nats: over log 2
+    old = torch.zeros(2, 3)  # log ratios: [100, 0.25, 0] (sum 100.25) and [log 1.5, (pad), (pad)]
+    server = torch.tensor([[-100.0, -0.25, 0.0], [-math.log(1.5), -5.0, -5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    w = lambda mode: g.tis_weights(old, server, 2.0, mask, mode)
+    e = math.exp(0.25)
+    assert torch.allclose(w("token_truncate"), torch.tensor([[2.0, e, 1.0], [1.5, 1.0, 1.0]]))
+    assert torch.allclose(w("token_mask"), torch.tensor([[0.0, e, 1.0], [1.5, 1.0, 1.0]]))
+    assert torch.allclose(w("sequence_truncate"), torch.tensor([[2.0] * 3, [1.5] * 3]))
+    assert torch.allclose(w("sequence_mask"), torch.tensor([[0.0] * 3, [1.5] * 3]))
+
+
+def test_batch_std_is_exact_for_rewards_far_from_0():
+    """--scale_rewards batch: float32 sums of squares lose the std's digits when the rewards are far from 0 (3.5e-4
+    relative at 100 + N(0, 1), 4.7e-2 at 1000 + {0, 1}); it must be torch's std, in float64."""
+    gen = torch.Generator().manual_seed(0)
+    dist_init()
+    try:
+        for r in (100 + torch.randn(64, generator=gen), 1000 + torch.randint(0, 2, (64,), generator=gen).float()):
+            want = r.double().std().item()  # unbiased, of the float32 values the trainer has
+            assert g.batch_std(r).item() == pytest.approx(want, rel=1e-6)
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
+def test_is_truncated_frac_counts_the_tokens_the_tis_mode_cuts_and_empty_micro_batches_log_null():
+    """The share of tokens whose TIS weight the cap cut, under --tis_mode: a sequence mode cuts every token of a
+    sequence whose product of ratios passes the cap, whatever its tokens' own ratios. A micro-batch of empty
+    completions (no columns, or a mask of 0s) logs its means as null, and does not crash on an empty maximum."""
+    trainer = torch.zeros(2, 3)  # ratios: 1.5 x 3 (product 3.375 > 2, no token > 2), and 4, 0.25 (product 1), pad
+    server = torch.tensor([[-math.log(1.5)] * 3, [-math.log(4), math.log(4), 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    got = {}
+    dist_init()
+    try:
+        for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+            m = g.Metrics()
+            g.mismatch_stats(trainer, server, mask, 2.0, m, mode)
+            got[mode] = m.reduce("cpu")["is_truncated_frac"]
+        m = g.Metrics()
+        g.mismatch_stats(trainer, server, mask, 0, m, "sequence_mask")  # --tis_cap 0: no TIS, nothing cut
+        off = m.reduce("cpu")["is_truncated_frac"]
+        m = g.Metrics()
+        g.mismatch_stats(torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2, 0), 2.0, m, "sequence_mask")
+        g.mismatch_stats(torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2, 3), 2.0, m)
+        empty = m.reduce("cpu")
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    assert got == {"token_truncate": 1 / 5, "token_mask": 1 / 5, "sequence_truncate": 3 / 5, "sequence_mask": 3 / 5}
+    assert off == 0
+    assert all(empty[k] is None for k in ("mismatch_mean", "mismatch_kl", "is_ratio_mean", "is_truncated_frac"))
+
+
+def test_advantages_may_be_per_token_and_any_other_shape_is_one_clear_error():
+    """(B,) advantages, or (B, T) ones (process rewards, a per-token penalty): one equal along each row is exactly
+    the per-sequence loss and gradient, a varying one is the formula token by token; another shape (it would
+    broadcast to (B, B, T) and train on nonsense) is one clear error that names the shapes."""
+    logp0 = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.6, 0.1]]))
+    old = torch.log(torch.tensor([[0.25, 0.2, 0.9], [0.3, 0.3, 0.2]]))  # ratios [2, 1, 1], [1, 2, 0.5]
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+
+    def loss_and_grad(adv, loss_type="grpo"):
+        lp = logp0.clone().requires_grad_(True)
+        loss, clipped, _ = g.grpo_token_loss(lp, old, adv, mask, 0.2, 0.28, loss_type=loss_type)
+        total = g.aggregate(loss, mask, torch.ones(2), "token", 5)
+        total.backward()
+        return loss.detach(), clipped, total.detach(), lp.grad
+    adv = torch.tensor([1.0, -2.0])
+    for loss_type in ("grpo", "cispo"):
+        per_seq, per_tok = loss_and_grad(adv, loss_type), loss_and_grad(adv[:, None].expand(2, 3), loss_type)
+        assert all(torch.equal(a, b) for a, b in zip(per_seq, per_tok)), loss_type
+    a = torch.tensor([[1.0, -1.0, 3.0], [0.5, 2.0, -1.0]])  # -min(ρA, clip(ρ, 0.8, 1.28) A), token by token
+    loss, clipped, total, grad = loss_and_grad(a)
+    assert torch.allclose(loss, torch.tensor([[-1.28, 1.0, -3.0], [-0.5, -2.56, 0.8]]))
+    assert total.item() == pytest.approx((-1.28 + 1.0 - 0.5 - 2.56 + 0.8) / 5)  # the pad's -3 left out
+    assert torch.allclose(grad, torch.tensor([[0.0, 1.0, 0.0], [-0.5, 0.0, 0.0]]) / 5)  # -Aρ where not clipped
+    loss, _, _, _ = loss_and_grad(a, "cispo")  # -sg(min(ρ, 1.28)) A log π
+    assert torch.allclose(loss, -torch.tensor([[1.28, 1.0, 1.0], [1.0, 1.28, 0.5]]) * a * logp0)
+    for bad in (torch.ones(2, 2), torch.ones(3), torch.ones(2, 3, 1)):
+        for loss_type in ("grpo", "cispo"):
+            with pytest.raises(g.UserError, match=re.escape(f"advantages of shape {tuple(bad.shape)} for 2 sequences "
+                                                            f"of 3 tokens: they must be (2,), one per sequence, or "
+                                                            f"(2, 3), per token")):
+                loss_and_grad(bad, loss_type)
+
+
+def test_per_token_advantages_of_the_table_train_as_per_sequence_ones(tiny_model, monkeypatch):
+    """The step's table may hold (N, C) advantages, right-padded as its mask: the micro-batches slice them (rows_of)
+    and the step takes exactly the gradient of the (N,) ones equal along each row; a table of another width is one
+    clear error before any forward. The step logs the share of tokens that its --tis_mode cut."""
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed as dist
+    dist_init()
+    try:
+        model = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False), init_device_mesh("cpu", (1,)),
+                        torch.bfloat16)
+        batch = {"rows": [{"ids": [4, 5], "answer": "1"}], "version": 0, "srv": [0] * 4,
+                 "outs": [([11 + k, 3, 7][: 1 + k % 3], [-1.0] * (1 + k % 3), "stop") for k in range(4)]}
+
+        class Tok:
+            def decode(self, ids, skip_special_tokens):
+                return str(ids[0])
+        grads = []
+        monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a: grads.append(
+            [p.grad.to_local().clone() for p in self.param_groups[0]["params"] if p.grad is not None]))
+
+        def step(seqs):
+            m = g.Metrics()
+            g.train(cfg, model, torch.optim.SGD(model.parameters(), lr=0.05), seqs, mbs, 1, lambda s, m: None, m)
+            return m.reduce("cpu")
+        cfg = g.Config(group_size=4, micro_batch=1, tis_mode="sequence_mask")  # one sequence a micro-batch
+        seqs = g.sequences(batch, Tok(), 4, "cpu")  # completions of 1, 2, 3 and 1 tokens
+        mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
+        assert len({b["C"] for b in mbs}) > 1  # micro-batches of several widths C_b
+        seqs.update(adv=torch.zeros(4), weight=torch.ones(4), reward=torch.zeros(4))
+        step(seqs)  # -> the trainer's log-probs, lp0
+        seqs["server_lp"] = seqs["lp0"] - 0.5 * seqs["mask"]  # e^0.5 < 2 a token: sequences of 2 or 3 over the cap
+        grads.clear()
+        adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+        for a in (adv, adv[:, None].expand_as(seqs["mask"]).clone()):
+            seqs["adv"] = a
+            assert step(seqs)["is_truncated_frac"] == 5 / 7  # sequence_mask: their 2 + 3 of the 7 tokens
+        assert len(grads) == 2 and all(torch.equal(x, y) for x, y in zip(*grads))
+        assert any(x.abs().sum() > 0 for x in grads[0])
+        seqs["adv"] = torch.ones(4, seqs["mask"].shape[1] + 1)
+        with pytest.raises(g.UserError, match=re.escape("advantages of shape (4, 4) for 4 sequences of 3 tokens")):
+            step(seqs)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("arithmetic:0", "'arithmetic:0': every weight is 0, so every reward would be 0"),
+    ("arithmetic:0,format:0.0", "'arithmetic:0,format:0.0': every weight is 0"),
+    ("arithmetic:nan", "'arithmetic:nan': the weight must be a finite number"),
+    ("format:0.1,arithmetic:inf", "'arithmetic:inf': the weight must be a finite number")])
+def test_reward_weights_must_be_finite_and_not_all_0(tiny_model, spec, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        reward_fns.combine(spec, "arithmetic")
+    with pytest.raises(g.UserError, match=re.escape("--reward: " + says)):  # the trainer's message
+        g.load_data(g.Config(model=tiny_model, dataset="builtin", reward=spec))
+    reward = reward_fns.combine("arithmetic:1,format:0", "arithmetic")  # a 0 beside a weight is fine
+    assert reward({"text": "3", "answer": "3"}, {}) == (1.0, {"arithmetic": 1.0, "format": 0.0})
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--lr_warmup_steps", "10", "--steps", "2"],  # the run would end in its warmup (0.2 x --lr at most)
+     "--lr_warmup_steps 10 is out of range: it must be 0 <= lr_warmup_steps < steps (--steps is 2)"),
+    (["--lr_warmup_steps", "2", "--steps", "2"], "--lr_warmup_steps 2 is out of range"),
+    (["--overlong_buffer", "9", "--max_new_tokens", "8"],  # every completion, even an empty one, would be penalised
+     "--overlong_buffer 9 is out of range: it must be 0 <= overlong_buffer <= max_new_tokens (--max_new_tokens is 8)"),
+    (["--lr_warmup_steps", "1", "--steps", "2", "--overlong_buffer", "8", "--max_new_tokens", "8"], None)])
+def test_a_warmup_as_long_as_the_run_and_an_overlong_buffer_past_the_limit_are_refused(tmp_path, flags, says):
+    """A rule may name another flag, whose value the message gives. A buffer as long as --max_new_tokens is allowed:
+    DAPO's ramp over every length, 0 for an empty completion (a length penalty)."""
+    cfg = g.parse_config(["--out_dir", str(tmp_path)] + flags)
+    with pytest.raises(g.UserError, match=re.escape(says)) if says else contextlib.nullcontext():
+        g.check_config(cfg, 1)
+
+
+def test_a_reward_part_is_its_mean_over_the_rows_that_have_it_however_the_rows_fall_on_ranks():
+    """A part some rows report and others not (a dict reward with a key only sometimes): its logged mean is over the
+    rows that report it, the same whether they share a rank or not. Metrics.reduce sums each name's total and count
+    over ranks (0 where a rank lacks it), so scoring each rank's rows into one Metrics is what the ranks log."""
+    class Tok:
+        def decode(self, ids, skip_special_tokens):
+            return "abcd"[ids[0]]
+    parts = {"a": {"bonus": 2.0, "base": 1.0}, "b": {"base": 0.0}, "c": {"base": 1.0}, "d": {"base": 1.0}}
+    reward = lambda s, warn: (sum(parts[s["text"]].values()), parts[s["text"]])
+    table = lambda ks: g.sequences({"rows": [{"ids": [9], "answer": "1"}], "srv": [0] * len(ks),
+                                    "outs": [([k], [-0.5], "stop") for k in ks]}, Tok(), len(ks), "cpu")
+    dist_init()
+    try:
+        logged = []
+        for ranks in ([[0, 1, 2, 3]], [[0, 1], [2, 3]], [[2, 3], [0, 1]]):  # one rank, or two (rank 0 with "a")
+            m = g.Metrics()
+            for ks in ranks:
+                g.score(table(ks), reward, lambda c, a: 0.0, len(ks), m)
+            got = m.reduce("cpu")
+            logged.append((got["reward_bonus"], got["reward_base"]))
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    assert logged == [(2.0, 3 / 4)] * 3  # "bonus": row a's 2 over the one row that has it; "base": all four rows
+
+
+def test_a_question_held_out_for_evaluation_never_trains_even_as_a_duplicate_row(tiny_model, tmp_path, capsys):
+    """Held out means never trained on: a train row whose question is an eval row's (a dataset with duplicates, or
+    an eval split that repeats train rows) leaves the training rows and is counted with its reason."""
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+    (tmp_path / "dups.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + rows))  # each row twice
+    cfg = g.Config(model=tiny_model, dataset=str(tmp_path / "dups.jsonl"), eval_size=200)
+    raw_train, raw_eval, _ = g.load_splits(cfg)  # 4 rows (10%) held out; their twins are among the 36 others
+    twins = sum(r["question"] in {e["question"] for e in raw_eval} for r in raw_train)
+    assert len(raw_eval) == 4 and twins >= 1
+    _, train, evals, _, _ = g.load_data(cfg)
+    assert len(evals) == 4 and len(train) == 36 - twins
+    assert not {r["question"] for r in train} & {r["question"] for r in evals}
+    assert (f"skipped {twins} rows ({{'question also held out for evaluation (a duplicate)': {twins}}})"
+            in capsys.readouterr().out)
+    folder = tmp_path / "splits"  # an eval split with 5 of the train split's questions
+    folder.mkdir()
+    for split, part in (("train", rows[:15]), ("test", rows[10:])):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    _, train, evals, _, _ = g.load_data(g.Config(model=tiny_model, dataset=str(folder), eval_size=200))
+    assert [r["question"] for r in train] == [r["question"] for r in rows[:10]] and len(evals) == 10
+    assert "skipped 5 rows ({'question also held out for evaluation (a duplicate)': 5})" in capsys.readouterr().out
+
+
+def test_a_server_slower_than_request_timeout_is_called_busy_not_down(tiny_model):
+    """A server that takes the request but answers nothing within --request_timeout may be alive but busy: the
+    message says so and how to wait longer; one that refuses the connection is asked whether it is running."""
+    s = StandIn(tiny_model, stall_generate_after=0)  # every /generate sleeps 20 s before answering
+    cfg = g.Config(request_timeout=0.5, request_retries=0)
+    try:
+        with pytest.raises(g.UserError) as busy:
+            g.call(cfg, s.url, "/generate", {"input_ids": [[1, 2]]})
+    finally:
+        s.close()
+    assert f"no answer from the SGLang server at {s.url}/generate after 1 tries (ReadTimeout" in str(busy.value)
+    assert ("It answered nothing within 0.5 s: it may be alive but busy (see serve.log); raise --request_timeout"
+            in str(busy.value)) and "Is it running" not in str(busy.value)
+    with pytest.raises(g.UserError) as down:
+        g.call(cfg, f"http://127.0.0.1:{free_port()}", "/generate", {"input_ids": [[1, 2]]})
+    assert "(ConnectionError" in str(down.value) and "Is it running? Start it with: bash serve.sh" in str(down.value)
+    assert "busy" not in str(down.value)
+
+
+def test_a_dataset_too_small_to_hold_any_rows_out_says_so_and_what_to_do(tmp_path):
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(10)]
+    for n in (1, 9):
+        (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
+        with pytest.raises(g.UserError, match=re.escape(
+                f"--dataset {tmp_path / 'small.jsonl'} has {n} row(s): too few to hold any out for evaluation (the "
+                f"file has no splits; 10% are held out, so it needs at least 10). Add rows, or give it an eval split: "
+                f"a folder of train.jsonl and test.jsonl")):
+            g.load_splits(g.Config(dataset=str(tmp_path / "small.jsonl")))
+    (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train, evals, _ = g.load_splits(g.Config(dataset=str(tmp_path / "small.jsonl")))
+    assert len(train) == 9 and len(evals) == 1
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "train.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(g.UserError, match=re.escape("has 1 row(s): too few to hold any out for evaluation (--eval_split"
+                                                    " ''; 10% are held out, so it needs at least 10). Add rows, or give"
+                                                    " it an eval split: --eval_split NAME")):
+        g.load_splits(g.Config(dataset=str(tmp_path / "folder"), eval_split=""))
+
+
 def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_model, tmp_path):
     """All the variants together (two ranks, async, sequence-level ratio): the run goes on, the learning rate follows
     its schedule, the overlong penalty is a logged part of the reward, and the sync check still passes."""
