@@ -1375,6 +1375,9 @@ def gpu_layout(servers, colocate, local_rank, local_world, visible, n_devices):
     ids = [s.strip() for s in visible.split(",")] if visible is not None else [str(i) for i in range(n_devices)]
     firsts = []
     for url, gpus in servers:
+        if not on_this_host(urlparse(url).hostname or ""):  # a server on another machine: its GPUs are not ours
+            firsts.append(None)
+            continue
         stages = [ids.index(str(g)) if str(g) in ids else None for g in gpus]
         for gpu, stage in zip(gpus, stages):
             if stage is not None and stage < local_world and not colocate:

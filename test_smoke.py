@@ -9,6 +9,8 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import glob
+import inspect
 import json
 import math
 import os
@@ -351,20 +353,27 @@ def test_safe_reward_good_values():
     assert not w
 
 
-def test_registry():
-    """Every registered reward is reachable by name and returns a finite number (adding one needs no edit here);
-    every task's correctness check agrees with that task's reward, and accuracy is counted by the check."""
-    for name, fn in reward_fns.REWARD_FNS.items():
-        assert get_reward_fn(name) is fn
+def check_registry(rf):
+    """Every reward registered in the reward_fns module `rf` is reachable by name and returns a finite number, or a
+    dict of them (one that takes the sample gets one); every task's check agrees with that task's reward."""
+    sample = {"finish": "stop", "length": 3, "completion": [5, 6, 7], "server_lp": [-0.1, -0.2, -0.3]}
+    for name, fn in rf.REWARD_FNS.items():
+        assert rf.get_reward_fn(name) is fn
         for completion in ("#### 3", "1 + 2 = 3", "", "no number", "\\boxed{3}"):
-            assert math.isfinite(fn(completion, "3")), (name, completion)
-    for task, check in reward_fns.CORRECT.items():
+            got = fn(completion, "3", sample) if "sample" in inspect.signature(fn).parameters else fn(completion, "3")
+            assert all(math.isfinite(v) for v in (got.values() if isinstance(got, dict) else [got])), (name, got)
+    for task, check in rf.CORRECT.items():
         for completion in ("#### 3", "so 3", "#### 4", ""):
-            assert check(completion, "3") == (get_reward_fn(task)(completion, "3") == 1.0)
-    assert reward_fns.gsm8k_format_reward("#### 4", "3") == pytest.approx(0.1)  # shaped: not correct, yet rewarded
-    with pytest.raises(ValueError, match="valid names: " + ", ".join(sorted(reward_fns.REWARD_FNS))) as e:
-        get_reward_fn("gsm9k")
+            assert check(completion, "3") == (rf.get_reward_fn(task)(completion, "3") == 1.0)
+    with pytest.raises(ValueError, match="valid names: " + ", ".join(sorted(rf.REWARD_FNS))) as e:
+        rf.get_reward_fn("gsm9k")
     assert "gsm9k" in str(e.value)
+
+
+def test_registry():
+    """(adding a reward, one that takes the sample too, needs no edit here; accuracy is counted by the check)"""
+    check_registry(reward_fns)
+    assert reward_fns.gsm8k_format_reward("#### 4", "3") == pytest.approx(0.1)  # shaped: not correct, yet rewarded
 
 
 def test_score_counts_correctness_not_reward_and_the_table_keeps_each_sequence_in_its_row():
@@ -443,9 +452,11 @@ def test_gpu_layout_refuses_overlap_and_picks_the_sync_path():
         g.gpu_layout(one(3), False, 0, 1, "3,0", 2)
     with pytest.raises(g.UserError, match="only 1 visible"):
         g.gpu_layout(one(3), False, 0, 2, None, 1)
-    with pytest.raises(g.UserError, match="training rank 1 would run on GPU 1, which the SGLang server at http://b:1 uses"):
-        g.gpu_layout([("http://a:1", [3]), ("http://b:1", [1, 2])], False, 0, 2, None, 4)  # a TP server's second GPU too
+    with pytest.raises(g.UserError, match="training rank 1 would run on GPU 1, which the SGLang server at http://127.0.0.1:2"):
+        g.gpu_layout([("http://127.0.0.1:1", [3]), ("http://127.0.0.1:2", [1, 2])], False, 0, 2, None, 4)  # a TP's 2nd GPU
     assert g.gpu_layout(one(3), False, 0, 3, "0,1,2", 3) == (0, [None])  # the server's GPU is hidden from us
+    # a server on another machine: --server_gpu names its GPUs, not ours (4 ranks here with the default 3)
+    assert g.gpu_layout(one(3, "http://gpu-box-b.invalid:30000"), False, 0, 4, None, 4) == (0, [None])
     # tensor when rank 0 sees every server's GPU on this host; else NCCL, or a clear refusal of --sync tensor
     assert g.pick_sync(g.Config(), one(3), [3], None)[0] == "tensor"
     kind, why = g.pick_sync(g.Config(), one(3), [None], "0")
@@ -2684,34 +2695,141 @@ def test_the_profile_tool_profiles_the_steps_it_is_asked_for(tiny_model, server,
     assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2, 3, 4]
 
 
-WORKED_EXAMPLES = """import os, sys
-sys.path.insert(0, {here!r})
-import reward_fns
-from reward_fns import gsm8k_reward, REWARD_FNS
-{reward}
-src = open(os.path.join({here!r}, "grpo_sglang.py")).read()
-anchor = '    if cfg.overlong_buffer:'  # the first line of shape_rewards' body
-assert src.count(anchor) == 1 and src.count('x.get("ref_lp"), cfg.beta, cfg.loss_type)') == 1
-src = src.replace(anchor, {kl_line!r} + "\\n" + anchor).replace('x.get("ref_lp"), cfg.beta,', 'x.get("ref_lp"), 0.0,')
-exec(compile(src, "grpo_sglang_worked_examples.py", "exec"), {{"__name__": "__main__"}})
-"""
-
-
-def test_the_readmes_worked_examples_run(tiny_model, server, tmp_path):
-    """The README's two worked examples, taken from it and applied to a copy: the KL penalty moved into the reward
-    (two edits) and a reward that sees the sample (its length and finish reason), mixed with another."""
+def readme_recipes():
+    """The README's Hacking guide: {recipe: [(file, function, mode, anchor, code)]}, from the comment before each code
+    block (<!-- recipe NAME: FILE FUNCTION MODE "ANCHOR" -->), in the README's order."""
     readme = open(os.path.join(HERE, "README.md")).read()
-    blocks = re.findall(r"```python\n(.*?)```", readme[readme.index("**Worked example 1"):], re.S)
-    script = tmp_path / "worked.py"
-    script.write_text(WORKED_EXAMPLES.format(here=HERE, reward=blocks[1], kl_line=blocks[0].rstrip("\n")))
+    got = collections.defaultdict(list)
+    for name, file, fn, mode, anchor, code in re.findall(r'<!-- recipe (\w+): (\S+) (\S+) (\w+)(?: "([^\n]*)")? -->\n'
+                                                         r"```\w*\n(.*?)```", readme, re.S):
+        got[name].append((file, fn, mode, anchor, code))
+    return got
+
+
+def apply_recipe(edits, root):
+    """A recipe's edits, made as a reader makes them, in the copies of its files under root: each anchor must be in
+    the function the README names, once: else the README no longer says where the code goes."""
+    for file, fn, mode, anchor, code in edits:
+        if mode in ("file", "command"):
+            continue
+        path = os.path.join(root, file)
+        src = open(path).read()
+        if mode == "end":
+            src = src.rstrip("\n") + "\n\n\n" + code
+        else:
+            start = src.index(f"def {fn[:-2]}(")
+            end = src.find("\ndef ", start + 1) % (len(src) + 1)
+            at = src.find(anchor, start, end)
+            assert at >= 0 and src.count(anchor, start, end) == 1, (file, fn, anchor)
+            line = src.rindex("\n", 0, at) + 1  # the anchor's line
+            eol = src.index("\n", at) + 1
+            src = {"before": src[:line] + code + src[line:], "after": src[:eol] + code + src[eol:],
+                   "replace": src[:line] + code + src[eol:]}[mode]
+        open(path, "w").write(src)
+
+
+def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
+    """Every recipe of the README's Hacking guide, applied to a copy as written and run: the reward that sees the
+    sample (and the reward registry still passes), the filter (a step with no right answer skips its update), the
+    rank advantages and the extra loss term (hand values through the edited copy's own functions), the KL
+    moved into the reward (the reward that trains is not the parts' mix); then the dataset recipe's file and command."""
+    import importlib.util
+    recipes = readme_recipes()
+    assert list(recipes) == ["concise", "filter", "ranks", "loss", "kl_reward", "dataset"], list(recipes)
+    root = tmp_path / "copy"
+    root.mkdir()
+    for f in ("grpo_sglang.py", "reward_fns.py"):
+        shutil.copy(os.path.join(HERE, f), root / f)
+    for name in ("concise", "filter", "ranks", "loss", "kl_reward"):
+        apply_recipe(recipes[name], root)
+    load = lambda name, path: (lambda spec: (spec, importlib.util.module_from_spec(spec)))(
+        importlib.util.spec_from_file_location(name, path))
+    spec, rf = load("reward_fns_recipes", root / "reward_fns.py")
+    spec.loader.exec_module(rf)
+    check_registry(rf)
+    spec, copy = load("grpo_sglang_recipes", root / "grpo_sglang.py")
+    spec.loader.exec_module(copy)
+    adv = copy.rank_advantages(torch.tensor([0.0, 1.0, 1.0, 3.0, 2.0, 2.0, 2.0, 2.0]), 4)
+    assert torch.allclose(adv, torch.tensor([-5 / 12, -1 / 12, -1 / 12, 7 / 12, 0, 0, 0, 0]))  # beats 0, 1, 1, 3
+    lp, slp = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])  # advantage 0: only the new term is left
+    x = {"adv": torch.zeros(1), "mask": torch.ones(1, 2), "server_lp": slp}
+    loss = copy.policy_loss(copy.Config(tis_cap=0), x, lp, lp, torch.zeros(1, 2))[0]
+    assert torch.allclose(loss, 0.05 * (torch.exp(slp - lp) - (slp - lp) - 1))
     cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "2", "--beta", "0.5", "--reward",
-                    "gsm8k:1,concise:0.5", "--max_new_tokens", "30")
-    code, out = run([cmd[0], str(script), *cmd[2:]])
+                    "arithmetic:1,concise:0.5", "--max_new_tokens", "30")
+    code, out = run([cmd[0], str(root / "grpo_sglang.py"), *cmd[2:]])
     assert code == 0, out
     m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
-    mix = [r["reward_gsm8k"] + 0.5 * r["reward_concise"] for r in m]  # each part logged, unweighted
+    # the filter: a step with no right answer skips its update, one with a right answer trains on its group
+    assert len(m) == 2 and [r["empty_batch_skips"] for r in m] == [int(r["accuracy"] == 0) for r in m] == [0, 1], m
+    assert any(r["reward_concise"] != 0 for r in m) and not any(r["reward_warnings"] for r in m), m  # saw the sample
+    mix = [r["reward_arithmetic"] + 0.5 * r["reward_concise"] for r in m]  # each part logged, unweighted
     assert all(abs(r["reward_mean"] - w) > 1e-6 for r, w in zip(m, mix)), m  # the reward that trained took the KL
-    assert any(r["reward_concise"] != 0 for r in m) and not any(r["reward_warnings"] for r in m), m  # it saw the sample
+    (_, _, _, _, rows), (_, _, _, _, command) = recipes["dataset"]
+    rows = [json.loads(line) for line in rows.splitlines()]
+    assert set(rows[0]) == {"problem", "solution"}
+    with open(tmp_path / "my.jsonl", "w") as f:  # the README's two rows, and more like them: 10% are held out
+        f.writelines(json.dumps(r) + "\n" for r in rows + [{"problem": f"What is {k} + 1?", "solution": f"#### {k + 1}"}
+                                                          for k in range(18)])
+    flags = command.replace("\\\n", " ").split("grpo_sglang.py", 1)[1].split()
+    flags = [str(tmp_path / "my.jsonl") if f == "my.jsonl" else f for f in flags if f not in ("--colocate",)]
+    k = flags.index("--model")
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "data_run", "--steps", "1")
+    code, out = run(cmd + flags[:k] + flags[k + 2:])
+    assert code == 0 and "eval prompts from " + str(tmp_path / "my.jsonl") in out, out
+
+
+def config_flags():
+    return {"--" + f.name.rstrip("_") for f in dataclasses.fields(g.Config)} | {
+        "--no-" + f.name.rstrip("_") for f in dataclasses.fields(g.Config) if type(f.default) is bool}
+
+
+def test_the_docs_commands_use_only_flags_the_script_has():
+    """Every flag after grpo_sglang.py in a command of the README or docs/ is one the script has (a renamed or removed
+    flag must not live on in the docs); and docs/reference.md lists every flag."""
+    docs = [os.path.join(HERE, "README.md")] + sorted(glob.glob(os.path.join(HERE, "docs", "*.md")))
+    flags, seen = config_flags(), 0
+    for path in docs:
+        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", open(path).read(), re.S):
+            for cmd in block.replace("\\\n", " ").splitlines():
+                if "grpo_sglang.py" not in cmd:
+                    continue
+                after = cmd.split("grpo_sglang.py", 1)[1].split("#")[0]
+                used = {t.split("=")[0] for t in after.split() if t.startswith("--")}
+                seen += 1
+                assert used <= flags | {"--help"}, (os.path.basename(path), cmd, sorted(used - flags))
+    assert seen >= 6, seen
+    reference = open(os.path.join(HERE, "docs", "reference.md")).read()
+    missing = [f for f in sorted(flags) if not f.startswith("--no-") and f"`{f}`" not in reference]
+    assert not missing, missing
+
+
+def test_the_readmes_size_claims_are_the_files():
+    """The README's "the first ~N lines of grpo_sglang.py (M in all)": N is where the fence is, within a few lines,
+    and M the file's length within 2%."""
+    readme = " ".join(open(os.path.join(HERE, "README.md")).read().split())
+    n, m = re.search(r"the first ~([\d,]+) lines of `grpo_sglang.py` \(([\d,]+) in all\)", readme).groups()
+    lines = open(os.path.join(HERE, "grpo_sglang.py")).read().splitlines()
+    fence = next(i for i, line in enumerate(lines, 1) if line.startswith("# ---- Plumbing below"))
+    assert abs(int(n.replace(",", "")) - fence) <= 5, (n, fence)
+    assert abs(int(m.replace(",", "")) - len(lines)) <= 0.02 * len(lines), (m, len(lines))
+
+
+def test_the_plot_tool_draws_a_runs_metrics_and_every_metric_is_in_the_glossary(tiny_model, server, tmp_path):
+    """tools/plot_metrics.py draws the learning curve of a run's metrics.jsonl (a stand-in run with most features on);
+    and every metric that run logs is explained in docs/metrics.md."""
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "2", "--beta", "0.1", "--mu", "2", "--async",
+                    "--reward", "arithmetic:1,format:0.1", "--overlong_buffer", "2", "--eval_every", "1")
+    code, out = run(cmd)
+    assert code == 0, out
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    code, out = run([sys.executable, os.path.join(HERE, "tools", "plot_metrics.py"), str(metrics), str(tmp_path / "c.png")])
+    assert code == 0 and (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", out
+    glossary = open(os.path.join(HERE, "docs", "metrics.md")).read()
+    names = {k for r in read_metrics(tmp_path / "run") for k in r}
+    names = {"reward_<part>" if k.startswith("reward_") and k != "reward_mean" else k for k in names}
+    missing = sorted(k for k in names if f"`{k}`" not in glossary)
+    assert not missing, missing
 
 
 # ---------------------------------------------------------------------------------------------

@@ -249,6 +249,10 @@ M = [  # (name, file, old, new, -k expression)
  ('held-out questions not passed to the training rows', 'grpo_sglang.py', 'max_len, {r["question"] for r in evals})', 'max_len)', 'never_trains_even'),
  ('a busy server asked whether it is running', 'grpo_sglang.py', '                if isinstance(e, requests.ReadTimeout):  # it took', '                if False:  # it took', 'called_busy'),
  ('a dataset too small to hold rows out: no usable rows (skipped: {})', 'grpo_sglang.py', '    if not n_eval and cfg.eval_size:', '    if False:', 'too_small_to_hold'),
+ ("a server on another machine: its GPUs checked as ours", 'grpo_sglang.py',
+  'if not on_this_host(urlparse(url).hostname or ""):  # a server on another machine',
+  'if False:  # a server on another machine',
+  'gpu_layout_refuses'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
