@@ -179,7 +179,7 @@ for p in range(port, port + n):
     if (e := taken(p)) and e.errno != errno.EADDRINUSE:
         sys.exit(print(f"cannot listen on HOST={host} ({e.strerror or e}): write a local address, e.g. HOST=127.0.0.1"))
     if e:
-        free = next((q for q in range(p + 1, 65536 - n) if not any(taken(q + i) for i in range(n))), None)
+        free = next((q for q in range(p + 1, 65537 - n) if not any(taken(q + i) for i in range(n))), None)
         sys.exit(print(f"port {p} on {host} is in use (another server?): stop what holds it, or choose free ports"
                        + (f", e.g. PORT={free}" if free else "")))
 PY
