@@ -2858,7 +2858,8 @@ def test_serve_sh_refuses_a_second_start_while_its_servers_load_and_keeps_their_
     and a start right after on its port is not refused as taken."""
     import time
     ready = tmp_path / "ready"
-    _fake_sglang(tmp_path, f"import os, time\nwhile not os.path.exists({str(ready)!r}): time.sleep(0.1)\n" + ANSWERS)
+    _fake_sglang(tmp_path, f"import os, time\nfor _ in range(900):  # 90 s at most: none left behind by a failed test\n"
+                           f"    if os.path.exists({str(ready)!r}): break\n    time.sleep(0.1)\n" + ANSWERS)
     port = free_port()
     first, env = _run_serve_sh(tmp_path, popen=True, PORT=str(port))
     pidfile = tmp_path / "serve.pid"
