@@ -2859,7 +2859,7 @@ def test_serve_sh_refuses_a_second_start_while_its_servers_load_and_keeps_their_
     import time
     ready = tmp_path / "ready"
     _fake_sglang(tmp_path, f"import os, time\nfor _ in range(900):  # 90 s at most: none left behind by a failed test\n"
-                           f"    if os.path.exists({str(ready)!r}): break\n    time.sleep(0.1)\n" + ANSWERS)
+                           f"    if os.path.exists({str(ready)!r}): break\n    time.sleep(0.1)\nelse: exit()\n" + ANSWERS)
     port = free_port()
     first, env = _run_serve_sh(tmp_path, popen=True, PORT=str(port))
     pidfile = tmp_path / "serve.pid"
