@@ -17,7 +17,7 @@
 # k*TP and port PORT+k. Servers share GPUs (the list wraps around) only evenly: when SERVERS*TP > the number of GPUs,
 # that number must be a multiple of TP and SERVERS*TP a multiple of it; anything else is refused before any start.
 # Servers sharing a GPU split the default MEM_FRACTION (0.85); one you set must fit: servers per GPU x it <= 0.9.
-# At the end it prints the trainer's --server_url and --server_gpu for them.
+# At the end it prints the trainer's --server_url and --server_gpu for them. PORT..PORT+SERVERS-1 must be free.
 set -euo pipefail
 
 MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
@@ -40,6 +40,7 @@ PYTHON=${PYTHON:-python3}
 pids() { [ -f "$PIDFILE" ] && cat "$PIDFILE" || true; }
 alive() { local p; for p in $(pids); do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
 log_of() { if [ "$1" = 0 ]; then echo "$LOG"; else echo "${LOG%.log}_$1.log"; fi; }
+die() { echo "[serve.sh] $*" >&2; exit 1; }
 
 if [ "${1:-}" = "stop" ]; then
   if alive; then
@@ -58,7 +59,19 @@ if [ "${1:-}" = "stop" ]; then
   exit 0
 fi
 [ "${1:-}" = "--" ] && shift
-case "$TP$SERVERS" in *[!0-9]*) echo "[serve.sh] TP and SERVERS must be numbers (TP=$TP SERVERS=$SERVERS)" >&2; exit 1;; esac
+case "$TP$SERVERS" in *[!0-9]*) die "TP and SERVERS must be numbers (TP=$TP SERVERS=$SERVERS)";; esac
+TP=$((10#$TP)) SERVERS=$((10#$SERVERS))  # TP=08 is 8, not an octal error
+[[ $PORT =~ ^0*[1-9][0-9]{0,4}$ ]] && PORT=$((10#$PORT)) && [ "$PORT" -le 65535 ] ||
+  die "PORT=$PORT is not a port: write a whole number from 1 to 65535 (e.g. PORT=30000)"
+[ $((PORT + SERVERS - 1)) -le 65535 ] || die "PORT=$PORT SERVERS=$SERVERS needs ports up to $((PORT + SERVERS - 1))," \
+  "past 65535: write PORT=$((65536 - SERVERS)) or lower"
+if ! [[ $TIMEOUT =~ ^0*[1-9][0-9]*$ ]]; then  # else [ -ge ] fails every 3 s and the wait never ends
+  fix=900; [[ $TIMEOUT =~ ^0*([1-9][0-9]*)([smh])$ ]] && u=${BASH_REMATCH[2]/s/1} && u=${u/m/60} &&
+    fix=$((BASH_REMATCH[1] * ${u/h/3600}))  # 15m: 900
+  die "TIMEOUT=$TIMEOUT is not a whole number of seconds (1 or more): write e.g. TIMEOUT=$fix"
+fi
+command -v "$PYTHON" > /dev/null || die "PYTHON=$PYTHON is not a command: set PYTHON to the Python that has SGLang"
+[[ $FP32_LM_HEAD =~ ^[01]$ ]] || die "FP32_LM_HEAD=$FP32_LM_HEAD is not 0 or 1: write FP32_LM_HEAD=1 (fp32 logits) or 0"
 if ! [[ $GPU =~ ^[0-9]+(,[0-9]+)*$ ]]; then  # else GPU='2, 3' would start on CUDA_VISIBLE_DEVICES=' 3'
   case "$GPU" in
     *[[:space:]]*) what="has spaces";;
@@ -143,34 +156,57 @@ for k in $(seq 0 $((SERVERS - 1))); do
   LOGS+=("$(log_of "$k")")
 done
 
-if alive; then
-  echo "[serve.sh] already running (pid $(pids | tr '\n' ' ')) at ${URLS[*]}; 'bash serve.sh stop' first to change it"
+if alive; then  # never a second start over them: the pid file would lose them, and 'stop' with it
   all=1; for u in "${URLS[@]}"; do healthy "$u" || all=0; done
-  [ "$all" = 1 ] && exit 0
+  [ "$all" = 1 ] && echo "[serve.sh] already running (pid $(pids | xargs)) at ${URLS[*]};" \
+    "'bash serve.sh stop' first to change it" && exit 0
+  die "the servers of $PIDFILE (pid $(pids | xargs)) are running but do not all answer at ${URLS[*]}: still" \
+    "loading (see $LOG)? Wait for them, or 'bash serve.sh stop' first"
 fi
+# A port something already holds: SGLang would die there while the other server answered our health checks.
+why=$("$PYTHON" - "$HOST" "$PORT" "$SERVERS" <<'PY'
+import errno, socket, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def taken(p):  # -> why SGLang could not listen on host:p, or None
+    try:
+        family, kind, _, _, where = socket.getaddrinfo(host, p, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port just freed counts as free
+            s.bind(where)
+    except OSError as e:
+        return e
+for p in range(port, port + n):
+    if (e := taken(p)) and e.errno != errno.EADDRINUSE:
+        sys.exit(print(f"cannot listen on HOST={host} ({e.strerror or e}): write a local address, e.g. HOST=127.0.0.1"))
+    if e:
+        free = next((q for q in range(p + 1, 65537 - n) if not any(taken(q + i) for i in range(n))), None)
+        sys.exit(print(f"port {p} on {host} is in use (another server?): stop what holds it, or choose free ports"
+                       + (f", e.g. PORT={free}" if free else "")))
+PY
+) || die "PYTHON=$PYTHON failed the port check above: set PYTHON to the Python that has SGLang"
+[ -z "$why" ] || die "$why"
 
 : > "$PIDFILE"
 start=$(date +%s)
 # Servers that share a GPU start one after another: each sizes its KV cache from the memory it finds free, and two
 # sizing at once both count the same memory (seen on an H200: the second then refused to start).
 share=$(( SERVERS * TP > ${#GPUS[@]} ))
+fail() { # k, what went wrong: say it, show server k's log, stop them all, exit 1
+  echo "[serve.sh] ${*:2}. Last lines of ${LOGS[$1]}:" >&2
+  tail -n 30 "${LOGS[$1]}" >&2
+  bash "${BASH_SOURCE[0]}" stop > /dev/null 2>&1 || true
+  exit 1
+}
 wait_healthy() { # k: until server k answers; exit 1 (stopping them all) if it dies or TIMEOUT passes
   local k=$1 pid; pid=$(sed -n "$((k + 1))p" "$PIDFILE")
-  until healthy "${URLS[$k]}"; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      echo "[serve.sh] the server on GPU ${SGPUS[$k]} exited during start-up. Last lines of ${LOGS[$k]}:" >&2
-      tail -n 30 "${LOGS[$k]}" >&2
-      bash "${BASH_SOURCE[0]}" stop > /dev/null 2>&1 || true  # the others too
-      exit 1
-    fi
-    if [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
-      echo "[serve.sh] not healthy after ${TIMEOUT}s (raise TIMEOUT?). Last lines of ${LOGS[$k]}:" >&2
-      tail -n 30 "${LOGS[$k]}" >&2
-      exit 1
-    fi
+  until healthy "${URLS[$k]}" && kill -0 "$pid" 2>/dev/null; do  # an answer while it is gone is not its own
+    kill -0 "$pid" 2>/dev/null || fail "$k" "the server on GPU ${SGPUS[$k]} exited during start-up"
+    [ $(( $(date +%s) - start )) -lt "$TIMEOUT" ] || fail "$k" "the server on GPU ${SGPUS[$k]} was not healthy after" \
+      "${TIMEOUT}s: stopped (still loading? raise TIMEOUT, e.g. TIMEOUT=$((TIMEOUT * 2)))"
     sleep 3
   done
-  echo "[serve.sh] healthy after $(( $(date +%s) - start ))s: ${URLS[$k]} serves $MODEL on GPU ${SGPUS[$k]} (pid $pid, log ${LOGS[$k]})"
+  echo "[serve.sh] healthy after $(( $(date +%s) - start ))s: ${URLS[$k]} serves $MODEL on GPU ${SGPUS[$k]}" \
+       "(pid $pid, log ${LOGS[$k]})"
 }
 for k in "${!URLS[@]}"; do
   args=(--model-path "$MODEL" --host "$HOST" --port "$((PORT + k))" --mem-fraction-static "$MEM_FRACTION"
@@ -185,7 +221,8 @@ for k in "${!URLS[@]}"; do
   shown="${args[*]}"; [ -n "${SGLANG_API_KEY:-}" ] && shown=${shown//"$SGLANG_API_KEY"/***}
   echo "[serve.sh] CUDA_VISIBLE_DEVICES=${SGPUS[$k]} $PYTHON -m sglang.launch_server $shown > ${LOGS[$k]}"
   # setsid: its own process group, so 'stop' ends the server and all its workers, and it outlives this shell
-  CUDA_VISIBLE_DEVICES=${SGPUS[$k]} setsid nohup "$PYTHON" -m sglang.launch_server "${args[@]}" > "${LOGS[$k]}" 2>&1 < /dev/null &
+  CUDA_VISIBLE_DEVICES=${SGPUS[$k]} setsid nohup "$PYTHON" -m sglang.launch_server "${args[@]}" > "${LOGS[$k]}" 2>&1 \
+    < /dev/null &
   echo $! >> "$PIDFILE"
   [ "$share" = 1 ] && wait_healthy "$k"
 done

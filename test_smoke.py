@@ -3291,6 +3291,278 @@ def test_serve_sh_reports_a_server_that_dies_at_start(tmp_path):
     assert p.returncode == 1 and "exited during start-up" in p.stderr and "CUDA error: no GPU" in p.stderr
 
 
+SERVE_SH_SETTINGS = ("MODEL", "GPU", "TP", "SERVERS", "HOST", "PORT", "MEM_FRACTION", "ATTENTION_BACKEND", "DTYPE",
+                     "SEED", "FP32_LM_HEAD", "SGLANG_API_KEY", "EXTRA_ARGS", "TIMEOUT", "LOG", "PIDFILE", "PYTHON")
+ANSWERS = """import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), H).serve_forever()
+"""  # a server that answers on its --port at once (fails there if the port is taken)
+
+
+def _fake_sglang(tmp_path, server=None):
+    """A fake `python` for serve.sh: `-m sglang.launch_server ARGS` appends its CUDA_VISIBLE_DEVICES and ARGS to
+    tmp_path/starts, then runs `server` (Python, given ARGS) or, without one, exits 1 at once (a server that dies at
+    start); anything else runs in this Python. -> its path."""
+    if server:
+        (tmp_path / "server.py").write_text(server)
+    fake = tmp_path / "fakepython"
+    fake.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = "-m" ]; then
+  printf '%s\\0' "$CUDA_VISIBLE_DEVICES" "$@" >> {tmp_path}/starts && echo >> {tmp_path}/starts
+  {f'exec {sys.executable} {tmp_path}/server.py "$@"' if server else 'exit 1'}
+fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(0o755)
+    return fake
+
+
+def _starts(tmp_path):
+    """-> [[CUDA_VISIBLE_DEVICES, *the arguments], one per server serve.sh started]."""
+    f = tmp_path / "starts"
+    return [s.split("\0") for s in f.read_text().split("\0\n")[:-1]] if f.exists() else []
+
+
+def _run_serve_sh(tmp_path, *args, popen=False, **settings):
+    """bash serve.sh ARGS with these settings only (none of the caller's), against tmp_path's fakepython ->
+    (the finished run, or the running one with popen, its environment)."""
+    env = {k: v for k, v in os.environ.items() if k not in SERVE_SH_SETTINGS}
+    env.update(PYTHON=str(tmp_path / "fakepython"), LOG=str(tmp_path / "serve.log"), TIMEOUT="30",
+               PIDFILE=str(tmp_path / "serve.pid"))
+    env.update(settings)
+    cmd = ["bash", os.path.join(HERE, "serve.sh"), *args]
+    if popen:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), env
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90), env
+
+
+def _two_free_ports():
+    """-> p, with ports p and p + 1 both free."""
+    while True:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", (p := free_port()) + 1))
+                return p
+            except OSError:
+                pass
+
+
+def _alive(pid):
+    """-> whether process pid runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"PORT": "abc"}, "PORT=abc is not a port: write a whole number from 1 to 65535 (e.g. PORT=30000)"),
+    ({"PORT": "99999"}, "PORT=99999 is not a port: write a whole number from 1 to 65535 (e.g. PORT=30000)"),
+    ({"PORT": "65535", "GPU": "0,1", "SERVERS": "2"},
+     "PORT=65535 SERVERS=2 needs ports up to 65536, past 65535: write PORT=65534 or lower"),
+    ({"TIMEOUT": "15m"}, "TIMEOUT=15m is not a whole number of seconds (1 or more): write e.g. TIMEOUT=900"),
+    ({"TIMEOUT": "2h"}, "TIMEOUT=2h is not a whole number of seconds (1 or more): write e.g. TIMEOUT=7200"),
+    ({"TIMEOUT": "0"}, "TIMEOUT=0 is not a whole number of seconds (1 or more): write e.g. TIMEOUT=900"),
+    ({"FP32_LM_HEAD": "true"}, "FP32_LM_HEAD=true is not 0 or 1: write FP32_LM_HEAD=1 (fp32 logits) or 0"),
+    ({"PYTHON": "no-such-python"}, "PYTHON=no-such-python is not a command: set PYTHON to the Python that has SGLang"),
+])
+def test_serve_sh_refuses_a_bad_port_timeout_or_switch_before_starting_anything(tmp_path, settings, says):
+    """A PORT that is no port (or whose SERVERS run past 65535; PORT=abc was an 'unbound variable'), a TIMEOUT that is
+    not whole seconds (15m: 'integer expression expected' every 3 s, never giving up), an FP32_LM_HEAD other than 0/1
+    (true was silently off), a PYTHON that is no command: one line saying what to write, and nothing started."""
+    _fake_sglang(tmp_path, ANSWERS)
+    p, env = _run_serve_sh(tmp_path, **{"PORT": str(_two_free_ports()), **settings})
+    try:
+        assert p.returncode == 1 and (p.stdout + p.stderr).count(says) == 1, p.stdout + p.stderr
+        assert (p.stdout + p.stderr).count("[serve.sh]") == 1, p.stdout + p.stderr
+        assert _starts(tmp_path) == [] and not (tmp_path / "serve.pid").exists()
+    finally:
+        _run_serve_sh(tmp_path, "stop")
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_serve_sh_refuses_a_port_another_server_answers(tmp_path, servers):
+    """Another server answers on PORT (or on PORT+1, the second server's): before, serve.sh called it healthy while its
+    own server died there. Now: one line naming the port and a free PORT, and nothing started."""
+    _fake_sglang(tmp_path, ANSWERS)
+    port = _two_free_ports()
+    other = ThreadingHTTPServer(("127.0.0.1", port + servers - 1), type("H", (BaseHTTPRequestHandler,), {
+        "do_GET": lambda self: (self.send_response(200), self.end_headers())}))
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        p, env = _run_serve_sh(tmp_path, PORT=str(port), GPU="0,1", SERVERS=str(servers))
+        out = p.stdout + p.stderr
+        said = re.search(rf"\[serve.sh\] port {port + servers - 1} on 127.0.0.1 is in use \(another server\?\): stop "
+                         r"what holds it, or choose free ports, e.g. PORT=(\d+)\n", out)
+        assert p.returncode == 1 and said and out.count("[serve.sh]") == 1, out
+        assert int(said[1]) > port + servers - 1  # past the one taken
+        assert _starts(tmp_path) == [] and not (tmp_path / "serve.pid").exists()
+    finally:
+        other.shutdown()
+        other.server_close()
+        _run_serve_sh(tmp_path, "stop")
+
+
+def test_serve_sh_never_takes_another_servers_answer_for_its_own(tmp_path):
+    """Its server loads for 2 s and dies (as SGLang does on a port taken after serve.sh checked it), while another
+    server starts answering on that port at 2.5 s: serve.sh must say its server exited, never 'healthy'."""
+    _fake_sglang(tmp_path, f"""import subprocess, sys, time
+other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)\\n" + {ANSWERS!r}] + sys.argv[1:])
+open({str(tmp_path / "other.pid")!r}, "w").write(str(other.pid))
+time.sleep(2)
+sys.exit("address already in use")
+""")
+    p, env = _run_serve_sh(tmp_path, PORT=str(free_port()))
+    try:
+        out = p.stdout + p.stderr
+        assert p.returncode == 1 and "[serve.sh] the server on GPU 3 exited during start-up" in p.stderr, out
+        assert "healthy" not in out and "address already in use" in p.stderr, out
+    finally:
+        if (tmp_path / "other.pid").exists() and _alive(other := int((tmp_path / "other.pid").read_text())):
+            os.kill(other, 9)
+
+
+def test_serve_sh_refuses_a_second_start_while_its_servers_load_and_keeps_their_pids(tmp_path):
+    """While its server still loads, a second `bash serve.sh` (before: it emptied the pid file, started again, and
+    'stop' then left the first running) is refused, naming the pid file and `bash serve.sh stop`; the pid file keeps
+    the first's pid. Once that one answers, a start again says 'already running' and returns at once; 'stop' ends it,
+    and a start right after on its port is not refused as taken."""
+    import time
+    ready = tmp_path / "ready"
+    _fake_sglang(tmp_path, f"import os, time\nfor _ in range(900):  # 90 s at most: none left behind by a failed test\n"
+                           f"    if os.path.exists({str(ready)!r}): break\n    time.sleep(0.1)\nelse: exit()\n" + ANSWERS)
+    port = free_port()
+    first, env = _run_serve_sh(tmp_path, popen=True, PORT=str(port))
+    pidfile = tmp_path / "serve.pid"
+    try:
+        for _ in range(200):  # until it has started its server
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+            time.sleep(0.1)
+        pid = pidfile.read_text()
+        again, _ = _run_serve_sh(tmp_path, PORT=str(port), TIMEOUT="5")
+        said = again.stdout + again.stderr
+        assert again.returncode == 1 and said.count("[serve.sh]") == 1, said
+        assert (f"[serve.sh] the servers of {pidfile} (pid {pid.strip()}) are running but do not all answer at "
+                f"http://127.0.0.1:{port}: still loading (see {tmp_path / 'serve.log'})? Wait for them, or 'bash "
+                f"serve.sh stop' first\n") in again.stderr, again.stderr
+        assert pidfile.read_text() == pid and len(_starts(tmp_path)) == 1
+        ready.touch()
+        out, err = first.communicate(timeout=60)
+        assert first.returncode == 0 and "healthy after" in out, out + err
+        again, _ = _run_serve_sh(tmp_path, PORT=str(port))
+        assert again.returncode == 0 and again.stdout == (f"[serve.sh] already running (pid {pid.strip()}) at "
+                                                          f"http://127.0.0.1:{port}; 'bash serve.sh stop' first to "
+                                                          "change it\n"), again.stdout + again.stderr
+        assert pidfile.read_text() == pid and len(_starts(tmp_path)) == 1
+    finally:
+        if first.poll() is None:
+            first.kill()
+        q, _ = _run_serve_sh(tmp_path, "stop")
+    assert q.stdout == f"[serve.sh] stopped server (pid {pid.strip()})\n" and not _alive(int(pid)), q.stdout
+    assert not pidfile.exists()
+    try:  # at once again on the port it freed, where its health checks' connections still wait (TIME_WAIT)
+        again, _ = _run_serve_sh(tmp_path, PORT=str(port))
+        assert again.returncode == 0 and "healthy after" in again.stdout, again.stdout + again.stderr
+    finally:
+        _run_serve_sh(tmp_path, "stop")
+
+
+def test_serve_sh_gives_up_after_timeout_and_stops_its_server(tmp_path):
+    """A server that never answers: after TIMEOUT seconds one line (and its log), and the server is stopped, so that
+    a start with a longer TIMEOUT is not refused (before: it was left running, its pid file kept)."""
+    _fake_sglang(tmp_path, f"import os, time\nopen({str(tmp_path / 'server.pid')!r}, 'w').write(str(os.getpid()))\n"
+                           "print('loading...', flush=True)\ntime.sleep(600)\n")
+    p, env = _run_serve_sh(tmp_path, PORT=str(free_port()), TIMEOUT="2")
+    pid = int((tmp_path / "server.pid").read_text())
+    if left := _alive(pid):
+        os.kill(pid, 9)  # not left behind when the test fails
+    assert p.returncode == 1 and p.stderr.startswith(
+        "[serve.sh] the server on GPU 3 was not healthy after 2s: stopped (still loading? raise TIMEOUT, e.g. "
+        f"TIMEOUT=4). Last lines of {tmp_path / 'serve.log'}:\nloading...\n"), p.stdout + p.stderr
+    assert p.stderr.count("[serve.sh]") == 1 and not left and not (tmp_path / "serve.pid").exists()
+
+
+# What SGLang gets from serve.sh: the defaults (D), and each setting changed on its own (D edited by hand). Every case
+# but the first runs on a free port; the first on the default 30000.
+D = ("-m sglang.launch_server --model-path Qwen/Qwen2.5-0.5B-Instruct --host 127.0.0.1 --port 30000 "
+     "--mem-fraction-static 0.85 --dtype bfloat16 --random-seed 0 --enable-fp32-lm-head")
+SERVE_SH_ARGS = [  # (settings, serve.sh's own arguments, CUDA_VISIBLE_DEVICES, SGLang's arguments)
+    ({}, [], "3", D),
+    ({"MODEL": "/models/my model"}, [], "3", D.replace("Qwen/Qwen2.5-0.5B-Instruct", "'/models/my model'")),
+    ({"GPU": "1"}, [], "1", D),
+    ({"GPU": "1,2", "TP": "2"}, [], "1,2", D.replace("--random-seed 0", "--random-seed 0 --tp-size 2")),
+    ({"HOST": "0.0.0.0"}, [], "3", D.replace("--host 127.0.0.1", "--host 0.0.0.0")),
+    ({"MEM_FRACTION": "0.5"}, [], "3", D.replace("--mem-fraction-static 0.85", "--mem-fraction-static 0.5")),
+    ({"ATTENTION_BACKEND": "triton"}, [], "3", D + " --attention-backend triton"),
+    ({"DTYPE": "float16"}, [], "3", D.replace("--dtype bfloat16", "--dtype float16")),
+    ({"FP32_LM_HEAD": "0"}, [], "3", D.replace(" --enable-fp32-lm-head", "")),
+    ({"SEED": "7"}, [], "3", D.replace("--random-seed 0", "--random-seed 7")),
+    ({"SGLANG_API_KEY": "sekret"}, [], "3", D + " --api-key sekret"),
+    ({"EXTRA_ARGS": "--context-length 4096 --sampling-backend pytorch"}, [], "3",
+     D + " --context-length 4096 --sampling-backend pytorch"),
+    ({"EXTRA_ARGS": "--context-length 4096"}, ["--", "--chunked-prefill-size", "512"], "3",
+     D + " --context-length 4096 --chunked-prefill-size 512"),
+]
+
+
+@pytest.mark.parametrize("settings, args, cuda, sglang", SERVE_SH_ARGS)
+def test_serve_sh_passes_each_setting_to_sglang_exactly(tmp_path, settings, args, cuda, sglang):
+    """The exact arguments (and GPUs) SGLang starts with, for the defaults and for each setting on its own: a
+    setting lost, a flag misspelt or a value split (a model path with a space) would show here."""
+    import shlex
+    _fake_sglang(tmp_path)  # its server dies at start: what it got is all this test needs
+    port = None if settings == {} else free_port()
+    if port is None:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", 30000)) == 0:
+                pytest.skip("port 30000, serve.sh's default, is in use here")
+    p, env = _run_serve_sh(tmp_path, *args, **settings, **({"PORT": str(port)} if port else {}))
+    want = shlex.split(sglang if port is None else sglang.replace("--port 30000", f"--port {port}"))
+    assert p.returncode == 1 and "exited during start-up" in p.stderr, p.stdout + p.stderr
+    assert _starts(tmp_path) == [[cuda] + want]
+
+
+def _sglang_flags():
+    """-> {flag: whether it takes a value} of the installed SGLang's launch_server, read from the source of its
+    ServerArgs (not imported: SGLang is installed here without its dependencies): a field f is --f-with-dashes (or
+    its Arg's cli_name) and its Arg's aliases, a bool takes no value (add_cli_args_from_dataclass's rules)."""
+    import ast
+    import importlib.util
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("needs SGLang installed (CI has it, without its dependencies)")
+    src = os.path.join(os.path.dirname(importlib.util.find_spec("sglang").origin), "srt", "server_args.py")
+    cls = next(n for n in ast.parse(open(src).read()).body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
+    flags = {}
+    for f in cls.body:
+        if isinstance(f, ast.AnnAssign) and isinstance(f.annotation, ast.Subscript) and isinstance(
+                f.annotation.slice, ast.Tuple):  # name: A[type, "help" or Arg(...)]
+            kind, meta = f.annotation.slice.elts[:2]
+            arg = {k.arg: ast.literal_eval(k.value) for k in getattr(meta, "keywords", [])
+                   if k.arg in ("cli_name", "aliases", "no_cli")}
+            if not arg.get("no_cli"):
+                names = [arg.get("cli_name") or "--" + f.target.id.replace("_", "-")] + arg.get("aliases", [])
+                flags.update(dict.fromkeys(names, ast.unparse(kind) not in ("bool", "Optional[bool]")))
+    return flags
+
+
+def test_serve_sh_flags_are_sglangs_own():
+    """Every flag of SERVE_SH_ARGS (so every flag serve.sh passes, the test above shows) is one of SGLang's
+    (0.5.16's ServerArgs), a value after each that takes one and none after a switch."""
+    import shlex
+    flags = _sglang_flags()
+    assert flags["--model-path"] and flags["--model"] and not flags["--enable-fp32-lm-head"], "read the source wrong"
+    for *_, sglang in SERVE_SH_ARGS:
+        argv = shlex.split(sglang)[2:]  # after -m sglang.launch_server
+        while argv:
+            flag = argv.pop(0)
+            assert flag in flags, f"{flag} is not an SGLang flag ({sglang})"
+            if flags[flag]:
+                assert argv and not argv.pop(0).startswith("--"), f"{flag} wants a value ({sglang})"
+
+
 def _serve_sh(tmp_path, **settings):
     """serve.sh with these settings (and none of the caller's own) against a fake `python` that appends each server's
     CUDA_VISIBLE_DEVICES, arguments and start time to argv and answers on its port -> (the finished run, its
