@@ -840,9 +840,10 @@ def lock_out_dir(out_dir):
                         f"to end (or stop it), or use another --out_dir") from None
     except OSError as e:  # a file system without locks (Lustre mounted without flock): run, unguarded
         print0(f"warning: cannot lock {f.name} ({e.strerror}): a second trainer there would not be refused")
-    f.truncate(0)
-    f.write(f"{os.getpid()}\n")
-    f.flush()
+    with contextlib.suppress(OSError):  # (a full disk: no pid to name)
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
     return f
 
 

@@ -2149,12 +2149,15 @@ def edit_state(p, **kw):
     torch.save({k: v for k, v in {**torch.load(p, weights_only=True), **kw}.items() if v is not None}, p)
 
 
+def edit_config(d, **kw):
+    (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), **kw}, indent=1))
+
+
 BREAKS = {"latest deleted": lambda d: (d / "latest").unlink(),
           "trainer_state.pt cut in half": lambda d: cut_in_half(d / "step_2" / "trainer_state.pt"),
           "trainer_state.pt without its optimizer": lambda d: edit_state(d / "step_2/trainer_state.pt", optimizer=None),
           "model.safetensors cut in half": lambda d: cut_in_half(d / "step_2" / "model.safetensors"),
-          "lr edited to a string": lambda d: (d / "config.json").write_text(
-              (d / "config.json").read_text().replace('"lr": 0.03', '"lr": "1e-5"')),
+          "lr edited to a string": lambda d: edit_config(d, lr="1e-5", max_grad_norm=1),  # (an int for a float: fine)
           "resumed on 2 ranks": lambda d: None}
 NAMES = "--resume: {d}/latest names step_2, but {d}/step_2/"
 KEPT = ". Complete checkpoints here: step_1; to resume from the last one: echo step_1 > {d}/latest"
@@ -2186,10 +2189,10 @@ def test_a_resume_that_would_start_over_or_read_a_broken_checkpoint_is_one_error
     BREAKS[case](d)
     before = files_of(d)
     nproc, says = 2 if "2 ranks" in case else 1, says.format(d=d)
-    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", d, "--resume", "--steps", "3", nproc=nproc),
-                    timeout=180)
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", d, "--resume", "--steps", "3",
+                              nproc=nproc), timeout=180)
     assert code == 1 and out.count(says) == 1, out
-    assert ("Traceback" not in out) if nproc == 1 else (says in "\n".join(out.strip().splitlines()[-6:])), out  # torchrun's
+    assert ("Traceback" not in out) if nproc == 1 else (says in "\n".join(out.strip().splitlines()[-6:])), out
     assert files_of(d) == before  # nothing written, nothing lost
     if fix:
         (d / "latest").write_text(fix)
@@ -2241,11 +2244,16 @@ def test_a_second_trainer_in_the_out_dir_of_a_running_one_is_refused_naming_its_
     g.lock_out_dir(str(d)).close()  # the OS let go of the first run's lock when it ended
 
 
-DISK_FULL = """import builtins, runpy, sys
+DISK_FULL = """import builtins, os, runpy, sys
 sys.path.insert(0, {here!r})
-real = builtins.open  # metrics.jsonl, opened to append to, is /dev/full: each write fails, 'No space left on device'
-full = lambda f, mode: str(f).endswith("metrics.jsonl") and "a" in mode
-builtins.open = lambda f, mode="r", *a, **k: real("/dev/full" if full(f, mode) else f, mode, *a, **k)
+real = builtins.open  # config.json and metrics.jsonl in --out_dir, opened in a mode of {modes!r}: opened (for 'w',
+def full(f, mode="r", *a, **k):  # emptied), as on a full disk, then every write fails: 'No space left on device'
+    if isinstance(f, str) and os.path.basename(f).split(".tmp")[0] in ("config.json", "metrics.jsonl") and (
+            os.path.dirname(os.path.abspath(f)) == {out_dir!r} and any(c in mode for c in {modes!r})):
+        real(f, mode).close()
+        f = "/dev/full"
+    return real(f, mode, *a, **k)
+builtins.open = full
 runpy.run_path({script!r}, run_name="__main__")
 """
 
@@ -2253,19 +2261,24 @@ runpy.run_path({script!r}, run_name="__main__")
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full: a file whose every write finds the disk full")
 def test_a_full_disk_under_metrics_jsonl_is_one_clear_error_and_the_resume_after_it_logs_each_step_once(
         two_step_run, tiny_model, tmp_path):
-    """A full disk while metrics.jsonl grew was a raw OSError. Now one message (what, where, and to --resume), the
-    rows and the checkpoint stay, and after a row the full disk cut short the resume logs each step once."""
+    """A full disk while metrics.jsonl grew was a raw OSError; one at the start of a resume emptied config.json (the
+    run's flags). Now one message (what, where, and to --resume), config.json, the rows and the checkpoint stay, and
+    after a row that the full disk cut short the resume logs each step once."""
     d, wrapper = tmp_path / "run", tmp_path / "disk_full.py"
     shutil.copytree(two_step_run, d)
-    rows = read_metrics(d)
-    wrapper.write_text(DISK_FULL.format(here=HERE, script=os.path.join(HERE, "grpo_sglang.py")))
+    before, rows = files_of(d), read_metrics(d)
     s = StandIn(tiny_model)
     try:
         cmd = train_cmd(tiny_model, s.url, d, "--resume", "--steps", "3")
-        code, out = run([cmd[0], str(wrapper), *cmd[2:]])
-        says = (f"could not write step 2's row of {d / 'metrics.jsonl'} (No space left on device): is the disk of {d} "
-                f"full? Free space, then --resume from the last checkpoint there")
-        assert code == 1 and out.count(says) == 1 and "Traceback" not in out, out
+        for modes, what in (("wa", "config.json and metrics.jsonl"), ("a", f"step 2's row of {d / 'metrics.jsonl'}")):
+            wrapper.write_text(DISK_FULL.format(here=HERE, modes=modes, out_dir=str(d),
+                                                script=os.path.join(HERE, "grpo_sglang.py")))
+            code, out = run([cmd[0], str(wrapper), *cmd[2:]])
+            says = (f"could not write {what} (No space left on device): is the disk of {d} full? Free space, then "
+                    f"--resume from the last checkpoint there")
+            assert code == 1 and out.count(says) == 1 and "Traceback" not in out, out
+            if modes == "wa":  # full from the start: nothing changed
+                assert {p: b for p, b in files_of(d).items() if p.suffix != ".tmp"} == before
         assert read_metrics(d) == [r for r in rows if r["step"] < 2 or "eval_accuracy" not in r]  # (an eval redone)
         assert g.latest_checkpoint(str(d)) == str(d / "step_2")
         with open(d / "metrics.jsonl", "a") as f:
