@@ -764,7 +764,7 @@ def restore_config(cfg):
         raise UserError(f"--resume: {path} cannot be read ({e}); it holds the flags of the run to resume") from None
     fields = {f.name: f.default for f in dataclasses.fields(Config)}
     bad = [f"{k!r}: {v!r} (--{k.rstrip('_')} takes a {type(fields[k]).__name__})" for k, v in saved.items()
-           if k in fields and type(v) is not type(fields[k]) and not (type(v), type(fields[k])) == (int, float)]
+           if k in fields and type(v) is not type(fields[k]) and (type(v), type(fields[k])) != (int, float)]
     if bad:
         raise UserError(f"--resume: {path} holds values of the wrong type: {'; '.join(bad)}. Fix them there (numbers "
                         f"unquoted, true/false for a switch)")
@@ -820,33 +820,6 @@ def check_config(cfg, world):
     return servers
 
 
-def run_files(out_dir):
-    """-> the files in out_dir that a run writes (and would overwrite): config.json, metrics.jsonl, latest, step_*/."""
-    names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
-    return [f for f in names if f in ("config.json", "metrics.jsonl", "latest")
-            or f.startswith("step_") and os.path.isdir(os.path.join(out_dir, f))]
-
-
-def lock_out_dir(out_dir):
-    """Rank 0 holds an exclusive lock on out_dir for the run's life (the OS drops it when the process ends, even
-    on kill -9): a second trainer there, fresh or resumed, would mix its checkpoints and metrics with this one's."""
-    import fcntl
-    f = open(os.path.join(out_dir, ".lock"), "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        raise UserError(f"--out_dir {out_dir} is in use by another run (pid {f.read().strip() or '?'}): wait for it "
-                        f"to end (or stop it), or use another --out_dir") from None
-    except OSError as e:  # a file system without locks (Lustre mounted without flock): run, unguarded
-        print0(f"warning: cannot lock {f.name} ({e.strerror}): a second trainer there would not be refused")
-    with contextlib.suppress(OSError):  # (a full disk: no pid to name)
-        f.truncate(0)
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-    return f
-
-
 def obeys(v, rule):
     """A Config rule: comparisons of v with numbers, chained ('0 < v <= 1'), alternatives joined by ' or '."""
     import operator
@@ -884,7 +857,7 @@ def parse_servers(cfg):
 
 def setup(cfg):
     """Ranks, flags, the GPU layout and the process group, all checked before anything heavy is loaded.
-    -> rank, world, master, device, mesh, the servers and how weights reach them (sync, why, server_idx), ckpt."""
+    -> rank, world, master, device, mesh, the servers and how weights reach them (sync, why, server_idx), ckpt, lock."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     model = os.path.realpath(cfg.out_dir) == os.path.realpath(cfg.model)
@@ -1918,6 +1891,33 @@ def load_checkpoint(ckpt_dir, model, opt):
     return st["step"]
 
 
+def run_files(out_dir):
+    """-> the files in out_dir that a run writes (and would overwrite): config.json, metrics.jsonl, latest, step_*/."""
+    names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+    return [f for f in names if f in ("config.json", "metrics.jsonl", "latest")
+            or f.startswith("step_") and os.path.isdir(os.path.join(out_dir, f))]
+
+
+def lock_out_dir(out_dir):
+    """Rank 0 holds an exclusive lock on out_dir for the run's life (the OS drops it when the process ends, even
+    on kill -9): a second trainer there, fresh or resumed, would mix its checkpoints and metrics with this one's."""
+    import fcntl
+    f = open(os.path.join(out_dir, ".lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        raise UserError(f"--out_dir {out_dir} is in use by another run (pid {f.read().strip() or '?'}): wait for it "
+                        f"to end (or stop it), or use another --out_dir") from None
+    except OSError as e:  # a file system without locks (Lustre mounted without flock): run, unguarded
+        print0(f"warning: cannot lock {f.name} ({e.strerror}): a second trainer there would not be refused")
+    with contextlib.suppress(OSError):  # (a full disk: no pid to name)
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+    return f
+
+
 def latest_checkpoint(out_dir):
     """-> path of the last complete checkpoint in out_dir, or None."""
     try:
@@ -1928,9 +1928,8 @@ def latest_checkpoint(out_dir):
 
 def checkpoint_to_resume(out_dir, world=1, resume=True):
     """-> the checkpoint to start from: the one out_dir/latest names (--resume), or None in a folder without a run.
-    A fresh run in a run's folder, a resume of a run without 'latest', or of a checkpoint that is gone, half-copied
-    or unreadable (read cheaply: headers, no tensor) is an error naming the complete checkpoints still there; so is
-    one written by another number of ranks."""
+    A fresh run in a run's folder is an error; so is a resume of a run without 'latest', or of a checkpoint that is
+    gone, half-copied, unreadable (read cheaply: headers, no tensor) or of another number of ranks."""
     d, latest, why, there = latest_checkpoint(out_dir), os.path.join(out_dir, "latest"), None, run_files(out_dir)
     complete = lambda c: all(os.path.exists(os.path.join(c, f)) for f in ("config.json", "trainer_state.pt"))
     if there and not resume:  # it would overwrite that run's checkpoints and mix the two in metrics.jsonl

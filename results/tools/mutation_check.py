@@ -193,7 +193,7 @@ M = [  # (name, file, old, new, -k expression)
  ('a model.safetensors cut short loaded', 'grpo_sglang.py', '                safe_open(f, "pt").keys()', '                pass', 'would_start_over and safetensors'),
  ('the broken checkpoint named among the complete ones', 'grpo_sglang.py', 'c.startswith("step_") and c != os.path.basename(d or "")', 'c.startswith("step_")', 'would_start_over and cut'),
  ("config.json values' types unchecked", 'grpo_sglang.py', '    if bad:\n        raise UserError(f"--resume: {path} holds values', '    if False:\n        raise UserError(f"--resume: {path} holds values', 'would_start_over and string'),
- ('int refused for a float in config.json', 'grpo_sglang.py', 'not (type(v), type(fields[k])) == (int, float)]', 'True]', 'restores_its_flags'),
+ ('int refused for a float in config.json', 'grpo_sglang.py', 'and (type(v), type(fields[k])) != (int, float)]', ']', 'would_start_over and string'),
  ('a resume on another number of ranks', 'grpo_sglang.py', '        if not why and len(st["rng"]) != world:', '        if False:', 'would_start_over and ranks'),
 ]
 full = "--full" in sys.argv
