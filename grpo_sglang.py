@@ -636,16 +636,18 @@ class MetricsLog:
         print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from θ_{s-1} while the "
                                "server samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
         if self.master:
-            json.dump(saved_config(cfg), open(os.path.join(cfg.out_dir, "config.json"), "w"), indent=1)
-            # metrics.jsonl, for appending. A resumed run first drops the rows after its checkpoint (and the
-            # evaluation it repeats), so that the file holds each step once (a fresh run starts in an empty folder).
-            path = os.path.join(cfg.out_dir, "metrics.jsonl")
-            rows = [json.loads(line) for line in open(path) if line.strip()] if os.path.exists(path) else []
+            # config.json, and metrics.jsonl for appending, each written whole and then renamed (a full disk leaves
+            # the old one whole). A resumed run first drops the rows after its checkpoint (and the evaluation it
+            # repeats) and a row cut short (a full disk, a kill), so that the file holds each step once.
+            self.path = path = os.path.join(cfg.out_dir, "metrics.jsonl")
+            rows = [json.loads(s) for s in open(path) if s.strip() and s[-1] == "\n"] if os.path.exists(path) else []
             keep = [r for r in rows if r["step"] < start or (r["step"] == start and "eval_accuracy" not in r)]
-            with open(path + ".tmp", "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in keep)
-            os.replace(path + ".tmp", path)
-            self.file = open(path, "a")
+            try:
+                write_whole(os.path.join(cfg.out_dir, "config.json"), json.dumps(saved_config(cfg), indent=1))
+                write_whole(path, "".join(json.dumps(r) + "\n" for r in keep))
+                self.file = open(path, "a")
+            except OSError as e:
+                raise self.unwritten("config.json and metrics.jsonl", e) from None
             if cfg.wandb:
                 try:
                     import wandb
@@ -655,8 +657,11 @@ class MetricsLog:
 
     def write(self, m):
         if self.master and m:
-            self.file.write(json.dumps(m) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(m) + "\n")
+                self.file.flush()
+            except OSError as e:
+                raise self.unwritten(f"step {m['step']}'s row of {self.path}", e) from None
             if self.cfg.wandb:
                 self.wandb.log(m, step=m["step"])
 
@@ -684,9 +689,20 @@ class MetricsLog:
                             f"weights were left as they were. Lower --lr, check the rewards and --tis_cap, then "
                             f"--resume from the last checkpoint in {self.cfg.out_dir}.")
 
+    def unwritten(self, what, e):  # a full disk, a quota (as a checkpoint's write says)
+        return UserError(f"could not write {what} ({e.strerror or e}): is the disk of {self.cfg.out_dir} full? Free "
+                         f"space, then --resume from the last checkpoint there")
+
     def close(self):
         if self.master and self.cfg.wandb:
             self.wandb.finish()
+
+
+def write_whole(path, text):
+    """path.tmp, then one atomic rename over path: a crash or a full disk leaves the old file whole."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 def saved_config(cfg):
@@ -738,6 +754,11 @@ def restore_config(cfg):
     except (OSError, ValueError) as e:
         raise UserError(f"--resume: {path} cannot be read ({e}); it holds the flags of the run to resume") from None
     fields = {f.name: f.default for f in dataclasses.fields(Config)}
+    bad = [f"{k!r}: {v!r} (--{k.rstrip('_')} takes a {type(fields[k]).__name__})" for k, v in saved.items()
+           if k in fields and type(v) is not type(fields[k]) and (type(v), type(fields[k])) != (int, float)]
+    if bad:
+        raise UserError(f"--resume: {path} holds values of the wrong type: {'; '.join(bad)}. Fix them there (numbers "
+                        f"unquoted, true/false for a switch)")
     given = getattr(cfg, "given", None)  # None: a Config built in code, whose given flags are those not at default
     given = {k for k in fields if getattr(cfg, k) != fields[k]} if given is None else given
     changed = [(k, saved[k], getattr(cfg, k)) for k in sorted(given) if k in saved and k not in RESUMABLE
@@ -788,10 +809,6 @@ def check_config(cfg, world):
         print0(f"warning: GSPO (--ratio_level sequence) with --clip_low {cfg.clip_low} / --clip_high "
                f"{cfg.clip_high}: a sequence's ratio is the geometric mean of its tokens', so GRPO's clips almost "
                f"never bite; GSPO uses ~3e-4")
-    there = [f for f in ("latest", "metrics.jsonl") if os.path.exists(os.path.join(cfg.out_dir, f))]
-    if there and not cfg.resume:  # it would overwrite that run's checkpoints and mix the two in metrics.jsonl
-        raise UserError(f"--out_dir {cfg.out_dir} already holds a run ({' and '.join(there)}): continue it with "
-                        f"--resume, or start this one in another --out_dir (or delete that one)")
     return servers
 
 
@@ -832,14 +849,20 @@ def parse_servers(cfg):
 
 def setup(cfg):
     """Ranks, flags, the GPU layout and the process group, all checked before anything heavy is loaded.
-    -> rank, world, master, device, mesh, the servers and how weights reach them (sync, why, server_idx), ckpt."""
+    -> rank, world, master, device, mesh, the servers and how weights reach them (sync, why, server_idx), ckpt, lock."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    model = os.path.realpath(cfg.out_dir) == os.path.realpath(cfg.model)
+    if model or run_files(cfg.out_dir) == ["config.json"]:  # a run never overwrites files it did not write
+        raise UserError(f"--out_dir {cfg.out_dir} " + ("is --model's folder" if model else "holds a config.json that "
+                        "no run of this trainer wrote (a model's folder?)") + ": the run would write over its "
+                        "config.json. Use another --out_dir")
     if cfg.resume:
         restore_config(cfg)
     cfg.api_key = cfg.api_key or os.environ.get("SGLANG_API_KEY", "")
     servers = check_config(cfg, world)
-    ckpt = checkpoint_to_resume(cfg.out_dir) if cfg.resume else None
+    lock = lock_out_dir(cfg.out_dir) if rank == 0 else None  # held until the process ends
+    ckpt = checkpoint_to_resume(cfg.out_dir, world, cfg.resume)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if use_cuda:
@@ -870,7 +893,7 @@ def setup(cfg):
         monkey_patch_torch_reductions()
     return SimpleNamespace(rank=rank, world=world, master=rank == 0, device=device,
                            mesh=init_device_mesh(device.type, (world,)), sync=sync, why=why, servers=servers,
-                           server_idx=server_idx, ckpt=ckpt)
+                           server_idx=server_idx, ckpt=ckpt, lock=lock)
 
 
 def load_splits(cfg):
@@ -1796,9 +1819,7 @@ def save_checkpoint(cfg, model, opt, tok, step):
             torch.save({"optimizer": osd, "step": step, "rng": rng, "config": saved_config(cfg)},
                        os.path.join(d, "trainer_state.pt"))
             old = latest_checkpoint(cfg.out_dir)
-            with open(os.path.join(cfg.out_dir, "latest.tmp"), "w") as f:
-                f.write(f"step_{step}")
-            os.replace(os.path.join(cfg.out_dir, "latest.tmp"), os.path.join(cfg.out_dir, "latest"))
+            write_whole(os.path.join(cfg.out_dir, "latest"), f"step_{step}")
         except Exception as e:  # a full disk (seen with a 7B model), a quota, permissions: say so, clean up
             shutil.rmtree(d, ignore_errors=True)
             raise UserError(f"could not write the checkpoint {d} ({type(e).__name__}: {str(e)[:200]}). Is the disk "
@@ -1824,6 +1845,33 @@ def load_checkpoint(ckpt_dir, model, opt):
     return st["step"]
 
 
+def run_files(out_dir):
+    """-> the files in out_dir that a run writes (and would overwrite): config.json, metrics.jsonl, latest, step_*/."""
+    names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+    return [f for f in names if f in ("config.json", "metrics.jsonl", "latest")
+            or f.startswith("step_") and os.path.isdir(os.path.join(out_dir, f))]
+
+
+def lock_out_dir(out_dir):
+    """Rank 0 holds an exclusive lock on out_dir for the run's life (the OS drops it when the process ends, even
+    on kill -9): a second trainer there, fresh or resumed, would mix its checkpoints and metrics with this one's."""
+    import fcntl
+    f = open(os.path.join(out_dir, ".lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        raise UserError(f"--out_dir {out_dir} is in use by another run (pid {f.read().strip() or '?'}): wait for it "
+                        f"to end (or stop it), or use another --out_dir") from None
+    except OSError as e:  # a file system without locks (Lustre mounted without flock): run, unguarded
+        print0(f"warning: cannot lock {f.name} ({e.strerror}): a second trainer there would not be refused")
+    with contextlib.suppress(OSError):  # (a full disk: no pid to name)
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+    return f
+
+
 def latest_checkpoint(out_dir):
     """-> path of the last complete checkpoint in out_dir, or None."""
     try:
@@ -1832,20 +1880,40 @@ def latest_checkpoint(out_dir):
         return None
 
 
-def checkpoint_to_resume(out_dir):
-    """--resume: the checkpoint that out_dir/latest names, or None if there is none yet. One that was deleted or
-    half-copied is an error that names the complete ones still there."""
-    d = latest_checkpoint(out_dir)
+def checkpoint_to_resume(out_dir, world=1, resume=True):
+    """-> the checkpoint to start from: the one out_dir/latest names (--resume), or None in a folder without a run.
+    A fresh run in a run's folder is an error; so is a resume of a run without 'latest', or of a checkpoint that is
+    gone, half-copied, unreadable (read cheaply: headers, no tensor) or of another number of ranks."""
+    d, latest, why, there = latest_checkpoint(out_dir), os.path.join(out_dir, "latest"), None, run_files(out_dir)
     complete = lambda c: all(os.path.exists(os.path.join(c, f)) for f in ("config.json", "trainer_state.pt"))
-    if d is None or complete(d):
-        return d
-    others = sorted((c for c in os.listdir(out_dir) if c.startswith("step_") and complete(os.path.join(out_dir, c))),
-                    key=lambda c: int(c[5:]) if c[5:].isdigit() else -1)
-    latest = os.path.join(out_dir, "latest")
-    why = "that folder is gone" if not os.path.isdir(d) else "it is incomplete (no config.json or trainer_state.pt)"
+    if there and not resume:  # it would overwrite that run's checkpoints and mix the two in metrics.jsonl
+        raise UserError(f"--out_dir {out_dir} already holds a run ({', '.join(there)}): continue it with --resume, "
+                        f"or start this one in another --out_dir (or delete that one)")
+    if d is None:
+        if not there:
+            return None
+        why = f"{out_dir} holds a run ({', '.join(there)}) but no {latest}, and a resume never starts over"
+    elif not os.path.isdir(d) or not complete(d):
+        why = "that folder is gone" if not os.path.isdir(d) else "it is incomplete (no config.json or trainer_state.pt)"
+    else:
+        from safetensors import safe_open
+        try:  # mmap: the optimizer state is not read; safe_open reads a header and checks that the file covers it
+            st = torch.load(f := os.path.join(d, "trainer_state.pt"), weights_only=True, mmap=True)
+            why = next((f"{f} has no {k!r}" for k in ("optimizer", "step", "rng") if k not in st), None)
+            for f in (os.path.join(d, w) for w in sorted(os.listdir(d)) if w.endswith(".safetensors")):
+                safe_open(f, "pt").keys()
+        except Exception as e:  # a copy cut short, a disk error
+            why = f"{f} cannot be read ({type(e).__name__}: {str(e).split('. ')[0][:150]})"
+        if not why and len(st["rng"]) != world:
+            raise UserError(f"--resume: {d} was written by {len(st['rng'])} rank(s) and this run has {world}: resume "
+                            f"with {len(st['rng'])} (each rank continues its own random state: an exact resume)")
+        if not why:
+            return d
+    others = sorted((c for c in os.listdir(out_dir) if c.startswith("step_") and c != os.path.basename(d or "")
+                     and complete(os.path.join(out_dir, c))), key=lambda c: int(c[5:]) if c[5:].isdigit() else -1)
     fix = (f"Complete checkpoints here: {', '.join(others)}; to resume from the last one: echo {others[-1]} > {latest}"
-           if others else "There is no other checkpoint here: start afresh in another --out_dir.")
-    raise UserError(f"--resume: {latest} names {os.path.basename(d)}, but {why}. {fix}")
+           if others else "There is no other complete checkpoint here: start afresh in another --out_dir.")
+    raise UserError(f"--resume: {why if d is None else f'{latest} names {os.path.basename(d)}, but {why}'}. {fix}")
 
 
 def all_reduce_named(values, op, device):

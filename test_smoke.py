@@ -2007,8 +2007,8 @@ def test_a_fresh_run_never_writes_into_another_runs_folder_and_a_resumed_one_log
     s = StandIn(tiny_model)
     try:
         code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags), timeout=120)  # a fresh run there: refused
-        assert code == 1 and f"--out_dir {tmp_path} already holds a run (latest and metrics.jsonl): continue it with --resume" \
-            in out and "Traceback" not in out and not s.calls["/generate"], out
+        assert code == 1 and f"--out_dir {tmp_path} already holds a run (config.json, latest, metrics.jsonl, " \
+            f"step_2): continue it with --resume" in out and "Traceback" not in out and not s.calls["/generate"], out
         code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags, "--resume"), timeout=120)
         assert code == 0 and "at step 2" in out, out
     finally:
@@ -2021,7 +2021,7 @@ def test_resume_from_a_checkpoint_that_is_gone_or_half_copied_names_the_complete
     (tmp_path / "latest").write_text("step_3")
     code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, "--resume"), timeout=120)
     assert code == 1 and out.count(f"--resume: {tmp_path / 'latest'} names step_3, but that folder is gone. There is no "
-                                   f"other checkpoint here") == 1 and "Traceback" not in out, out  # before the server
+                                   f"other complete checkpoint here") == 1 and "Traceback" not in out, out  # no server
     (tmp_path / "step_3").mkdir()
     for d in ("step_1", "step_2"):
         (tmp_path / d).mkdir()
@@ -2031,8 +2031,179 @@ def test_resume_from_a_checkpoint_that_is_gone_or_half_copied_names_the_complete
                                                     f"Complete checkpoints here: step_1, step_2; to resume from the last one: "
                                                     f"echo step_2 > {tmp_path / 'latest'}")):
         g.checkpoint_to_resume(str(tmp_path))
-    (tmp_path / "latest").write_text("step_2")
-    assert g.checkpoint_to_resume(str(tmp_path)) == str(tmp_path / "step_2")
+    (tmp_path / "latest").write_text("step_2")  # complete, but its empty trainer_state.pt is no checkpoint
+    state = tmp_path / "step_2" / "trainer_state.pt"
+    with pytest.raises(g.UserError, match=re.escape(f"names step_2, but {state} cannot be read (RuntimeError") + ".*"
+                       + re.escape("here: step_1;")):
+        g.checkpoint_to_resume(str(tmp_path))
+
+
+@pytest.fixture(scope="session")
+def two_step_run(tiny_model, tmp_path_factory):
+    """A finished 2-step run (its checkpoint step_2, metrics of steps 0-2), for tests to copy and break."""
+    d, s = tmp_path_factory.mktemp("two_step_run"), StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, d))
+        assert code == 0, out
+    finally:
+        s.close()
+    return d
+
+
+def files_of(d):
+    """-> {path: bytes} of every file under d but the run's lock."""
+    import pathlib
+    return {p: p.read_bytes() for p in sorted(pathlib.Path(d).rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def cut_in_half(p):
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def edit_state(p, **kw):
+    torch.save({k: v for k, v in {**torch.load(p, weights_only=True), **kw}.items() if v is not None}, p)
+
+
+def edit_config(d, **kw):
+    (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), **kw}, indent=1))
+
+
+BREAKS = {"latest deleted": lambda d: (d / "latest").unlink(),
+          "trainer_state.pt cut in half": lambda d: cut_in_half(d / "step_2" / "trainer_state.pt"),
+          "trainer_state.pt without its optimizer": lambda d: edit_state(d / "step_2/trainer_state.pt", optimizer=None),
+          "model.safetensors cut in half": lambda d: cut_in_half(d / "step_2" / "model.safetensors"),
+          "lr edited to a string": lambda d: edit_config(d, lr="1e-5", max_grad_norm=1),  # (an int for a float: fine)
+          "resumed on 2 ranks": lambda d: None}
+NAMES = "--resume: {d}/latest names step_2, but {d}/step_2/"
+KEPT = ". Complete checkpoints here: step_1; to resume from the last one: echo step_1 > {d}/latest"
+
+
+@pytest.mark.parametrize("case, says, fix", [
+    ("latest deleted", "--resume: {d} holds a run (config.json, metrics.jsonl, step_1, step_2) but no {d}/latest, "
+                       "and a resume never starts over. Complete checkpoints here: step_1, step_2; to resume from "
+                       "the last one: echo step_2 > {d}/latest", "step_2"),
+    ("trainer_state.pt cut in half", NAMES + "trainer_state.pt cannot be read (RuntimeError: PytorchStreamReader "
+                                             "failed reading zip archive: failed finding central directory)" + KEPT,
+     "step_1"),
+    ("trainer_state.pt without its optimizer", NAMES + "trainer_state.pt has no 'optimizer'" + KEPT, "step_1"),
+    ("model.safetensors cut in half", NAMES + "model.safetensors cannot be read (SafetensorError: Error while "
+                                              "deserializing header: incomplete metadata, file not fully covered)"
+                                              + KEPT, "step_1"),
+    ("lr edited to a string", "--resume: {d}/config.json holds values of the wrong type: 'lr': '1e-5' (--lr takes a "
+                              "float). Fix them there", None),
+    ("resumed on 2 ranks", "--resume: {d}/step_2 was written by 1 rank(s) and this run has 2: resume with 1", None)],
+    ids=lambda x: x if x in BREAKS else "")
+def test_a_resume_that_would_start_over_or_read_a_broken_checkpoint_is_one_error_before_anything_loads(
+        two_step_run, tiny_model, tmp_path, case, says, fix):
+    """Each was a raw traceback, or (latest deleted) a run that started over from step 0 and replaced the old rows of
+    metrics.jsonl. Now one message, before the server is asked (there is none here), that names the file and the
+    complete checkpoints still there (step_1: an older one the user kept), and whose one-line fix works."""
+    d = tmp_path / "run"
+    shutil.copytree(two_step_run, d)
+    shutil.copytree(d / "step_2", d / "step_1")
+    BREAKS[case](d)
+    before = files_of(d)
+    nproc, says = 2 if "2 ranks" in case else 1, says.format(d=d)
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", d, "--resume", "--steps", "3",
+                              nproc=nproc), timeout=180)
+    assert code == 1 and out.count(says) == 1, out
+    assert ("Traceback" not in out) if nproc == 1 else (says in "\n".join(out.strip().splitlines()[-6:])), out
+    assert files_of(d) == before  # nothing written, nothing lost
+    if fix:
+        (d / "latest").write_text(fix)
+        assert g.checkpoint_to_resume(str(d)) == str(d / fix)
+
+
+@pytest.mark.parametrize("whose, resume", [("--model's", False), ("--model's", True), ("another model's", False),
+                                           ("another model's", True)])
+def test_a_run_never_writes_over_a_models_folder(tiny_model, tmp_path, whose, resume):
+    """--out_dir set to --model's folder overwrote its config.json with the run's (the model no longer loaded)."""
+    model = shutil.copytree(tiny_model, tmp_path / "model")
+    d = model if whose == "--model's" else shutil.copytree(tiny_model, tmp_path / "other")
+    before = files_of(d)
+    code, out = run(train_cmd(str(model), f"http://127.0.0.1:{free_port()}", d, *(["--resume"] if resume else [])),
+                    timeout=120)
+    says = (f"--out_dir {d} is --model's folder" if d == model else
+            f"--out_dir {d} holds a config.json that no run of this trainer wrote (a model's folder?)")
+    assert code == 1 and out.count(says + ": the run would write over its config.json. Use another --out_dir") == 1, out
+    assert "Traceback" not in out and files_of(d) == before and not (d / ".lock").exists()
+
+
+def test_a_second_trainer_in_the_out_dir_of_a_running_one_is_refused_naming_its_pid(tiny_model, tmp_path):
+    """Two runs started a second apart in one --out_dir both exited 0, and only the second's files remained. Now the
+    first holds a lock on it while it runs: a second one there, fresh or --resume, is refused; the first goes on."""
+    import time
+    s = StandIn(tiny_model, slow_generate=10.0)  # the first run's rollout takes 10 s: the others start meanwhile
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
+    d = tmp_path / "run"
+    try:
+        with open(tmp_path / "first.log", "w") as f:
+            p = subprocess.Popen(train_cmd(tiny_model, s.url, d, "--steps", "1"), stdout=f, stderr=subprocess.STDOUT,
+                                 env=env, cwd=HERE)
+            deadline = time.time() + 120
+            while time.time() < deadline and p.poll() is None and not (
+                    (d / ".lock").exists() and (d / ".lock").read_text().strip() == str(p.pid)):
+                time.sleep(0.05)
+            for again in ((), ("--resume",)):
+                code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", d, "--steps", "1", *again),
+                                timeout=120)
+                assert code == 1 and out.count(f"--out_dir {d} is in use by another run (pid {p.pid}): wait for it to "
+                                               f"end (or stop it), or use another --out_dir") == 1, out
+                assert "Traceback" not in out
+            assert p.poll() is None  # the first run ran all along
+            code = p.wait(120)
+    finally:
+        s.close()
+    assert code == 0, (tmp_path / "first.log").read_text()
+    assert [(r["step"], "eval_accuracy" in r) for r in read_metrics(d)] == [(0, True), (1, False), (1, True)]
+    g.lock_out_dir(str(d)).close()  # the OS let go of the first run's lock when it ended
+
+
+DISK_FULL = """import builtins, os, runpy, sys
+sys.path.insert(0, {here!r})
+real = builtins.open  # config.json and metrics.jsonl in --out_dir, opened in a mode of {modes!r}: opened (for 'w',
+def full(f, mode="r", *a, **k):  # emptied), as on a full disk, then every write fails: 'No space left on device'
+    if isinstance(f, str) and os.path.basename(f).split(".tmp")[0] in ("config.json", "metrics.jsonl") and (
+            os.path.dirname(os.path.abspath(f)) == {out_dir!r} and any(c in mode for c in {modes!r})):
+        real(f, mode).close()
+        f = "/dev/full"
+    return real(f, mode, *a, **k)
+builtins.open = full
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full: a file whose every write finds the disk full")
+def test_a_full_disk_under_metrics_jsonl_is_one_clear_error_and_the_resume_after_it_logs_each_step_once(
+        two_step_run, tiny_model, tmp_path):
+    """A full disk while metrics.jsonl grew was a raw OSError; one at the start of a resume emptied config.json (the
+    run's flags). Now one message (what, where, and to --resume), config.json, the rows and the checkpoint stay, and
+    after a row that the full disk cut short the resume logs each step once."""
+    d, wrapper = tmp_path / "run", tmp_path / "disk_full.py"
+    shutil.copytree(two_step_run, d)
+    before, rows = files_of(d), read_metrics(d)
+    s = StandIn(tiny_model)
+    try:
+        cmd = train_cmd(tiny_model, s.url, d, "--resume", "--steps", "3")
+        for modes, what in (("wa", "config.json and metrics.jsonl"), ("a", f"step 2's row of {d / 'metrics.jsonl'}")):
+            wrapper.write_text(DISK_FULL.format(here=HERE, modes=modes, out_dir=str(d),
+                                                script=os.path.join(HERE, "grpo_sglang.py")))
+            code, out = run([cmd[0], str(wrapper), *cmd[2:]])
+            says = (f"could not write {what} (No space left on device): is the disk of {d} full? Free space, then "
+                    f"--resume from the last checkpoint there")
+            assert code == 1 and out.count(says) == 1 and "Traceback" not in out, out
+            if modes == "wa":  # full from the start: nothing changed
+                assert {p: b for p, b in files_of(d).items() if p.suffix != ".tmp"} == before
+        assert read_metrics(d) == [r for r in rows if r["step"] < 2 or "eval_accuracy" not in r]  # (an eval redone)
+        assert g.latest_checkpoint(str(d)) == str(d / "step_2")
+        with open(d / "metrics.jsonl", "a") as f:
+            f.write('{"step": 3, "reward_mean": 0.')  # the part of a row that reached a full disk
+        code, out = run(cmd)
+        assert code == 0 and "at step 2" in out, out
+    finally:
+        s.close()
+    kinds = [(r["step"], "eval_accuracy" in r) for r in read_metrics(d)]
+    assert kinds == [(0, True), (1, False), (2, False), (2, True), (3, False), (3, True)]
 
 
 def test_a_new_reward_needs_no_test_edit_and_cannot_change_the_accuracy(tiny_model, server, tmp_path):
