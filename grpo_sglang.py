@@ -32,6 +32,7 @@ so a server that does not hold what it was sent stops the run even if its tag is
 progress signal in GRPO (its gradient is what counts): watch the reward.
 """
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import math
