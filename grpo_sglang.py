@@ -26,14 +26,16 @@ The GRPO choices this file makes (each a flag; the README has the peers' names f
                for the server's kernels and, with --async, for the one step of staleness (decoupled PPO)
   --async      (default) one step off-policy: train step s on a batch sampled from θ_{s-1} while the server samples
                step s+1's from θ_s, never pushed mid-generation (--no-async: on-policy)
-Every push is tagged with a version and every rollout must come from it, or we stop; and every step compares trainer
-and server logprobs on the same tokens under the same weights (with --async: a few sequences the server re-scores),
-so a server that does not hold what it was sent stops the run even if its tag is right. The loss value is not a
+Every push is tagged with a version and every rollout must come from it, or we stop; every step compares the server's
+hash of each tensor it holds with ours of what we sent, and trainer and server logprobs on the same tokens under the
+same weights (with --async: a few sequences the server re-scores), so a server that does not hold what it was sent
+stops the run even if its tag is right. The loss value is not a
 progress signal in GRPO (its gradient is what counts): watch the reward.
 """
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
 import math
@@ -1129,7 +1131,7 @@ class Server:
                 m.mean("staleness_mean", 0.0, 0)  # on-policy: logged as null
             return check_batch
         if not cfg.check_seqs:  # --check_seqs 0: batches one step old go unchecked (the version check stays)
-            return lambda seqs, m: m.mean("check_mismatch_mean", 0.0, 0)  # logged as null
+            return lambda seqs, m: self.verdict(version, [], [], m) or m.mean("check_mismatch_mean", 0.0, 0)
         rows = check_rows(srv, -(-cfg.check_seqs // self.rt.world))  # rounded up: never 0 rows on a rank
         pairs = [(batch["rows"][i // cfg.group_size]["ids"], outs[i][0]) for i in rows]
         asked = {k: POOL.submit(rescore, cfg, url, [q for q, i in zip(pairs, rows) if srv[i] == k], str(version))
@@ -1150,8 +1152,9 @@ class Server:
 
     def verdict(self, version, stats, srv, m):
         """stats: per sequence (|Δ| sum, tokens, |Δ| max[, stale sum, stale max]) of trainer vs server `srv[i]` under
-        θ_version. Stop (every rank) unless every server agrees with the trainer to within kernel noise; the numbers
-        go into the metrics m."""
+        θ_version. Stop (every rank) unless every server holds the tensors it was sent (where it hashes them) and
+        agrees with the trainer to within kernel noise; the numbers go into the metrics m."""
+        on_all_ranks(self.weights_verdict, m)
         per = torch.zeros(len(self.urls), 2, dtype=torch.float64)
         for st, k in zip(stats, srv):
             per[k] += torch.tensor(st[:2], dtype=torch.float64)
@@ -1170,10 +1173,54 @@ class Server:
                 m.mean("staleness_mean", st[3], st[1]), m.max("staleness_max", st[4])
 
     def push(self, model, version):
-        """θ_version (the weights after `version` steps) to every server, tagged `version`. -> bytes sent (rank 0)."""
-        return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
+        """θ_version (the weights after `version` steps) to every server, tagged `version`. -> bytes sent (rank 0).
+        Rank 0 then asks each server for its hash of every tensor it holds, which the next check compares with ours
+        of what we sent (weights_verdict); the first push shows which of them our recipes hash right."""
+        link = self.link
+
+        def push_and_ask():
+            first = link is not None and "hashes" not in link
+            for srv in link["servers"] if first else []:  # which bytes of the push each server tensor should hash to
+                srv["recipes"] = recipes(srv["names"], [n for n, _ in model.named_parameters()]) if isinstance(
+                    srv["names"], list) else {}
+            nbytes = push_weights(self.cfg, model, link, str(version))
+            for srv in link["servers"] if link else []:  # on a thread: it overlaps the next rollout
+                srv["sums"] = srv["recipes"] and POOL.submit(call, self.cfg, srv["url"], "/weights_checker",
+                                                             {"action": "checksum"})
+            if first:
+                self.weights_verdict(None)
+            return nbytes
+        return on_all_ranks(push_and_ask)
+
+    def weights_verdict(self, m):
+        """Rank 0: does each server hold, tensor by tensor, what the last push sent? Its hashes (asked after the
+        push) against ours of what we sent. m None: the first push, when the server holds exactly our weights,
+        shows which of its tensors our recipes hash right: only those are compared from then on (said once)."""
+        t0, link = time.time(), self.link
+        for srv in link["servers"] if link else []:
+            sums, names = srv.pop("sums", None) if m else srv.get("sums"), srv["names"]  # the first: again at step 1
+            got = checksums(waited(sums, what="/weights_checker")) if sums else {}
+            differ = [k for k, r in srv["recipes"].items() if got.get(k) != link["hashes"].get(r)]
+            if m is None:
+                srv["recipes"] = {k: r for k, r in srv["recipes"].items() if k not in differ}
+                print0(f"weight check: the server at {srv['url']} has no /weights_checker ({names}: an older SGLang?): "
+                       f"only the log-prob check remains" if isinstance(names, str) else
+                       f"weight check: {len(srv['recipes'])} of {len(names)} server tensors compared after every push"
+                       + (f" (the server at {srv['url']})" if len(link["servers"]) > 1 else "")
+                       + ("" if srv["recipes"] else ": none hashes as ours do, only the log-prob check remains"))
+            elif sums and differ:
+                raise UserError(f"weight sync check failed: the server at {srv['url']} holds other weights than the "
+                                f"trainer sent in the push of version {link['version']} (the weights after step "
+                                f"{link['version']}): {len(differ)} of {len(srv['recipes'])} tensors differ ("
+                                f"{', '.join(n for _, n in differ[:3])}{', ...' if len(differ) > 3 else ''}): it did "
+                                f"not load them. Training on would sample from weights the trainer does not have.")
+            else:
+                m.sum("weights_checked", len(srv["recipes"]) if sums else 0)
+        if m is not None and link:
+            m.sum("time_weight_check", link["hash_s"] + time.time() - t0)
 
     def close(self):
+        on_all_ranks(self.weights_verdict, Metrics())  # the last push (the final evaluation's weights)
         for srv in self.link["servers"] if self.link and self.link["kind"] == "nccl" else []:
             call(self.cfg, srv["url"], "/destroy_weights_update_group", {"group_name": srv["group_name"]}, timeout=30,
                  retries=0)
@@ -1240,10 +1287,13 @@ def check_server(cfg, url):
     # session; 0.5.16 has neither route. A GET on a POST-only route answers 405 where it exists.
     try:
         r = requests.get(url + "/begin_weight_update", headers=auth(cfg), timeout=cfg.request_timeout)
+        sums = requests.post(url + "/weights_checker", json={"action": "checksum"}, headers=auth(cfg),
+                             timeout=cfg.request_timeout)  # the names of the tensors it holds (older servers: 404)
     except requests.RequestException as e:
         raise UserError(f"the SGLang server at {url} stopped answering ({e})") from None
     return {"begin_end": r.status_code == 405, "tp": int(server_info.get("tp_size") or 1), "context": context,
-            "port": server_info.get("port")}
+            "port": server_info.get("port"),
+            "names": sorted(checksums(sums.json())) if sums.status_code == 200 else f"HTTP {sums.status_code}"}
 
 
 def check_servers_once(cfg, rt, info):
@@ -1485,6 +1535,48 @@ def send_bucket(cfg, link, flat, meta, last, version):
     return wait
 
 
+def checksums(answer):
+    """SGLang's /weights_checker answer -> {(its rank, the tensor's name): its hash}."""
+    return {(r["parallelism_info"].get("rank", k), n): h for k, r in enumerate(answer["ranks"])
+            for n, h in r["checksums"].items()}
+
+
+def recipes(server, trainer):
+    """The server's tensors [(rank, name)] and the trainer's names -> {(rank, name): the trainer tensors whose bytes,
+    concatenated, it should hold}: the one of its name, else those of its leaf (weight, bias) under its parent
+    module that no server tensor names, in the trainer's order (SGLang's fused qkv_proj = q, k, v; gate_up_proj).
+    A guess: weights_verdict keeps the ones the first push bears out (not tensor-parallel shards, say)."""
+    names, up = {n for _, n in server}, lambda n: n.count(".") > 1 and (n.rsplit(".", 2)[0], n.rsplit(".", 1)[1])
+    fused = lambda s: tuple(t for t in trainer if t not in names and up(t) == up(s))
+    return {(r, s): (s,) if s in trainer else fused(s) for r, s in server if s in trainer or up(s) and fused(s)}
+
+
+def tensor_hash(t):
+    """SGLang's hash of a tensor's bytes (its /weights_checker's): on the GPU its Triton kernel (which reads 4-byte
+    words: bytes that start mid-word are copied first), on the CPU the first 8 bytes of their sha256, in hex."""
+    if t.is_cuda:
+        from sglang.kernels.ops.memory.gpu_tensor_hash import gpu_tensor_hash
+        with torch.cuda.device(t.device):
+            return f"{gpu_tensor_hash(t if t.storage_offset() % 4 == 0 else t.clone()):016x}"
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy()).hexdigest()[:16]
+
+
+def hash_sent(link, flat, meta, held):
+    """Rank 0, as it packs a bucket (flat: uint8, meta: each tensor's place in it): the hash of each server tensor's
+    recipe into link["hashes"] once all its parts are packed; held: the bytes of parts whose recipe is not complete
+    yet (copied, so that a bucket need not outlive its send)."""
+    t0, done = time.time(), link["hashes"]
+    held.update({m.name: flat[m.start_idx: m.end_idx] for m in meta})
+    todo = {r for srv in link["servers"] for r in srv["recipes"].values()} - done.keys()
+    for r in todo:
+        if all(p in held for p in r):
+            done[r] = tensor_hash(held[r[0]] if len(r) == 1 else torch.cat([held[p] for p in r]))
+    need = {p for r in todo - done.keys() for p in r}
+    held.update({n: t.clone() for n, t in held.items() if n in need})
+    [held.pop(n) for n in list(held) if n not in need]
+    link["hash_s"] += time.time() - t0
+
+
 def serialize_bucket(flat, meta):
     from sglang.srt.utils import MultiprocessingSerializer
     return MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": meta}, output_str=True)
@@ -1539,11 +1631,13 @@ def push_weights(cfg, model, link, version):
     for srv in link["servers"] if link else []:
         if srv["begin_end"]:
             call(cfg, srv["url"], "/begin_weight_update", {"selector": "all"})
-    sent, in_flight = 0, None
+    sent, in_flight, held = 0, None, {}
+    link and link.update(version=int(version), hashes={}, hash_s=0.0)
     for bucket, last in weight_buckets(model, cfg.sync_bucket_mb * 2**20, keep=link is not None):
         if not link:
             continue
         flat, meta = pack(bucket, link["device"])
+        hash_sent(link, flat, meta, held)  # while the last bucket is in flight
         sent += in_flight() if in_flight else 0  # one update at a time
         in_flight = send_bucket(cfg, link, flat, meta, last, version)
         if serial:
