@@ -26,11 +26,10 @@ The GRPO choices this file makes (each a flag; the README has the peers' names f
                for the server's kernels and, with --async, for the one step of staleness (decoupled PPO)
   --async      (default) one step off-policy: train step s on a batch sampled from θ_{s-1} while the server samples
                step s+1's from θ_s, never pushed mid-generation (--no-async: on-policy)
-Every push is tagged with a version and every rollout must come from it, or we stop; every step compares the server's
-hash of each tensor it holds with ours of what we sent, and trainer and server logprobs on the same tokens under the
-same weights (with --async: a few sequences the server re-scores), so a server that does not hold what it was sent
-stops the run even if its tag is right. The loss value is not a
-progress signal in GRPO (its gradient is what counts): watch the reward.
+Every push is tagged with a version and every rollout must come from it, or we stop; every step checks the server's
+hashes of its tensors against ours of what we sent and compares trainer and server logprobs on the same tokens under
+the same weights (--async: a few sequences the server re-scores), so a server that does not hold what it was sent
+stops the run even if its tag is right. The loss value is not a progress signal in GRPO: watch the reward.
 """
 import concurrent.futures
 import contextlib
@@ -1173,50 +1172,31 @@ class Server:
                 m.mean("staleness_mean", st[3], st[1]), m.max("staleness_max", st[4])
 
     def push(self, model, version):
-        """θ_version (the weights after `version` steps) to every server, tagged `version`. -> bytes sent (rank 0).
-        Rank 0 then asks each server for its hash of every tensor it holds, which the next check compares with ours
-        of what we sent (weights_verdict); the first push shows which of them our recipes hash right."""
-        link = self.link
-
-        def push_and_ask():
-            first = link is not None and "hashes" not in link
-            for srv in link["servers"] if first else []:  # which bytes of the push each server tensor should hash to
-                srv["recipes"] = recipes(srv["names"], [n for n, _ in model.named_parameters()]) if isinstance(
-                    srv["names"], list) else {}
-            nbytes = push_weights(self.cfg, model, link, str(version))
-            for srv in link["servers"] if link else []:  # on a thread: it overlaps the next rollout
-                srv["sums"] = srv["recipes"] and POOL.submit(call, self.cfg, srv["url"], "/weights_checker",
-                                                             {"action": "checksum"})
-            if first:
-                self.weights_verdict(None)
-            return nbytes
-        return on_all_ranks(push_and_ask)
+        """θ_version (the weights after `version` steps) to every server, tagged `version`. -> bytes sent (rank 0)."""
+        return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
 
     def weights_verdict(self, m):
-        """Rank 0: does each server hold, tensor by tensor, what the last push sent? Its hashes (asked after the
-        push) against ours of what we sent. m None: the first push, when the server holds exactly our weights,
-        shows which of its tensors our recipes hash right: only those are compared from then on (said once)."""
+        """Rank 0: does each server hold, tensor by tensor, what the last push sent? Its hashes (asked after the push)
+        against ours of what we sent. The first time, after the first push, the server holds exactly our weights:
+        only the tensors we hash as it does are compared from then on (said once)."""
         t0, link = time.time(), self.link
         for srv in link["servers"] if link else []:
-            sums, names = srv.pop("sums", None) if m else srv.get("sums"), srv["names"]  # the first: again at step 1
-            got = checksums(waited(sums, what="/weights_checker")) if sums else {}
-            differ = [k for k, r in srv["recipes"].items() if got.get(k) != link["hashes"].get(r)]
-            if m is None:
-                srv["recipes"] = {k: r for k, r in srv["recipes"].items() if k not in differ}
-                print0(f"weight check: the server at {srv['url']} has no /weights_checker ({names}: an older SGLang?): "
-                       f"only the log-prob check remains" if isinstance(names, str) else
-                       f"weight check: {len(srv['recipes'])} of {len(names)} server tensors compared after every push"
-                       + (f" (the server at {srv['url']})" if len(link["servers"]) > 1 else "")
-                       + ("" if srv["recipes"] else ": none hashes as ours do, only the log-prob check remains"))
-            elif sums and differ:
+            sums = srv.pop("sums", None)
+            got = checksums(sums.result()) if sums else {}
+            differ = [k for k, r in srv["recipes"].items() if sums and got.get(k) != link["hashes"].get(r)]
+            if "checked" not in srv:
+                srv["checked"] = srv["recipes"] = {k: r for k, r in srv["recipes"].items() if k not in differ}
+                print0(f"weight check: {len(srv['recipes'])} of {len(srv['names'])} tensors of the server at {srv['url']} "
+                       f"compared after every push" + ("" if srv["recipes"] else f" (/weights_checker: HTTP "
+                                                       f"{srv['checker']}): only the log-prob check remains"))
+            elif differ:
                 raise UserError(f"weight sync check failed: the server at {srv['url']} holds other weights than the "
-                                f"trainer sent in the push of version {link['version']} (the weights after step "
-                                f"{link['version']}): {len(differ)} of {len(srv['recipes'])} tensors differ ("
-                                f"{', '.join(n for _, n in differ[:3])}{', ...' if len(differ) > 3 else ''}): it did "
-                                f"not load them. Training on would sample from weights the trainer does not have.")
-            else:
-                m.sum("weights_checked", len(srv["recipes"]) if sums else 0)
-        if m is not None and link:
+                                f"trainer sent in the push of version {link['version']}: {len(differ)} of "
+                                f"{len(srv['recipes'])} tensors differ ({', '.join(n for _, n in differ[:3])}"
+                                f"{', ...' * (len(differ) > 3)}): it did not load them. Training on would sample from "
+                                f"weights the trainer does not have.")
+            m.sum("weights_checked", len(srv["recipes"]) if sums else 0)
+        if link:
             m.sum("time_weight_check", link["hash_s"] + time.time() - t0)
 
     def close(self):
@@ -1292,8 +1272,8 @@ def check_server(cfg, url):
     except requests.RequestException as e:
         raise UserError(f"the SGLang server at {url} stopped answering ({e})") from None
     return {"begin_end": r.status_code == 405, "tp": int(server_info.get("tp_size") or 1), "context": context,
-            "port": server_info.get("port"),
-            "names": sorted(checksums(sums.json())) if sums.status_code == 200 else f"HTTP {sums.status_code}"}
+            "port": server_info.get("port"), "checker": sums.status_code,
+            "names": sorted(checksums(sums.json())) if sums.status_code == 200 else []}
 
 
 def check_servers_once(cfg, rt, info):
@@ -1563,18 +1543,17 @@ def tensor_hash(t):
 
 def hash_sent(link, flat, meta, held):
     """Rank 0, as it packs a bucket (flat: uint8, meta: each tensor's place in it): the hash of each server tensor's
-    recipe into link["hashes"] once all its parts are packed; held: the bytes of parts whose recipe is not complete
-    yet (copied, so that a bucket need not outlive its send)."""
+    recipe into link["hashes"] once all its parts are packed. held: the bytes of parts of recipes not complete yet
+    -> those still wanted, copied: a bucket need not outlive its send."""
     t0, done = time.time(), link["hashes"]
-    held.update({m.name: flat[m.start_idx: m.end_idx] for m in meta})
+    held = {**held, **{m.name: flat[m.start_idx: m.end_idx] for m in meta}}
     todo = {r for srv in link["servers"] for r in srv["recipes"].values()} - done.keys()
     for r in todo:
         if all(p in held for p in r):
             done[r] = tensor_hash(held[r[0]] if len(r) == 1 else torch.cat([held[p] for p in r]))
     need = {p for r in todo - done.keys() for p in r}
-    held.update({n: t.clone() for n, t in held.items() if n in need})
-    [held.pop(n) for n in list(held) if n not in need]
     link["hash_s"] += time.time() - t0
+    return {n: t.clone() for n, t in held.items() if n in need}
 
 
 def serialize_bucket(flat, meta):
@@ -1629,6 +1608,8 @@ def push_weights(cfg, model, link, version):
     activations of the old weights) and tags the weights `version`. -> bytes sent (rank 0)."""
     serial = link and link["kind"] == "nccl" and dist.get_world_size() > 1
     for srv in link["servers"] if link else []:
+        if "recipes" not in srv:  # the first push: which bytes of it each server tensor should hash to
+            srv["recipes"] = recipes(srv["names"], [n for n, _ in model.named_parameters()])
         if srv["begin_end"]:
             call(cfg, srv["url"], "/begin_weight_update", {"selector": "all"})
     sent, in_flight, held = 0, None, {}
@@ -1637,15 +1618,16 @@ def push_weights(cfg, model, link, version):
         if not link:
             continue
         flat, meta = pack(bucket, link["device"])
-        hash_sent(link, flat, meta, held)  # while the last bucket is in flight
+        held = hash_sent(link, flat, meta, held)  # while the last bucket is in flight
         sent += in_flight() if in_flight else 0  # one update at a time
         in_flight = send_bucket(cfg, link, flat, meta, last, version)
         if serial:
             sent, in_flight = sent + in_flight(), None
     sent += in_flight() if in_flight else 0
-    for srv in link["servers"] if link else []:
+    for srv in link["servers"] if link else []:  # then its hash of every tensor it holds, meanwhile (weights_verdict)
         if srv["begin_end"]:
             call(cfg, srv["url"], "/end_weight_update", {})
+        srv["sums"] = srv["recipes"] and POOL.submit(call, cfg, srv["url"], "/weights_checker", {"action": "checksum"})
     return sent
 
 

@@ -622,8 +622,9 @@ class StandIn:
             self.version = req["weight_version"]
         self.pushes.append({n: t.clone() for n, t in named})
 
-    def checksums(self, rank):
-        return sglang_checksums(self.ranks[rank], self.fuse)
+    def checksums(self, rank):  # tensor parallel: of each matrix the rank's shard of rows, as a TP server holds it
+        return sglang_checksums({n: t.chunk(self.tp)[rank] if t.dim() > 1 else t for n, t in self.ranks[rank].items()},
+                                self.fuse)
 
     def load_tensor(self, req):
         from sglang.srt.utils import MultiprocessingSerializer
@@ -1771,9 +1772,9 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
         assert f"servers at {a.url}, {b.url} (tensor parallel: [1, 2]); weight sync: {sync}" in out
         m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
         assert [r["sampled_from_version"] for r in m] == [0, 0, 1] and all(r["check_mismatch_mean"] < 0.01 for r in m)
-        assert f"20 of 20 server tensors compared after every push (the server at {a.url})" in out  # each its own hashes
-        assert f"40 of 40 server tensors compared after every push (the server at {b.url})" in out
-        assert all(r["weights_checked"] == 60 for r in m)
+        assert f"20 of 20 tensors of the server at {a.url} compared after every push" in out  # each its own hashes
+        assert f"10 of 40 tensors of the server at {b.url} compared after every push" in out  # its norms: not sharded
+        assert all(r["weights_checked"] == 30 for r in m)
         assert len(a.rollouts) == len(b.rollouts) == 2 * 3  # each rank asks each server once a step
         one = StandIn(tiny_model)  # the same run against one server: the same prompts, split by prompt index
         try:
@@ -2066,7 +2067,8 @@ def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_mod
     code, out, _, s = run_against(tiny_model, tmp_path, {"drop_weights": {"2", "3", "4", "5", "6"}, "checker": False},
                                   "--steps", "6")
     assert code == 1 and "weight sync check failed at step 3" in out and "had the right version tag" in out, out
-    assert f"weight check: the server at {s.url} has no /weights_checker (HTTP 404" in out
+    assert f"weight check: 0 of 0 tensors of the server at {s.url} compared after every push (/weights_checker: " \
+           f"HTTP 404): only the log-prob check remains" in out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert [r["step"] for r in m] == [1, 2] and all(r["mismatch_mean"] < 0.1 and r["weights_checked"] == 0 for r in m)
 
@@ -2092,9 +2094,9 @@ def test_weights_dropped_in_whole_or_in_part_stop_the_run_at_the_next_step(tiny_
     code, out, _, s = run_against(tiny_model, tmp_path, fault, "--steps", "6", *flags)
     k, n = held_differ(s, tmp_path)  # the server's tensors vs the trainer's after step 2
     assert code == 1 and out.count("error:") == 1 and "Traceback" not in out and 0 < k <= (10 if s.half else 20), out
-    assert "weight check: 20 of 20 server tensors compared after every push" in out
+    assert f"weight check: 20 of 20 tensors of the server at {s.url} compared after every push\n" in out
     assert f"error: weight sync check failed: the server at {s.url} holds other weights than the trainer sent in the " \
-           f"push of version 2 (the weights after step 2): {k} of 20 tensors differ (model." in out and "not load" in out
+           f"push of version 2: {k} of 20 tensors differ (model." in out and "not load" in out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert [r["step"] for r in m] == [1, 2] and all(r["weights_checked"] == 20 for r in m)  # step 3 did not train
 
@@ -2114,35 +2116,36 @@ def test_at_a_tiny_lr_the_log_prob_check_alone_does_not_see_dropped_weights(tiny
     ({}, ("--async", "--sync", "nccl")),
     ({}, ("--lr", "0")),
     ({"drop_weights": {"2", "3"}}, ("--lr", "0", "--async")),  # a push that changes no bf16 value is not a dropped one
-    ({"tp": 2}, ("--sync", "nccl", "--server_gpu", "0+1")),  # each rank's tensors
+    ({"tp": 2}, ("--sync", "nccl", "--server_gpu", "0+1")),  # each rank's norms (its matrices: shards of ours)
     ({"checker": False}, ())])  # an older SGLang: the run goes on, with the log-prob check
 def test_a_correct_run_passes_the_weight_check_at_every_step(tiny_model, tmp_path, fault, flags):
     code, out, _, s = run_against(tiny_model, tmp_path, fault, "--steps", "4", *flags)
-    n = 20 * s.tp if s.checker else 0
+    n, k = (20 * s.tp, 20 if s.tp == 1 else 10) if s.checker else (0, 0)  # TP: 5 norms on each rank
     assert code == 0 and held_differ(s, tmp_path)[0] == 0, out  # and the server holds the trainer's last weights
-    assert (f"weight check: {n} of {n} server tensors compared after every push" if n else
-            f"weight check: the server at {s.url} has no /weights_checker (HTTP 404: an older SGLang?): only the "
-            f"log-prob check remains") in out, out
+    assert f"weight check: {k} of {n} tensors of the server at {s.url} compared after every push" + (
+        "\n" if n else " (/weights_checker: HTTP 404): only the log-prob check remains") in out, out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-    assert len(m) == 4 and all(r["weights_checked"] == n and 0 <= r["time_weight_check"] < 5 for r in m)
+    assert len(m) == 4 and all(r["weights_checked"] == k and 0 <= r["time_weight_check"] < 5 for r in m)
 
 
-def test_a_server_that_fuses_tensors_is_compared_by_recipes(tmp_path):
+@pytest.mark.parametrize("buckets", [(), ("--sync_bucket_mb", "1e-4")])  # one bucket, or one for each tensor
+def test_a_server_that_fuses_tensors_is_compared_by_recipes(tmp_path, buckets):
     """SGLang holds q/k/v (weights and Qwen2's biases) as one qkv_proj and gate/up as one gate_up_proj: the trainer
-    finds which of its tensors make each one, checks that on the first push and compares them all after every push:
-    a dropped push is caught at the next step."""
+    finds which of its tensors make each one (their parts in other buckets too), checks that on the first push and
+    compares them all after every push: a dropped push is caught at the next step (the stand-in drops its last
+    bucket, the one that carries the tag)."""
     model = build_tiny(str(tmp_path / "qwen2"), arch="qwen2")
-    code, out, _, s = run_against(model, tmp_path / "run", {"fuse": True, "drop_weights": {"2"}}, "--steps", "4")
+    code, out, _, s = run_against(model, tmp_path / "run", {"fuse": True, "drop_weights": {"2"}}, "--steps", "4", *buckets)
     k, n = held_differ(s, tmp_path / "run")
     assert n == 16 and {"model.layers.0.self_attn.qkv_proj.bias", "model.layers.1.mlp.gate_up_proj.weight"} <= set(
-        s.checksums(0)) and "weight check: 16 of 16 server tensors compared after every push" in out, out
-    assert code == 1 and k > 0 and f"push of version 2 (the weights after step 2): {k} of 16 tensors differ" in out, out
+        s.checksums(0)) and f"weight check: 16 of 16 tensors of the server at {s.url} compared after every push" in out
+    assert code == 1 and k > 0 and f"push of version 2: {k} of 16 tensors differ" in out, out
 
 
 def test_a_dropped_last_push_is_reported_at_the_end(tiny_model, tmp_path):
     """The last push has no next step, but the final evaluation samples with it: it is checked as the run ends."""
     code, out, _, s = run_against(tiny_model, tmp_path, {"drop_weights": {"3"}}, "--steps", "3")
-    assert code == 1 and "push of version 3 (the weights after step 3): 20 of 20 tensors differ" in out, out
+    assert code == 1 and "push of version 3: 20 of 20 tensors differ" in out, out
     assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2, 3]
 
 
@@ -2575,8 +2578,8 @@ def test_ranks_that_would_run_different_numbers_of_micro_batches_stop_with_one_e
 
 @pytest.mark.parametrize("flags, checker, says", [
     (("--skip", "2"), True, "sampled with weights of version '1', but this rollout must come from version '2'"),
-    (("--skip", "2-6", "--tag_skipped"), True, "sent in the push of version 2 (the weights after step 2): 20 of 20 "),
-    (("--half", "2"), True, "sent in the push of version 2 (the weights after step 2): 10 of 20 tensors differ"),
+    (("--skip", "2-6", "--tag_skipped"), True, "sent in the push of version 2: 20 of 20 "),
+    (("--half", "2"), True, "sent in the push of version 2: 10 of 20 tensors differ"),
     (("--skip", "2-6", "--tag_skipped"), False, "weight sync check failed at step 3: the server at {url} had the right")])
 def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, tmp_path, flags, checker, says):
     """The tool's faults stop the run at the next step; --half: the 10 of 20 tensors it left out (all moved)."""
@@ -2982,6 +2985,9 @@ def test_gpu_real_server_holds_exactly_the_trainers_weights(real_server, tmp_pat
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert [r["sampled_from_version"] for r in m] == [0, 1, 2]  # every rollout came from the version it had to
     assert all(r["mismatch_mean"] < g.Config.mismatch_max for r in m)
+    import re
+    k, n = map(int, re.search(r"weight check: (\d+) of (\d+) tensors of the server", out).groups())
+    assert k == n > 0 and all(r["weights_checked"] == n for r in m)  # every tensor it holds (fused ones too) compared
     trainer = ckpt_weights(tmp_path)
     last = max(int(n.split(".")[2]) for n in trainer if n.startswith("model.layers."))
     for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight",
