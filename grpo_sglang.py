@@ -1176,25 +1176,24 @@ class Server:
         return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
 
     def weights_verdict(self, m):
-        """Rank 0: does each server hold, tensor by tensor, what the last push sent? Its hashes (asked after the push)
-        against ours of what we sent. The first time, after the first push, the server holds exactly our weights:
-        only the tensors we hash as it does are compared from then on (said once)."""
+        """Rank 0: does each server hold, tensor by tensor, what the last push sent (its hashes against ours)? After the
+        first push it holds exactly our weights: only the tensors we hash as it does are compared from then on."""
         t0, link = time.time(), self.link
         for srv in link["servers"] if link else []:
             sums = srv.pop("sums", None)
             got = checksums(sums.result()) if sums else {}
             differ = [k for k, r in srv["recipes"].items() if sums and got.get(k) != link["hashes"].get(r)]
-            if "checked" not in srv:
-                srv["checked"] = srv["recipes"] = {k: r for k, r in srv["recipes"].items() if k not in differ}
-                print0(f"weight check: {len(srv['recipes'])} of {len(srv['names'])} tensors of the server at {srv['url']} "
-                       f"compared after every push" + ("" if srv["recipes"] else f" (/weights_checker: HTTP "
-                                                       f"{srv['checker']}): only the log-prob check remains"))
+            if "checked" not in srv:  # the first push
+                srv["recipes"], srv["checked"] = {k: r for k, r in srv["recipes"].items() if k not in differ}, True
+                print0(f"weight check: {len(srv['recipes'])} of {len(srv['names'])} tensors of the server at "
+                       f"{srv['url']} compared after every push" + ("" if srv["recipes"] else
+                                                                    f" (/weights_checker: HTTP {srv['checker']}): only "
+                                                                    f"the log-prob check remains"))
             elif differ:
                 raise UserError(f"weight sync check failed: the server at {srv['url']} holds other weights than the "
                                 f"trainer sent in the push of version {link['version']}: {len(differ)} of "
                                 f"{len(srv['recipes'])} tensors differ ({', '.join(n for _, n in differ[:3])}"
-                                f"{', ...' * (len(differ) > 3)}): it did not load them. Training on would sample from "
-                                f"weights the trainer does not have.")
+                                f"{', ...' * (len(differ) > 3)}): it did not load them (serve.log may say why).")
             m.sum("weights_checked", len(srv["recipes"]) if sums else 0)
         if link:
             m.sum("time_weight_check", link["hash_s"] + time.time() - t0)
@@ -1522,10 +1521,10 @@ def checksums(answer):
 
 
 def recipes(server, trainer):
-    """The server's tensors [(rank, name)] and the trainer's names -> {(rank, name): the trainer tensors whose bytes,
-    concatenated, it should hold}: the one of its name, else those of its leaf (weight, bias) under its parent
-    module that no server tensor names, in the trainer's order (SGLang's fused qkv_proj = q, k, v; gate_up_proj).
-    A guess: weights_verdict keeps the ones the first push bears out (not tensor-parallel shards, say)."""
+    """The server's tensors [(rank, name)], the trainer's names -> {(rank, name): the trainer tensors whose bytes it
+    should hold}: the one of its name, else, concatenated, those of its leaf (weight, bias) under its parent module
+    that no server tensor names, in our order (SGLang's qkv_proj: q, k, v; gate_up_proj). A guess: weights_verdict
+    keeps those the first push bears out (not tensor-parallel shards, say)."""
     names, up = {n for _, n in server}, lambda n: n.count(".") > 1 and (n.rsplit(".", 2)[0], n.rsplit(".", 1)[1])
     fused = lambda s: tuple(t for t in trainer if t not in names and up(t) == up(s))
     return {(r, s): (s,) if s in trainer else fused(s) for r, s in server if s in trainer or up(s) and fused(s)}

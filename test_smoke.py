@@ -2081,6 +2081,20 @@ def held_differ(s, out_dir):
     return sum(held[n] != trainer[n] for n in held), len(held)
 
 
+def test_recipes_name_the_trainer_tensors_that_make_each_server_tensor():
+    """By name; else (SGLang's fused tensors) those of the same leaf under the same module that the server does not
+    name, in the trainer's order; nothing for what the trainer has no part of (a buffer, a name of one dot)."""
+    a = "m.0.attn."
+    trainer = ["m.embed.weight", a + "q.weight", a + "k.weight", a + "v.weight", a + "q.bias", a + "k.bias", a + "v.bias",
+               a + "o.weight", "lm_head.weight"]
+    server = [(0, "m.embed.weight"), (0, a + "qkv.bias"), (0, a + "qkv.weight"), (0, a + "o.weight"), (1, a + "o.weight"),
+              (0, a + "rotary.cache"), (0, "head.weight")]
+    assert g.recipes(server, trainer) == {
+        (0, "m.embed.weight"): ("m.embed.weight",), (0, a + "qkv.bias"): (a + "q.bias", a + "k.bias", a + "v.bias"),
+        (0, a + "qkv.weight"): (a + "q.weight", a + "k.weight", a + "v.weight"), (0, a + "o.weight"): (a + "o.weight",),
+        (1, a + "o.weight"): (a + "o.weight",)}
+
+
 @pytest.mark.parametrize("fault, flags", [
     ({"drop_weights": {"2", "3", "4", "5", "6"}}, ("--lr", "1e-7")),  # bf16 weights barely move (next test)
     ({"drop_weights": {"2", "3", "4", "5", "6"}}, ("--lr", "1e-7", "--async", "--sync", "nccl", "--check_seqs", "0")),
