@@ -521,10 +521,11 @@ def sglang_checksums(held, fuse=False):
     import hashlib
     held = dict(held)
     for n in [n for n in held if fuse and n.endswith(("q_proj.weight", "q_proj.bias", "gate_proj.weight"))]:
-        fused, parts = ("qkv_proj", ("q_proj", "k_proj", "v_proj")) if "q_proj" in n else ("gate_up_proj", ("gate_proj", "up_proj"))
+        fused, parts = (("qkv_proj", ("q_proj", "k_proj", "v_proj")) if "q_proj" in n else
+                        ("gate_up_proj", ("gate_proj", "up_proj")))
         held[n.replace(parts[0], fused)] = torch.cat([held.pop(n.replace(parts[0], q)) for q in parts])
-    return {n: "%016x" % int.from_bytes(hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy()).digest()[:8],
-                                        "big") for n, t in held.items()}
+    sha = lambda t: hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy()).digest()
+    return {n: "%016x" % int.from_bytes(sha(t)[:8], "big") for n, t in held.items()}
 
 
 class StandIn:
@@ -553,7 +554,7 @@ class StandIn:
         # every other tensor of each bucket (drop_half)
         self.tp, self.miss, self.drop, self.half = tp, set(miss_pushes), set(drop_weights), set(drop_half)
         self.ranks = [{n: p.detach().to(torch.bfloat16) for n, p in self.model.named_parameters()} for _ in range(tp)]
-        self.fuse, self.checker = fuse, checker  # /weights_checker: q/k/v and gate/up fused as SGLang holds them; or none
+        self.fuse, self.checker = fuse, checker  # /weights_checker: q/k/v, gate/up fused as SGLang holds them; or none
         self.garble = garble_rescores  # every re-scored sequence gets one logprob too few ("short"), the last one
         # None ("none"), for another token ("other_token") or its id reported as 0 ("id_0")
         self.digest, self.inits = self.weights_digest(), []
@@ -1797,7 +1798,8 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
 
 @pytest.mark.parametrize("fault, says", [
     ({"miss_pushes": {"2"}}, "sampled with weights of version '1', but this rollout must come from version '2'"),
-    ({"drop_weights": {"2", "3", "4", "5"}}, "the server at {url} holds other weights than the trainer sent in the push of version 2")])
+    ({"drop_weights": {"2", "3", "4", "5"}}, "the server at {url} holds other weights than the trainer sent in the "
+                                             "push of version 2")])
 def test_one_server_of_two_missing_a_push_stops_the_run_and_is_named(tiny_model, tmp_path, fault, says):
     a, b = StandIn(tiny_model), StandIn(tiny_model, **fault)
     try:
@@ -2085,10 +2087,10 @@ def test_recipes_name_the_trainer_tensors_that_make_each_server_tensor():
     """By name; else (SGLang's fused tensors) those of the same leaf under the same module that the server does not
     name, in the trainer's order; nothing for what the trainer has no part of (a buffer, a name of one dot)."""
     a = "m.0.attn."
-    trainer = ["m.embed.weight", a + "q.weight", a + "k.weight", a + "v.weight", a + "q.bias", a + "k.bias", a + "v.bias",
-               a + "o.weight", "lm_head.weight"]
-    server = [(0, "m.embed.weight"), (0, a + "qkv.bias"), (0, a + "qkv.weight"), (0, a + "o.weight"), (1, a + "o.weight"),
-              (0, a + "rotary.cache"), (0, "head.weight")]
+    trainer = ["m.embed.weight", a + "q.weight", a + "k.weight", a + "v.weight", a + "q.bias", a + "k.bias",
+               a + "v.bias", a + "o.weight", "lm_head.weight"]
+    server = [(0, "m.embed.weight"), (0, a + "qkv.bias"), (0, a + "qkv.weight"), (0, a + "o.weight"),
+              (1, a + "o.weight"), (0, a + "rotary.cache"), (0, "head.weight")]
     assert g.recipes(server, trainer) == {
         (0, "m.embed.weight"): ("m.embed.weight",), (0, a + "qkv.bias"): (a + "q.bias", a + "k.bias", a + "v.bias"),
         (0, a + "qkv.weight"): (a + "q.weight", a + "k.weight", a + "v.weight"), (0, a + "o.weight"): (a + "o.weight",),
@@ -2149,7 +2151,8 @@ def test_a_server_that_fuses_tensors_is_compared_by_recipes(tmp_path, buckets):
     compares them all after every push: a dropped push is caught at the next step (the stand-in drops its last
     bucket, the one that carries the tag)."""
     model = build_tiny(str(tmp_path / "qwen2"), arch="qwen2")
-    code, out, _, s = run_against(model, tmp_path / "run", {"fuse": True, "drop_weights": {"2"}}, "--steps", "4", *buckets)
+    code, out, _, s = run_against(model, tmp_path / "run", {"fuse": True, "drop_weights": {"2"}}, "--steps", "4",
+                                  *buckets)
     k, n = held_differ(s, tmp_path / "run")
     assert n == 16 and {"model.layers.0.self_attn.qkv_proj.bias", "model.layers.1.mlp.gate_up_proj.weight"} <= set(
         s.checksums(0)) and f"weight check: 16 of 16 tensors of the server at {s.url} compared after every push" in out
@@ -2594,7 +2597,7 @@ def test_ranks_that_would_run_different_numbers_of_micro_batches_stop_with_one_e
     (("--skip", "2"), True, "sampled with weights of version '1', but this rollout must come from version '2'"),
     (("--skip", "2-6", "--tag_skipped"), True, "sent in the push of version 2: 20 of 20 "),
     (("--half", "2"), True, "sent in the push of version 2: 10 of 20 tensors differ"),
-    (("--skip", "2-6", "--tag_skipped"), False, "weight sync check failed at step 3: the server at {url} had the right")])
+    (("--skip", "2-6", "--tag_skipped"), False, "weight sync check failed at step 3: the server at {url} had the")])
 def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, tmp_path, flags, checker, says):
     """The tool's faults stop the run at the next step; --half: the 10 of 20 tensors it left out (all moved)."""
     tool = os.path.join(HERE, "results", "tools", "negative_control.py")
