@@ -26,14 +26,15 @@ The GRPO choices this file makes (each a flag; the README has the peers' names f
                for the server's kernels and, with --async, for the one step of staleness (decoupled PPO)
   --async      (default) one step off-policy: train step s on a batch sampled from θ_{s-1} while the server samples
                step s+1's from θ_s, never pushed mid-generation (--no-async: on-policy)
-Every push is tagged with a version and every rollout must come from it, or we stop; and every step compares trainer
-and server logprobs on the same tokens under the same weights (with --async: a few sequences the server re-scores),
-so a server that does not hold what it was sent stops the run even if its tag is right. The loss value is not a
-progress signal in GRPO (its gradient is what counts): watch the reward.
+Every push is tagged with a version and every rollout must come from it, or we stop; every step checks the server's
+hashes of its tensors against ours of what we sent and compares trainer and server logprobs on the same tokens under
+the same weights (--async: a few sequences the server re-scores), so a server that does not hold what it was sent
+stops the run even if its tag is right. The loss value is not a progress signal in GRPO: watch the reward.
 """
 import concurrent.futures
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -1152,7 +1153,7 @@ class Server:
                 m.mean("staleness_mean", 0.0, 0)  # on-policy: logged as null
             return check_batch
         if not cfg.check_seqs:  # --check_seqs 0: batches one step old go unchecked (the version check stays)
-            return lambda seqs, m: m.mean("check_mismatch_mean", 0.0, 0)  # logged as null
+            return lambda seqs, m: self.verdict(version, [], [], m) or m.mean("check_mismatch_mean", 0.0, 0)
         rows = check_rows(srv, -(-cfg.check_seqs // self.rt.world))  # rounded up: never 0 rows on a rank
         pairs = [(batch["rows"][i // cfg.group_size]["ids"], outs[i][0]) for i in rows]
         asked = {k: POOL.submit(rescore, cfg, url, [q for q, i in zip(pairs, rows) if srv[i] == k], str(version))
@@ -1173,8 +1174,9 @@ class Server:
 
     def verdict(self, version, stats, srv, m):
         """stats: per sequence (|Δ| sum, tokens, |Δ| max[, stale sum, stale max]) of trainer vs server `srv[i]` under
-        θ_version. Stop (every rank) unless every server agrees with the trainer to within kernel noise; the numbers
-        go into the metrics m."""
+        θ_version. Stop (every rank) unless every server holds the tensors it was sent (where it hashes them) and
+        agrees with the trainer to within kernel noise; the numbers go into the metrics m."""
+        on_all_ranks(self.weights_verdict, m)
         per = torch.zeros(len(self.urls), 2, dtype=torch.float64)
         for st, k in zip(stats, srv):
             per[k] += torch.tensor(st[:2], dtype=torch.float64)
@@ -1196,7 +1198,31 @@ class Server:
         """θ_version (the weights after `version` steps) to every server, tagged `version`. -> bytes sent (rank 0)."""
         return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
 
+    def weights_verdict(self, m):
+        """Rank 0: does each server hold, tensor by tensor, what the last push sent (its hashes against ours)? After the
+        first push it holds exactly our weights: only the tensors we hash as it does are compared from then on."""
+        t0, link = time.time(), self.link
+        for srv in link["servers"] if link else []:
+            sums = srv.pop("sums", None)
+            got = checksums(sums.result()) if sums else {}
+            differ = [k for k, r in srv["recipes"].items() if sums and got.get(k) != link["hashes"].get(r)]
+            if "checked" not in srv:  # the first push
+                srv["recipes"], srv["checked"] = {k: r for k, r in srv["recipes"].items() if k not in differ}, True
+                print0(f"weight check: {len(srv['recipes'])} of {len(srv['names'])} tensors of the server at "
+                       f"{srv['url']} compared after every push" + ("" if srv["recipes"] else
+                                                                    f" (/weights_checker: HTTP {srv['checker']}): only "
+                                                                    f"the log-prob check remains"))
+            elif differ:
+                raise UserError(f"weight sync check failed: the server at {srv['url']} holds other weights than the "
+                                f"trainer sent in the push of version {link['version']}: {len(differ)} of "
+                                f"{len(srv['recipes'])} tensors differ ({', '.join(n for _, n in differ[:3])}"
+                                f"{', ...' * (len(differ) > 3)}): it did not load them (serve.log may say why).")
+            m.sum("weights_checked", len(srv["recipes"]) if sums else 0)
+        if link:
+            m.sum("time_weight_check", link["hash_s"] + time.time() - t0)
+
     def close(self):
+        on_all_ranks(self.weights_verdict, Metrics())  # the last push (the final evaluation's weights)
         for srv in self.link["servers"] if self.link and self.link["kind"] == "nccl" else []:
             call(self.cfg, srv["url"], "/destroy_weights_update_group", {"group_name": srv["group_name"]}, timeout=30,
                  retries=0)
@@ -1266,10 +1292,13 @@ def check_server(cfg, url):
     # session; 0.5.16 has neither route. A GET on a POST-only route answers 405 where it exists.
     try:
         r = requests.get(url + "/begin_weight_update", headers=auth(cfg), timeout=cfg.request_timeout)
+        sums = requests.post(url + "/weights_checker", json={"action": "checksum"}, headers=auth(cfg),
+                             timeout=cfg.request_timeout)  # the names of the tensors it holds (older servers: 404)
     except requests.RequestException as e:
         raise UserError(f"the SGLang server at {url} stopped answering ({e})") from None
     return {"begin_end": r.status_code == 405, "tp": int(server_info.get("tp_size") or 1), "context": context,
-            "port": server_info.get("port")}
+            "port": server_info.get("port"), "checker": sums.status_code,
+            "names": sorted(checksums(sums.json())) if sums.status_code == 200 else []}
 
 
 def check_servers_once(cfg, rt, info):
@@ -1514,6 +1543,47 @@ def send_bucket(cfg, link, flat, meta, last, version):
     return wait
 
 
+def checksums(answer):
+    """SGLang's /weights_checker answer -> {(its rank, the tensor's name): its hash}."""
+    return {(r["parallelism_info"].get("rank", k), n): h for k, r in enumerate(answer["ranks"])
+            for n, h in r["checksums"].items()}
+
+
+def recipes(server, trainer):
+    """The server's tensors [(rank, name)], the trainer's names -> {(rank, name): the trainer tensors whose bytes it
+    should hold}: the one of its name, else, concatenated, those of its leaf (weight, bias) under its parent module
+    that no server tensor names, in our order (SGLang's qkv_proj: q, k, v; gate_up_proj). A guess: weights_verdict
+    keeps those the first push bears out (not tensor-parallel shards, say)."""
+    names, up = {n for _, n in server}, lambda n: n.count(".") > 1 and (n.rsplit(".", 2)[0], n.rsplit(".", 1)[1])
+    fused = lambda s: tuple(t for t in trainer if t not in names and up(t) == up(s))
+    return {(r, s): (s,) if s in trainer else fused(s) for r, s in server if s in trainer or up(s) and fused(s)}
+
+
+def tensor_hash(t):
+    """SGLang's hash of a tensor's bytes (its /weights_checker's): on the GPU its Triton kernel (which reads 4-byte
+    words: bytes that start mid-word are copied first), on the CPU the first 8 bytes of their sha256, in hex."""
+    if t.is_cuda:
+        from sglang.kernels.ops.memory.gpu_tensor_hash import gpu_tensor_hash
+        with torch.cuda.device(t.device):
+            return f"{gpu_tensor_hash(t if t.storage_offset() % 4 == 0 else t.clone()):016x}"
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy()).hexdigest()[:16]
+
+
+def hash_sent(link, flat, meta, held):
+    """Rank 0, as it packs a bucket (flat: uint8, meta: each tensor's place in it): the hash of each server tensor's
+    recipe into link["hashes"] once all its parts are packed. held: the bytes of parts of recipes not complete yet
+    -> those still wanted, copied: a bucket need not outlive its send."""
+    t0, done = time.time(), link["hashes"]
+    held = {**held, **{m.name: flat[m.start_idx: m.end_idx] for m in meta}}
+    todo = {r for srv in link["servers"] for r in srv["recipes"].values()} - done.keys()
+    for r in todo:
+        if all(p in held for p in r):
+            done[r] = tensor_hash(held[r[0]] if len(r) == 1 else torch.cat([held[p] for p in r]))
+    need = {p for r in todo - done.keys() for p in r}
+    link["hash_s"] += time.time() - t0
+    return {n: t.clone() for n, t in held.items() if n in need}
+
+
 def serialize_bucket(flat, meta):
     from sglang.srt.utils import MultiprocessingSerializer
     return MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": meta}, output_str=True)
@@ -1566,21 +1636,26 @@ def push_weights(cfg, model, link, version):
     activations of the old weights) and tags the weights `version`. -> bytes sent (rank 0)."""
     serial = link and link["kind"] == "nccl" and dist.get_world_size() > 1
     for srv in link["servers"] if link else []:
+        if "recipes" not in srv:  # the first push: which bytes of it each server tensor should hash to
+            srv["recipes"] = recipes(srv["names"], [n for n, _ in model.named_parameters()])
         if srv["begin_end"]:
             call(cfg, srv["url"], "/begin_weight_update", {"selector": "all"})
-    sent, in_flight = 0, None
+    sent, in_flight, held = 0, None, {}
+    link and link.update(version=int(version), hashes={}, hash_s=0.0)
     for bucket, last in weight_buckets(model, cfg.sync_bucket_mb * 2**20, keep=link is not None):
         if not link:
             continue
         flat, meta = pack(bucket, link["device"])
+        held = hash_sent(link, flat, meta, held)  # while the last bucket is in flight
         sent += in_flight() if in_flight else 0  # one update at a time
         in_flight = send_bucket(cfg, link, flat, meta, last, version)
         if serial:
             sent, in_flight = sent + in_flight(), None
     sent += in_flight() if in_flight else 0
-    for srv in link["servers"] if link else []:
+    for srv in link["servers"] if link else []:  # then its hash of every tensor it holds, meanwhile (weights_verdict)
         if srv["begin_end"]:
             call(cfg, srv["url"], "/end_weight_update", {})
+        srv["sums"] = srv["recipes"] and POOL.submit(call, cfg, srv["url"], "/weights_checker", {"action": "checksum"})
     return sent
 
 

@@ -524,6 +524,21 @@ def tiny_model(tmp_path_factory):
     return build_tiny(str(tmp_path_factory.mktemp("tiny")))
 
 
+def sglang_checksums(held, fuse=False):
+    """What SGLang's /weights_checker answers for what one rank holds ({HF name: bf16 tensor}): the hash of each tensor
+    (for CPU tensors, sglang.srt.managers.mm_utils.tensor_hash: the first 8 bytes of the sha256 of its bytes, as an
+    integer, in hex), by SGLang's names: with `fuse`, q/k/v (weights and biases) as one qkv_proj, gate/up as one
+    gate_up_proj, as SGLang holds them."""
+    import hashlib
+    held = dict(held)
+    for n in [n for n in held if fuse and n.endswith(("q_proj.weight", "q_proj.bias", "gate_proj.weight"))]:
+        fused, parts = (("qkv_proj", ("q_proj", "k_proj", "v_proj")) if "q_proj" in n else
+                        ("gate_up_proj", ("gate_proj", "up_proj")))
+        held[n.replace(parts[0], fused)] = torch.cat([held.pop(n.replace(parts[0], q)) for q in parts])
+    sha = lambda t: hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy()).digest()
+    return {n: "%016x" % int.from_bytes(sha(t)[:8], "big") for n, t in held.items()}
+
+
 class StandIn:
     """Speaks the SGLang endpoints the trainer uses; generates with a real copy of the model and
     loads every weight push with SGLang's own deserializer and bucket class: CUDA-IPC style payloads
@@ -534,7 +549,8 @@ class StandIn:
 
     def __init__(self, model_dir, served_path=None, reject_updates=False, api_key="", fail_generate_after=None,
                  nan_logprobs=False, stall_generate_after=None, die_at_init=False, die_in_broadcast=False,
-                 slow_generate=0.0, tp=1, miss_pushes=(), drop_weights=(), garble_rescores=None):
+                 slow_generate=0.0, tp=1, miss_pushes=(), drop_weights=(), garble_rescores=None, drop_half=(),
+                 fuse=False, checker=True):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
@@ -545,8 +561,11 @@ class StandIn:
         self.push_log, self.version, self.groups, self.generations = [], "default", {}, []
         self.in_flight, self.pushed_during_generation = collections.Counter(), []
         # tensor parallel: what each rank holds (bf16, by HF name); faults: versions whose push is acknowledged but
-        # not applied at all (a missed push), or whose tag is applied without the weights (dropped weights)
-        self.tp, self.ranks, self.miss, self.drop = tp, [{} for _ in range(tp)], set(miss_pushes), set(drop_weights)
+        # not applied at all (a missed push), whose tag is applied without the weights (dropped weights), or with only
+        # every other tensor of each bucket (drop_half)
+        self.tp, self.miss, self.drop, self.half = tp, set(miss_pushes), set(drop_weights), set(drop_half)
+        self.ranks = [{n: p.detach().to(torch.bfloat16) for n, p in self.model.named_parameters()} for _ in range(tp)]
+        self.fuse, self.checker = fuse, checker  # /weights_checker: q/k/v, gate/up fused as SGLang holds them; or none
         self.garble = garble_rescores  # every re-scored sequence gets one logprob too few ("short"), the last one
         # None ("none"), for another token ("other_token") or its id reported as 0 ("id_0")
         self.digest, self.inits = self.weights_digest(), []
@@ -602,6 +621,7 @@ class StandIn:
         if version in self.miss | self.drop:  # acknowledged, not applied; a server that drops weights keeps the tag
             self.version = version if version in self.drop and rank == 0 else self.version
             return
+        named = named[::2] if version in self.half else named
         self.ranks[rank].update({n: t.to(torch.bfloat16).clone() for n, t in named})
         if rank:
             return
@@ -613,6 +633,10 @@ class StandIn:
         if req.get("weight_version") is not None:
             self.version = req["weight_version"]
         self.pushes.append({n: t.clone() for n, t in named})
+
+    def checksums(self, rank):  # tensor parallel: of each matrix the rank's shard of rows, as a TP server holds it
+        return sglang_checksums({n: t.chunk(self.tp)[rank] if t.dim() > 1 else t for n, t in self.ranks[rank].items()},
+                                self.fuse)
 
     def load_tensor(self, req):
         from sglang.srt.utils import MultiprocessingSerializer
@@ -743,6 +767,11 @@ class StandIn:
                         return self.reply({"success": srv.groups.pop(req["group_name"], None) is not None, "message": ""})
                     if self.path == "/flush_cache":
                         return self.reply("Cache flushed.")
+                    if self.path == "/weights_checker" and srv.checker and req.get("action") == "checksum":
+                        return self.reply({"success": True, "message": "", "ranks": [
+                            {"checksums": srv.checksums(r), "per_gpu_checksum": "", "parallelism_info": {
+                                "tp_rank": r, "tp_size": srv.tp, "dp_rank": 0, "dp_size": 1, "pp_rank": 0, "pp_size": 1,
+                                "rank": r, "size": srv.tp}} for r in range(srv.tp)]})
                 self.reply({"detail": "Not Found"}, 404)
 
             def generate(self, req):
@@ -864,13 +893,15 @@ def read_metrics(out_dir):
     return [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
 
 
-def run_against(model_dir, tmp_path, fault, *flags):
-    """The script against a stand-in with `fault` (StandIn options) -> (exit code, output, seconds, stand-in)."""
+def run_against(model_dir, tmp_path, fault, *flags, tool=()):
+    """The script (or a `tool` that runs it: its path and flags) against a stand-in with `fault` (StandIn options)
+    -> (exit code, output, seconds, stand-in)."""
     import time
     s = StandIn(model_dir, **fault)
     try:
         t0 = time.time()
-        code, out = run(train_cmd(model_dir, s.url, tmp_path, *flags), timeout=120)
+        cmd = train_cmd(model_dir, s.url, tmp_path, *flags)
+        code, out = run([cmd[0], *tool, *cmd[2:]] if tool else cmd, timeout=120)
         return code, out, time.time() - t0, s
     finally:
         s.close()
@@ -1657,6 +1688,9 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
         assert f"servers at {a.url}, {b.url} (tensor parallel: [1, 2]); weight sync: {sync}" in out
         m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
         assert [r["sampled_from_version"] for r in m] == [0, 0, 1] and all(r["check_mismatch_mean"] < 0.01 for r in m)
+        assert f"20 of 20 tensors of the server at {a.url} compared after every push" in out  # each its own hashes
+        assert f"10 of 40 tensors of the server at {b.url} compared after every push" in out  # its norms: not sharded
+        assert all(r["weights_checked"] == 30 for r in m)
         assert len(a.rollouts) == len(b.rollouts) == 2 * 3  # each rank asks each server once a step
         one = StandIn(tiny_model)  # the same run against one server: the same prompts, split by prompt index
         try:
@@ -1679,7 +1713,8 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
 
 @pytest.mark.parametrize("fault, says", [
     ({"miss_pushes": {"2"}}, "sampled with weights of version '1', but this rollout must come from version '2'"),
-    ({"drop_weights": {"2", "3", "4", "5"}}, "weight sync check failed at step 3: the server at {url} had the right version tag")])
+    ({"drop_weights": {"2", "3", "4", "5"}}, "the server at {url} holds other weights than the trainer sent in the "
+                                             "push of version 2")])
 def test_one_server_of_two_missing_a_push_stops_the_run_and_is_named(tiny_model, tmp_path, fault, says):
     a, b = StandIn(tiny_model), StandIn(tiny_model, **fault)
     try:
@@ -1934,20 +1969,116 @@ def test_async_a_skipped_push_stops_the_run_at_the_next_step_before_it_trains(ti
 
 
 def test_async_weights_dropped_under_a_correct_tag_are_caught_by_the_check(tiny_model, tmp_path):
-    code, out, _, _ = run_against(tiny_model, tmp_path, {"drop_weights": {"2", "3", "4", "5", "6"}}, "--steps", "6",
-                                  "--async")
+    """The log-prob check alone (a server without /weights_checker): the re-scored rows see the dropped weights."""
+    code, out, _, _ = run_against(tiny_model, tmp_path, {"drop_weights": {"2", "3", "4", "5", "6"}, "checker": False},
+                                  "--steps", "6", "--async")
     assert code == 1 and "weight sync check failed at step 3" in out and "had the right version tag" in out, out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert [r["step"] for r in m] == [1, 2] and all(r["check_mismatch_mean"] < 0.01 for r in m)
 
 
 def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_model, tmp_path):
-    """A server that keeps the version tag but not the weights (the vLLM sleep-mode bug in TRL #5312):
-    only the trainer-vs-server mismatch on the sampled tokens can see it."""
-    code, out, _, _ = run_against(tiny_model, tmp_path, {"drop_weights": {"2", "3", "4", "5", "6"}}, "--steps", "6")
+    """A server that keeps the version tag but not the weights (the vLLM sleep-mode bug in TRL #5312), and has no
+    /weights_checker (an older SGLang): only the trainer-vs-server mismatch on the sampled tokens can see it, once the
+    weights have moved far enough (at --lr 3e-2 on the tiny model: at once)."""
+    code, out, _, s = run_against(tiny_model, tmp_path, {"drop_weights": {"2", "3", "4", "5", "6"}, "checker": False},
+                                  "--steps", "6")
     assert code == 1 and "weight sync check failed at step 3" in out and "had the right version tag" in out, out
+    assert f"weight check: 0 of 0 tensors of the server at {s.url} compared after every push (/weights_checker: " \
+           f"HTTP 404): only the log-prob check remains" in out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-    assert [r["step"] for r in m] == [1, 2] and all(r["mismatch_mean"] < 0.1 for r in m)
+    assert [r["step"] for r in m] == [1, 2] and all(r["mismatch_mean"] < 0.1 and r["weights_checked"] == 0 for r in m)
+
+
+def held_differ(s, out_dir):
+    """(how many of the tensors a stand-in holds, by its names, differ from the trainer's last checkpoint in bf16, how
+    many it holds)"""
+    held = sglang_checksums(s.ranks[0], s.fuse)
+    trainer = sglang_checksums({n: t.to(torch.bfloat16) for n, t in ckpt_weights(out_dir).items()}, s.fuse)
+    return sum(held[n] != trainer[n] for n in held), len(held)
+
+
+def test_recipes_name_the_trainer_tensors_that_make_each_server_tensor():
+    """By name; else (SGLang's fused tensors) those of the same leaf under the same module that the server does not
+    name, in the trainer's order; nothing for what the trainer has no part of (a buffer, a name of one dot)."""
+    a = "m.0.attn."
+    trainer = ["m.embed.weight", a + "q.weight", a + "k.weight", a + "v.weight", a + "q.bias", a + "k.bias",
+               a + "v.bias", a + "o.weight", "lm_head.weight"]
+    server = [(0, "m.embed.weight"), (0, a + "qkv.bias"), (0, a + "qkv.weight"), (0, a + "o.weight"),
+              (1, a + "o.weight"), (0, a + "rotary.cache"), (0, "head.weight")]
+    assert g.recipes(server, trainer) == {
+        (0, "m.embed.weight"): ("m.embed.weight",), (0, a + "qkv.bias"): (a + "q.bias", a + "k.bias", a + "v.bias"),
+        (0, a + "qkv.weight"): (a + "q.weight", a + "k.weight", a + "v.weight"), (0, a + "o.weight"): (a + "o.weight",),
+        (1, a + "o.weight"): (a + "o.weight",)}
+
+
+@pytest.mark.parametrize("fault, flags", [
+    ({"drop_weights": {"2", "3", "4", "5", "6"}}, ("--lr", "1e-7")),  # bf16 weights barely move (next test)
+    ({"drop_weights": {"2", "3", "4", "5", "6"}}, ("--lr", "1e-7", "--async", "--sync", "nccl", "--check_seqs", "0")),
+    ({"drop_half": {"2"}}, ("--sync", "nccl")),
+    ({"drop_half": {"2"}}, ("--async",))])
+def test_weights_dropped_in_whole_or_in_part_stop_the_run_at_the_next_step(tiny_model, tmp_path, fault, flags):
+    """A push whose tag the server takes but whose weights (all, or every other tensor) it does not load: its hash
+    of each tensor it holds, asked after the push, differs from the trainer's of what it sent, which stops the run at
+    the next step before it trains; also at a learning rate so small that the log-prob check cannot see it (the next
+    test), with either sync path, sync or --async (--check_seqs 0 too)."""
+    code, out, _, s = run_against(tiny_model, tmp_path, fault, "--steps", "6", *flags)
+    k, n = held_differ(s, tmp_path)  # the server's tensors vs the trainer's after step 2
+    assert code == 1 and out.count("error:") == 1 and "Traceback" not in out and 0 < k <= (10 if s.half else 20), out
+    assert f"weight check: 20 of 20 tensors of the server at {s.url} compared after every push\n" in out
+    assert f"error: weight sync check failed: the server at {s.url} holds other weights than the trainer sent in the " \
+           f"push of version 2: {k} of 20 tensors differ (model." in out and "not load" in out
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert [r["step"] for r in m] == [1, 2] and all(r["weights_checked"] == 20 for r in m)  # step 3 did not train
+
+
+def test_at_a_tiny_lr_the_log_prob_check_alone_does_not_see_dropped_weights(tiny_model, tmp_path):
+    """Why the weight check: at --lr 1e-7 a push changes few bf16 values, and a server that drops them samples within
+    kernel noise of the trainer's policy: without /weights_checker the run goes on to the end, its server stale."""
+    code, out, _, s = run_against(tiny_model, tmp_path, {"drop_weights": {"2", "3", "4", "5", "6"}, "checker": False},
+                                  "--steps", "6", "--lr", "1e-7")
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert code == 0 and len(m) == 6 and all(r["check_mismatch_mean"] < 0.01 for r in m), out
+    assert held_differ(s, tmp_path)[0] > 0  # it never held the weights of steps 2-6
+
+
+@pytest.mark.parametrize("fault, flags", [
+    ({}, ()),
+    ({}, ("--async", "--sync", "nccl")),
+    ({}, ("--lr", "0")),
+    ({"drop_weights": {"2", "3"}}, ("--lr", "0", "--async")),  # a push that changes no bf16 value is not a dropped one
+    ({"tp": 2}, ("--sync", "nccl", "--server_gpu", "0+1")),  # each rank's norms (its matrices: shards of ours)
+    ({"checker": False}, ())])  # an older SGLang: the run goes on, with the log-prob check
+def test_a_correct_run_passes_the_weight_check_at_every_step(tiny_model, tmp_path, fault, flags):
+    code, out, _, s = run_against(tiny_model, tmp_path, fault, "--steps", "4", *flags)
+    n, k = (20 * s.tp, 20 if s.tp == 1 else 10) if s.checker else (0, 0)  # TP: 5 norms on each rank
+    assert code == 0 and held_differ(s, tmp_path)[0] == 0, out  # and the server holds the trainer's last weights
+    assert f"weight check: {k} of {n} tensors of the server at {s.url} compared after every push" + (
+        "\n" if n else " (/weights_checker: HTTP 404): only the log-prob check remains") in out, out
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert len(m) == 4 and all(r["weights_checked"] == k and 0 <= r["time_weight_check"] < 5 for r in m)
+
+
+@pytest.mark.parametrize("buckets", [(), ("--sync_bucket_mb", "1e-4")])  # one bucket, or one for each tensor
+def test_a_server_that_fuses_tensors_is_compared_by_recipes(tmp_path, buckets):
+    """SGLang holds q/k/v (weights and Qwen2's biases) as one qkv_proj and gate/up as one gate_up_proj: the trainer
+    finds which of its tensors make each one (their parts in other buckets too), checks that on the first push and
+    compares them all after every push: a dropped push is caught at the next step (the stand-in drops its last
+    bucket, the one that carries the tag)."""
+    model = build_tiny(str(tmp_path / "qwen2"), arch="qwen2")
+    code, out, _, s = run_against(model, tmp_path / "run", {"fuse": True, "drop_weights": {"2"}}, "--steps", "4",
+                                  *buckets)
+    k, n = held_differ(s, tmp_path / "run")
+    assert n == 16 and {"model.layers.0.self_attn.qkv_proj.bias", "model.layers.1.mlp.gate_up_proj.weight"} <= set(
+        s.checksums(0)) and f"weight check: 16 of 16 tensors of the server at {s.url} compared after every push" in out
+    assert code == 1 and k > 0 and f"push of version 2: {k} of 16 tensors differ" in out, out
+
+
+def test_a_dropped_last_push_is_reported_at_the_end(tiny_model, tmp_path):
+    """The last push has no next step, but the final evaluation samples with it: it is checked as the run ends."""
+    code, out, _, s = run_against(tiny_model, tmp_path, {"drop_weights": {"3"}}, "--steps", "3")
+    assert code == 1 and "push of version 3: 20 of 20 tensors differ" in out, out
+    assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("flag, value, says", [
@@ -2742,7 +2873,7 @@ def test_async_check_on_other_shapes_compares_each_sequence_with_itself(tiny_mod
 
 
 def test_async_a_server_that_drops_weights_is_named_when_some_rows_are_rescored(tiny_model, tmp_path):
-    a, b = StandIn(tiny_model), StandIn(tiny_model, drop_weights={"2", "3", "4", "5"})
+    a, b = StandIn(tiny_model), StandIn(tiny_model, drop_weights={"2", "3", "4", "5"}, checker=False)  # log-prob check
     try:
         code, out = run(train_cmd(tiny_model, f"{a.url},{b.url}", tmp_path, "--steps", "5", "--async", "--prompts_per_step",
                                   "4", "--check_seqs", "2", "--server_gpu", "0,1", "--eval_every", "0", "--reward",
@@ -2845,15 +2976,18 @@ def test_ranks_that_would_run_different_numbers_of_micro_batches_stop_with_one_e
     assert code == 1 and out.count(says) == 1 and "seqs['weight'] to 0" in out, out
 
 
-@pytest.mark.parametrize("flags, says", [
-    (("--skip", "2"), "sampled with weights of version '1', but this rollout must come from version '2'"),
-    (("--skip", "2-6", "--tag_skipped"), "weight sync check failed at step 3: the server at {url} had the right")])
-def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, server, tmp_path, flags, says):
-    cmd = train_cmd(tiny_model, server.url, tmp_path, "--steps", "6")
+@pytest.mark.parametrize("flags, checker, says", [
+    (("--skip", "2"), True, "sampled with weights of version '1', but this rollout must come from version '2'"),
+    (("--skip", "2-6", "--tag_skipped"), True, "sent in the push of version 2: 20 of 20 "),
+    (("--half", "2"), True, "sent in the push of version 2: 10 of 20 tensors differ"),
+    (("--skip", "2-6", "--tag_skipped"), False, "weight sync check failed at step 3: the server at {url} had the")])
+def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, tmp_path, flags, checker, says):
+    """The tool's faults stop the run at the next step; --half: the 10 of 20 tensors it left out (all moved)."""
     tool = os.path.join(HERE, "results", "tools", "negative_control.py")
-    code, out = run([cmd[0], tool, *flags, *cmd[2:]], timeout=120)
-    assert code == 1 and says.format(url=server.url) in out and "negative control: the push of version 2" in out, out
+    code, out, _, s = run_against(tiny_model, tmp_path, {"checker": checker}, "--steps", "6", tool=(tool, *flags))
+    assert code == 1 and says.format(url=s.url) in out and "negative control: the push of version 2" in out, out
     assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]
+    assert held_differ(s, tmp_path)[0] == (10 if "--half" in flags else 20)  # the server's tensors, independently
 
 
 def test_the_profile_tool_profiles_the_steps_it_is_asked_for(tiny_model, server, tmp_path):
@@ -3884,6 +4018,9 @@ def test_gpu_real_server_holds_exactly_the_trainers_weights(real_server, tmp_pat
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert [r["sampled_from_version"] for r in m] == [0, 1, 2]  # every rollout came from the version it had to
     assert all(r["mismatch_mean"] < g.Config.mismatch_max for r in m)
+    import re
+    k, n = map(int, re.search(r"weight check: (\d+) of (\d+) tensors of the server", out).groups())
+    assert k == n > 0 and all(r["weights_checked"] == n for r in m)  # every tensor it holds (fused ones too) compared
     trainer = ckpt_weights(tmp_path)
     last = max(int(n.split(".")[2]) for n in trainer if n.startswith("model.layers."))
     for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight",

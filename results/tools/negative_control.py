@@ -1,11 +1,15 @@
 """The trainer with weight pushes skipped on purpose: the negative controls of the sync checks on a real server.
 
     torchrun --nproc_per_node 1 results/tools/negative_control.py --skip 6 [--tag_skipped] -- <grpo_sglang.py flags>
+    torchrun --nproc_per_node 1 results/tools/negative_control.py --half 6 -- <grpo_sglang.py flags>
 
 --skip '6', '4-40' or '3,7-9': the pushes of those versions (the weights after those steps) are not sent. With
 --tag_skipped the server still gets the version tag (/update_weight_version, without aborting requests): a server
-that drops the weights but keeps the tag, which only the logprob check can see. Until grpo_sglang.py at 3daebff
-these were its flags --debug_skip_sync and --debug_tag_skipped; results/ runs before it name them so.
+that drops the weights but keeps the tag, which the version check cannot see. --half: those pushes send only every
+other tensor of each bucket, with the tag: a server that loads part of a push. The trainer still gathers and hashes
+every tensor it should have sent, so the weight check (the server's hashes against ours) sees what was not sent;
+the log-prob check sees it only once the weights have moved far enough. Until grpo_sglang.py at 3daebff these were
+its flags --debug_skip_sync and --debug_tag_skipped; results/ runs before it name them so.
 """
 import argparse
 import os
@@ -25,21 +29,27 @@ def versions(spec):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--skip", required=True, help="versions whose push is skipped: '6', '4-40', '3,7-9'")
+    p.add_argument("--skip", default="", help="versions whose push is skipped: '6', '4-40', '3,7-9'")
     p.add_argument("--tag_skipped", action="store_true", help="still send the version tag of a skipped push")
+    p.add_argument("--half", default="", help="versions whose push sends every other tensor of each bucket, tagged")
     args, rest = p.parse_known_args()
-    skip, push = versions(args.skip), g.Server.push
+    skip, half, send = versions(args.skip), versions(args.half), g.send_bucket
 
-    def skipping_push(self, model, version):
-        if version not in skip:
-            return push(self, model, version)
-        g.print0(f"negative control: the push of version {version} is skipped"
-                 + (", its tag is sent" if args.tag_skipped else ""))
-        if args.tag_skipped:
-            g.on_all_ranks(lambda: self.rt.master and [g.call(self.cfg, u, "/update_weight_version", {
-                "new_version": str(version), "abort_all_requests": False}) for u in self.urls])
-        return 0
-    g.Server.push = skipping_push
+    def faulty_send(cfg, link, flat, meta, last, version):  # rank 0, each bucket of a push (hashed already)
+        v = int(version)
+        if last and v in skip | half:
+            g.print0(f"negative control: the push of version {v} is "
+                     + ("skipped" + (", its tag is sent" if args.tag_skipped else "") if v in skip
+                        else "sent with every other tensor left out, its tag too"))
+        if v in skip:
+            for u in link["servers"] if args.tag_skipped and last else []:
+                g.call(cfg, u["url"], "/update_weight_version", {"new_version": version, "abort_all_requests": False})
+            return lambda: 0
+        if v in half:
+            flat, meta = g.pack([(m.name, flat[m.start_idx: m.end_idx].view(m.dtype).view(m.shape)) for m in meta[::2]],
+                                flat.device)
+        return send(cfg, link, flat, meta, last, version)
+    g.send_bucket = faulty_send
     try:
         g.main(g.parse_config([a for a in rest if a != "--"]))
     except g.UserError as e:
