@@ -2983,7 +2983,7 @@ def test_ranks_that_would_run_different_numbers_of_micro_batches_stop_with_one_e
     (("--skip", "2-6", "--tag_skipped"), False, "weight sync check failed at step 3: the server at {url} had the")])
 def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, tmp_path, flags, checker, says):
     """The tool's faults stop the run at the next step; --half: the 10 of 20 tensors it left out (all moved)."""
-    tool = os.path.join(HERE, "results", "tools", "negative_control.py")
+    tool = os.path.join(HERE, "tools", "negative_control.py")
     code, out, _, s = run_against(tiny_model, tmp_path, {"checker": checker}, "--steps", "6", tool=(tool, *flags))
     assert code == 1 and says.format(url=s.url) in out and "negative control: the push of version 2" in out, out
     assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]

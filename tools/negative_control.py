@@ -1,7 +1,7 @@
 """The trainer with weight pushes skipped on purpose: the negative controls of the sync checks on a real server.
 
-    torchrun --nproc_per_node 1 results/tools/negative_control.py --skip 6 [--tag_skipped] -- <grpo_sglang.py flags>
-    torchrun --nproc_per_node 1 results/tools/negative_control.py --half 6 -- <grpo_sglang.py flags>
+    torchrun --nproc_per_node 1 tools/negative_control.py --skip 6 [--tag_skipped] -- <grpo_sglang.py flags>
+    torchrun --nproc_per_node 1 tools/negative_control.py --half 6 -- <grpo_sglang.py flags>
 
 --skip '6', '4-40' or '3,7-9': the pushes of those versions (the weights after those steps) are not sent. With
 --tag_skipped the server still gets the version tag (/update_weight_version, without aborting requests): a server
@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo_sglang as g  # noqa: E402
 
 

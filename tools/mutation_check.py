@@ -1,17 +1,12 @@
-"""Break one line of grpo_sglang.py at a time, in a scratch copy of the repo, and run the tests that guard
-it: each must fail ("CAUGHT"). The mutations: the bugs of the first sync-check work, one per safeguard added since
-(the TF32 head of c5458af, the checkpoint write error of 32cd255), the one-line bugs the exact-async-check issue put
-into a copy of the script (its part 4), one per fix of that issue and of the layout issue (GSPO, entropy), several
-servers, the resume-and-layouts issue (its one-line bugs and each safeguard, serve.sh's included), the step's table
-and weights, the LM head's log-probs (HeadLogprobs), the GRPO variants, FSDP's units and the profile tool, the
-varlen attention and the micro-batches by tokens, the fused RMSNorms, the KL metrics (a policy that moved), and the
-"nothing silent, nothing lost" issue's tests of behaviour (one-line bugs the whole suite once let pass).
+"""Break one line of the code at a time, in a scratch copy of the repo, and run the tests that guard it: each must
+fail ("CAUGHT"; results/mutation_check.txt). Each entry is a bug once found, a safeguard that was added, or a
+promise a user relies on (a flag, an error, the sync check) that a one-line slip could break without a test noticing.
 
-    python3 results/tools/mutation_check.py [name-substring ...]      # from the repo root, CPU only
-    python3 results/tools/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
+    python3 tools/mutation_check.py [name-substring ...]         # from the repo root, CPU only
+    python3 tools/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
 """
 import os, shutil, subprocess, sys, tempfile
-SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 M = [  # (name, file, old, new, -k expression)
  ('packed completions read from the first row', 'grpo_sglang.py', '"src": t([r * L + k for r, k in src])', '"src": t([k for r, k in src])', 'packed_batch'),
  ('flush_cache never sent', 'grpo_sglang.py', '{"load_format": "flattened_bucket", "flush_cache": last,', '{"load_format": "flattened_bucket", "flush_cache": False,', 'several_buckets'),
@@ -304,16 +299,15 @@ M = [  # (name, file, old, new, -k expression)
  ('weight check: --check_seqs 0 skips it', 'grpo_sglang.py', 'return lambda seqs, m: self.verdict(version, [], [], m) or m.mean(', 'return lambda seqs, m: m.mean(', 'in_whole_or_in_part'),
  ('weight check: the last push unchecked', 'grpo_sglang.py', '        on_all_ranks(self.weights_verdict, Metrics())  # the last push', '        pass  # the last push', 'dropped_last_push'),
  ('weight check: a server without /weights_checker stops the run', 'grpo_sglang.py', '"names": sorted(checksums(sums.json())) if sums.status_code == 200 else []}', '"names": sorted(checksums(sums.json()))}', 'passes_the_weight_check'),
- ('negative control --half sends every tensor', 'results/tools/negative_control.py', 'for m in meta[::2]]', 'for m in meta]', 'negative_controls'),
+ ('negative control --half sends every tensor', 'tools/negative_control.py', 'for m in meta[::2]]', 'for m in meta]', 'negative_controls'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
 for name, f, old, new, k in M:
     if only and not any(o in name for o in only):
         continue
-    d = os.path.join(tempfile.gettempdir(), "grpo_mutant")
-    shutil.rmtree(d, ignore_errors=True)
-    shutil.copytree(SRC, d, ignore=shutil.ignore_patterns(".venv-*", ".gpukit", ".git", "runs"))
+    d = os.path.join(tempfile.mkdtemp(prefix="grpo_mutant_"), "repo")  # one of its own: several runs may overlap
+    shutil.copytree(SRC, d, ignore=shutil.ignore_patterns(".venv-*", ".gpukit", ".whl", ".git", "runs"))
     p = os.path.join(d, f); s = open(p).read()
     if old not in s:
         print(f"?? {name}: pattern not found"); continue
@@ -322,3 +316,4 @@ for name, f, old, new, k in M:
                        capture_output=True, text=True, timeout=1800)
     last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-200:]
     print(f"{'CAUGHT' if r.returncode else 'MISSED'}  {name:45s} [{'all' if full else k}] {last}", flush=True)
+    shutil.rmtree(os.path.dirname(d), ignore_errors=True)
