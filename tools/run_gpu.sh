@@ -9,6 +9,7 @@
 #   cost        the weight check's cost per push at the 135M, 1.5B and 7B shapes (tools/check_cost.py)
 #
 #   M=/path/to/model RES=/tmp/res bash tools/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
+# (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
 # The server here needs ATTENTION_BACKEND=triton EXTRA_ARGS="--sampling-backend pytorch" (this machine's SGLang has
 # no FA3 or flashinfer kernels); a stock SGLang install needs neither.
 set -uo pipefail
@@ -17,8 +18,8 @@ RES=${RES:-/tmp/res}
 mkdir -p "$RES"
 export PYTHONUNBUFFERED=1
 log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
-QUICK=(--colocate --model "$M" --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --lr 1e-5 --steps 100
-       --eval_every 20)
+QUICK=(--colocate --model "$M" --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --lr 1e-5
+       --steps "${STEPS:-100}" --eval_every 20)
 # run NAME OUT_DIR TIMEOUT CMD...: one training run (writing to OUT_DIR), its log and metrics.jsonl in $RES
 run() { local name=$1 dir=$2 limit=$3; shift 3; log "$name: $*"; local t0=$SECONDS
   timeout "$limit" "$@" > "$RES/$name.log" 2>&1
@@ -46,6 +47,7 @@ for phase in $phases; do
     run quickstart runs/grpo 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" ;;
   trl)
     server  # (idle while TRL trains: it holds its 30% of the memory, as in the quickstart)
+    [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "${SITE:-/tmp/site}" .whl/*.whl
     log "trl: tools/trl_grpo.py"; t0=$SECONDS
     timeout 900 python3 tools/trl_grpo.py --model "$M" --steps "${TRL_STEPS:-40}" --out /tmp/runs/trl \
         > "$RES/trl.log" 2>&1
