@@ -3493,7 +3493,8 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
     """The stop rule (each rollout from exactly its version; trainer and server under the same weights within
     --mismatch_max: the batch mismatch where a run logged nothing else, the re-scored check where it did) replayed
     over every recorded GPU run: no correct push stops a run, and the negative controls stop exactly where they did
-    on the GPU. The async run at lr 5e-5 is one the rule before the re-scored check (the batch mismatch) stopped."""
+    on the GPU (the weight hashes' at the very next step). The async run at lr 5e-5 is one the rule before the
+    re-scored check (the batch mismatch) stopped."""
     import glob
     limit = g.Config.mismatch_max
 
@@ -3514,10 +3515,13 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
         if m and float(m.group(1)) > limit:
             return rows[-1]["step"] + 1
         m = re.search(r"with weights of version '(\d+)', but this (?:rollout|check) must come from version '(\d+)'", log)
-        return int(m.group(2)) + 1 if m else None
+        if m:
+            return int(m.group(2)) + 1
+        m = re.search(r"holds other weights than the trainer sent in the push of version (\d+)", log)  # the hashes
+        return int(m.group(1)) + 1 if m else None
     runs = glob.glob(os.path.join(HERE, "results", "**", "*.metrics.jsonl"), recursive=True)
-    good = [p for p in runs if not os.path.basename(p).startswith(("check_v2_", "neg_")) or "check_v2_main" in p]
-    assert len(good) >= 2, good
+    good = [p for p in runs if not os.path.basename(p).startswith(("check_v2_", "neg_", "dropped_")) or "check_v2_main" in p]
+    assert len(good) >= 7, good  # 300 steps, lr 5e-5 async, the three seeds of the curve, lr 1e-5 and 1e-6
     for path in good:
         assert replay(path) is None, path
     check = os.path.join(HERE, "results", "h200", "check_v2")
@@ -3530,6 +3534,8 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
     assert [replay(os.path.join(ca, f"neg_async_{n}.metrics.jsonl")) for n in ("skip_one", "stop_syncing", "dropped_tagged")] == [7, 5, 6]
     assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl")) is None
     assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl"), old_rule=True) == 4
+    trust = os.path.join(HERE, "results", "h200", "trust")  # the weight hashes: the push after step 11 dropped
+    assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
 
 
 def test_serve_sh_binds_loopback_passes_api_key_waits_and_stops(tmp_path):

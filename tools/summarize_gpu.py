@@ -1,0 +1,111 @@
+"""results/h200/{quickstart,trl,trust}/summary.json (and quickstart/curve.png) from the logs and metrics there, so that
+every number the README quotes is computed from files in the repository.
+
+    python tools/summarize_gpu.py            # from the repo root; needs matplotlib for the curve
+"""
+import json
+import os
+import re
+import statistics as st
+import sys
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+R = os.path.join(HERE, "results", "h200")
+sys.path.insert(0, os.path.join(HERE, "tools"))
+
+
+def rows(path):
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def steps(path):
+    return [r for r in rows(path) if "reward_mean" in r]
+
+
+def evals(path):
+    return {r["step"]: round(r["eval_accuracy"], 4) for r in rows(path) if "eval_accuracy" in r}
+
+
+def med(xs):
+    return round(st.median(xs), 4)
+
+
+def stopped_at(log):
+    """The step a negative control stopped at, and why (the trainer's error, from its log), or None."""
+    text = open(log).read()
+    last = max([int(m) for m in re.findall(r"^step +(\d+) ", text, re.M)] or [0])
+    err = re.search(r"error: (weight sync check failed[^\n]*|the server at [^\n]* with weights of version[^\n]*)", text)
+    return (last + 1, err.group(1)[:300]) if err else (None, None)
+
+
+def quickstart():
+    d = os.path.join(R, "quickstart")
+    out = {"commit": "9a85e3e", "date": "2026-12-01", "runs": {}}
+    for seed in (0, 1, 2):
+        s = steps(os.path.join(d, f"seed{seed}.metrics.jsonl"))
+        out["runs"][seed] = {"steps": len(s), "reward_1_10": round(st.mean(r["reward_mean"] for r in s[:10]), 3),
+                             "reward_91_100": round(st.mean(r["reward_mean"] for r in s[-10:]), 3),
+                             "eval": evals(os.path.join(d, f"seed{seed}.metrics.jsonl")),
+                             "step_s_median": med([r["time_step"] for r in s[3:]]),
+                             "steps_s_total": round(sum(r["time_step"] for r in s), 1),
+                             "check_mismatch_median": med([r["check_mismatch_mean"] for r in s])}
+    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    import plot_metrics
+    plot_metrics.main(os.path.join(d, "seed0.metrics.jsonl"), os.path.join(d, "curve.png"),
+                      "SmolLM2-135M-Instruct, a + b, one H200 (server and trainer colocated)")
+    return out
+
+
+def trust():
+    d = os.path.join(R, "trust")
+    runs = []
+    for name, lr in (("lr1e-5", 1e-5), ("lr1e-6", 1e-6)):
+        s = steps(os.path.join(d, f"{name}.metrics.jsonl"))
+        runs.append({"model": "SmolLM2-135M-Instruct", "lr": lr, "steps": len(s),
+                     "false_alarms": int(stopped_at(os.path.join(d, f"{name}.log"))[0] is not None),
+                     "weights_checked_per_step": sorted({r["weights_checked"] for r in s}),
+                     "check_mismatch_max": round(max(r["check_mismatch_mean"] for r in s), 4)})
+    out = {"commit": "08ec1a3", "date": "2026-12-01", "runs": runs}
+    for name in ("dropped_tag_kept", "dropped_half"):
+        log = open(os.path.join(d, f"{name}.log")).read()
+        first = int(re.search(r"negative control: the push of version (\d+) is", log).group(1))
+        at, why = stopped_at(os.path.join(d, f"{name}.log"))
+        out[name] = {"drop_after": first, "caught_at": at, "error": why}
+    cost = json.load(open(os.path.join(d, "check_cost.json")))
+    s = steps(os.path.join(d, "lr1e-5.metrics.jsonl"))[1:]  # step 1's holds the hash kernel's first compile
+    out["check_cost_ms"] = {}
+    for k in ("135m", "1.5b", "7b"):
+        a, b = cost[k]["trainer_hash_ms_median"], cost[k]["server_checksum_ms_median"]
+        out["check_cost_ms"][k] = {"trainer_hash": a, "server_checksum": b, "total": round(a + b, 1)}
+    out["check_cost_ms"]["135m"]["in_run_median"] = round(1e3 * st.median(r["time_weight_check"] for r in s), 1)
+    out["check_cost_how"] = ("tools/check_cost.py: the trainer's hashing of what it sends and SGLang's checksum kernel "
+                             "over the server's tensors, random weights of each shape, one H200; in_run_median: the "
+                             "metric time_weight_check of lr1e-5 (steps 2-15), hashing and the wait for the server's "
+                             "answer (its checksum runs between decode steps, while the trainer trains)")
+    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    return out
+
+
+def trl():
+    d = os.path.join(R, "trl")
+    t = json.load(open(os.path.join(d, "trl.summary.json")))
+    trl_rows = rows(os.path.join(d, "trl.steps.jsonl"))
+    t_steps = [r["time_step"] for r in trl_rows]
+    ours = steps(os.path.join(R, "trust", "lr1e-5.metrics.jsonl"))
+    o = med([r["time_step"] for r in ours[3:]])
+    out = {"commit": "08ec1a3", "date": "2026-12-01", "trl": t["trl"],
+           "grpo_sglang": {"steps": len(ours), "step_s_median": o, "step_s": [round(r["time_step"], 3) for r in ours],
+                           "reward_1_5": round(st.mean(r["reward_mean"] for r in ours[:5]), 3)},
+           "trl_grpotrainer": {"steps": t["steps"], "step_s_median": round(t["step_s_median"], 3),
+                               "step_s": [round(x, 3) for x in t_steps],
+                               "reward_1_5": round(st.mean(r["reward_mean"] for r in trl_rows[:5]), 3),
+                               "peak_mem_gb": round(t["peak_mem_gb"], 2)},
+           "medians_of": "steps 4 to the last of each run",
+           "speedup": round(t["step_s_median"] / o, 1)}
+    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    for f in (quickstart, trust, trl):
+        print(f.__name__, json.dumps(f()))
