@@ -1150,7 +1150,6 @@ class Server:
             def check_batch(seqs, m):
                 d = (seqs["lp0"] - seqs["server_lp"]).abs() * seqs["mask"]
                 self.verdict(version, torch.stack([d.sum(1), seqs["mask"].sum(1), d.max(1).values], 1).tolist(), srv, m)
-                m.mean("staleness_mean", 0.0, 0)  # on-policy: logged as null
             return check_batch
         if not cfg.check_seqs:  # --check_seqs 0: batches one step old go unchecked (the version check stays)
             return lambda seqs, m: self.verdict(version, [], [], m) or m.mean("check_mismatch_mean", 0.0, 0)
@@ -1168,7 +1167,8 @@ class Server:
             lps = t1 or [seqs["lp0"][i, : len(outs[i][0])] for i in rows]
             what = "re-scoring a batch for the sync check"
             now = on_all_ranks(lambda: {k: iter(waited(f, cfg.request_timeout, what)) for k, f in asked.items()})
-            self.verdict(version, [rescored_stats(t, next(now[srv[i]]), outs[i][1]) for t, i in zip(lps, rows)],
+            then = lambda i: outs[i][1] if cfg.temperature == 1 else None  # its log-probs at T: not staleness at 1
+            self.verdict(version, [rescored_stats(t, next(now[srv[i]]), then(i)) for t, i in zip(lps, rows)],
                          [srv[i] for i in rows], m)
         return check_rescored
 
@@ -1193,6 +1193,7 @@ class Server:
             m.mean("check_mismatch_mean", st[0], st[1]), m.max("check_mismatch_max", st[2])
             if len(st) > 3:  # re-scored: the staleness on the same tokens too
                 m.mean("staleness_mean", st[3], st[1]), m.max("staleness_max", st[4])
+        m.mean("staleness_mean", 0.0, 0)  # (null where not known: on-policy, or re-scored at another temperature)
 
     def push(self, model, version):
         """θ_version (the weights after `version` steps) to every server, tagged `version`. -> bytes sent (rank 0)."""
@@ -1230,10 +1231,13 @@ class Server:
 
 def rescored_stats(trainer, now, then):
     """One re-scored sequence: trainer (C,) vs the server now (same weights: kernel noise only, whatever the lr),
-    and the server when it sampled, one step older, vs now (the pure staleness) -> (|Δ| sum, tokens, max, stale
-    sum, max)."""
+    and the server when it sampled, one step older, vs now (the pure staleness; None: not known) -> (|Δ| sum,
+    tokens, max[, stale sum, max])."""
     now = trainer.new_tensor(now)
-    d, stale = (trainer[: len(now)] - now).abs(), (trainer.new_tensor(then) - now).abs()
+    d = (trainer[: len(now)] - now).abs()
+    if then is None:
+        return d.sum().item(), len(now), d.max().item()
+    stale = (trainer.new_tensor(then) - now).abs()
     return d.sum().item(), len(now), d.max().item(), stale.sum().item(), stale.max().item()
 
 

@@ -300,6 +300,9 @@ M = [  # (name, file, old, new, -k expression)
  ('weight check: the last push unchecked', 'grpo_sglang.py', '        on_all_ranks(self.weights_verdict, Metrics())  # the last push', '        pass  # the last push', 'dropped_last_push'),
  ('weight check: a server without /weights_checker stops the run', 'grpo_sglang.py', '"names": sorted(checksums(sums.json())) if sums.status_code == 200 else []}', '"names": sorted(checksums(sums.json()))}', 'passes_the_weight_check'),
  ('negative control --half sends every tensor', 'tools/negative_control.py', 'for m in meta[::2]]', 'for m in meta]', 'negative_controls'),
+ ('staleness logged at another temperature', 'grpo_sglang.py',
+  'then = lambda i: outs[i][1] if cfg.temperature == 1 else None', 'then = lambda i: outs[i][1]',
+  'at_a_temperature_counts or async_check_compares'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
