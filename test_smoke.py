@@ -1,9 +1,72 @@
-"""CPU tests, no GPU and no model hub:  python -m pytest -q test_smoke.py
+"""CPU tests of grpo_sglang.py, no GPU and no model hub. They run the real script (a subprocess: 1 process, then
+torchrun with 2) or its functions in-process, on a tiny model built from a config (build_tiny), against a stand-in
+server (StandIn) that speaks SGLang's endpoints and loads the weights it is sent. First come the helpers, all in one
+part; then the tests, in these sections (each a header `# N. title` below):
 
-1. the GRPO math on hand-computed values;  2. reward parsing;  3. the weight payload, read back with
-SGLang's own deserializer and bucket class;  4. GPU-layout rules;  5. the real script as a subprocess
-(1 process, then torchrun with 2) on a tiny model built from a config, against a stand-in server
-that speaks SGLang's endpoints and loads the weights it is sent;  6. faults and bad input.
+ 1. the GRPO math and the logged metrics on hand-computed values
+ 2. rewards: parsing answers, the registry, scoring, a user's own reward
+ 3. data: the prompts of each step, prompt formats, data files, splits and held-out rows
+ 4. the weight payload, read back with SGLang's own classes
+ 5. GPU layouts, servers and flags: what is accepted, and what is refused before anything loads
+ 6. one step and FSDP in-process: log-probs, norms, micro-batches, sharding, the train step
+ 7. the script end to end against the stand-in server (1 process, then torchrun with 2)
+ 8. the sync check and the weight check: a server that holds other weights stops the run
+ 9. async: rollouts one step off, the re-scored check, a resume, a server failing mid-generation
+10. faults: a server, a step or a process that fails stops with one clear message (or recovers)
+11. resume, checkpoints and the out_dir: a resumed run is the run it resumes, nothing is overwritten
+12. the GRPO variants of TRL, verl and slime, each a flag: hand values against the formula written here
+13. docs and tools: the README's recipes and size claims, the docs' flags, the profile and plot tools, this index
+14. serve.sh: its settings, layouts and ports, and its start and stop
+15. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
+
+Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serve.sh setting) is tested in that
+topic's section; section 10 holds the faults of no one topic.
+
+Run them all:        python -m pytest -q -n 2 test_smoke.py            (pytest-xdist: 10-15 minutes on 2 cores)
+Run section N:       python test_smoke.py N [pytest's flags]           (e.g. python test_smoke.py 14 -x)
+Run tests by name:   python -m pytest -q test_smoke.py -k 'WORDS'      (words of test names, joined by or/and/not)
+
+A test's name says what it checks, most often naming the function. Each function of grpo_sglang.py's story (above
+its fence) and of its main plumbing -> the -k words that select the tests that check it:
+  arg, Config -> help_lists_every_flag or flags_out_of_range or policy_loss_reads_the_flags
+  group_advantages, flat_groups -> group_advantages or rloo_and_batch_std or scale_rewards_batch or filters_set_weights
+  overlong_penalty -> overlong_penalty or overlong_buffer
+  lr_factor -> lr_schedule
+  kl_k3 -> kl_k3 or kl_and_tis or kl_metric or kl_is_logged
+  log_ratio -> gspo or ratio_level
+  clipped_surrogate -> clipped_surrogate or cispo
+  tis_weights -> tis_weights or importance_sampling_modes or importance_weights or tis_mode
+  grpo_token_loss -> grpo_token_loss or gspo or cispo or entropy_bonus or advantages_may_be_per_token
+  aggregate, loss_norm -> aggregate_modes or advantages_may_be_per_token
+  builtin_rows -> script_trains_and_server_gets_the_weights
+  prompts_for_step -> prompts_for_step or epochs_are_shuffled or resumed_run_samples_and_trains_exactly
+  sequences, samples, score -> score_counts_correctness or a_reward_part_is_its_mean
+  micro_batches -> micro_batches
+  rows_of -> train_step_is_the_grpo_objective or per_token_advantages_of_the_table
+  old_and_ref_logprobs -> old_policy_and_reference_logprobs or kl_metric_counts
+  shape_rewards, weights -> filters_set_weights_and_shaping or overlong_penalty_reaches or weights_are_all_0
+  advantages -> scale_rewards_batch or train_step_is_the_grpo_objective
+  completion_logprobs -> packed_batch_logprobs or head_logprobs
+  policy_loss -> policy_loss or ratio_level or entropy_bonus
+  train -> train_step_is_the_grpo_objective or weights_are_all_0 or kl_metric_counts or entropy_with_mu_2
+  main -> script_trains_and_server_gets_the_weights or one_rank_and_two_ranks or a_step_on_a_known_reward
+  HeadLogprobs, install_head -> head_logprobs
+  pack_batch -> packed_batch
+  fuse_rms_norms -> fused_rms_norm
+  shard, load_policy -> fsdp or checkpointed_blocks or compiled_blocks or frozen_model_kept_gathered
+  clip_grads -> clip_grads or max_grad_norm_0
+  Metrics, mismatch_stats -> metrics_are_logged or metric_only_one_rank or mismatch_stats or is_truncated_frac
+  parse_config, check_config -> flags_out_of_range or bad_flag or one_error_said_once
+  restore_config, check_architecture -> resumed_run_restores_its_flags or another_architecture
+  parse_servers, gpu_layout, pick_sync -> gpu_layout or several_servers or two_names or tensor_parallel
+  load_data, load_splits, tokenize_rows -> data_files or data_folder or unusable_rows or held_out or plain_prompts
+  Server, call, check_server, generate -> server_not_running or wrong_model or api_key or slower_than or server_dies
+  rescore -> sync_check or rescored or async_check
+  push_weights, weight_buckets, pack, serialize_bucket -> payload_roundtrip or several_buckets or script_trains
+  connect_nccl, broadcast -> nccl_path
+  recipes, checksums, hash_sent -> recipes or weight_check or weights_dropped or fuses_tensors or negative_controls
+  save_checkpoint, load_checkpoint, latest_checkpoint, checkpoint_to_resume -> checkpoint or resume
+  lock_out_dir, run_files, MetricsLog -> second_trainer or never_writes or full_disk
 """
 import collections
 import contextlib
@@ -754,6 +817,18 @@ def apply_recipe(edits, root):
 def config_flags():
     return {"--" + f.name.rstrip("_") for f in dataclasses.fields(g.Config)} | {
         "--no-" + f.name.rstrip("_") for f in dataclasses.fields(g.Config) if type(f.default) is bool}
+
+
+def sections():
+    """This file's test sections -> [(N, title, [the tests under the header '# N. title'])], in the file's order."""
+    out = []
+    for line in open(__file__):
+        if re.match(r"# \d+\. ", line):
+            n, title = line[2:].rstrip("\n").split(". ", 1)
+            out.append((int(n), title, []))
+        elif out and line.startswith("def test_"):
+            out[-1][2].append(line[4:line.index("(")])
+    return out
 
 
 # -- serve.sh against a fake SGLang
@@ -3765,6 +3840,25 @@ def test_the_plot_tool_draws_a_runs_metrics_and_every_metric_is_in_the_glossary(
     assert not missing, missing
 
 
+def test_the_index_names_every_section_and_every_story_function():
+    """The docstring's index is the `# N. title` headers (numbered once, in order, every test under one); its map
+    names each function above grpo_sglang.py's fence, only functions the script has, and -k words of real tests."""
+    import ast
+    found = sections()
+    assert [n for n, _, _ in found] == list(range(1, len(found) + 1)), [n for n, _, _ in found]
+    assert re.findall(r"^ ?(\d+)\. (.+)$", __doc__, re.M) == [(str(n), t) for n, t, _ in found]
+    tests = [t for t in globals() if t.startswith("test_")]
+    assert sorted(t for _, _, ts in found for t in ts) == sorted(tests)  # no test outside a section, none twice
+    mapped = {f: words.split(" or ") for fs, words in re.findall(r"^  ([\w, ]+) -> (.+)$", __doc__, re.M)
+              for f in fs.split(", ")}
+    src = open(os.path.join(HERE, "grpo_sglang.py")).read()
+    fence = next(i for i, line in enumerate(src.splitlines(), 1) if line.startswith("# ---- Plumbing below"))
+    story = [n.name for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.lineno < fence]
+    assert [f for f in story if f not in mapped] == [], "the docstring's map lacks these functions of the story"
+    assert [f for f in mapped if not hasattr(g, f)] == [], "the map names what grpo_sglang.py does not have"
+    assert [w for ws in mapped.values() for w in ws if not any(w in t for t in tests)] == [], "-k words of no test"
+
+
 # ---------------------------------------------------------------------------------------------
 # 14. serve.sh: its settings, layouts and ports, and its start and stop
 
@@ -4123,3 +4217,11 @@ def test_gpu_real_several_servers_hold_exactly_the_trainers_weights_on_every_ran
         print(url, pushed, loaded)
         assert len(pushed) == (2 if layout == "tp2_colocated" else 1) and pushed == loaded[0], (url, pushed, loaded)
         assert all(a != b for a, b in zip(pushed, loaded[1])), "the weights did not move: the test proves nothing"
+
+
+if __name__ == "__main__":  # python test_smoke.py N [pytest's flags]: section N's tests, each by its node id
+    tests = [t for n, _, ts in sections() if sys.argv[1:2] == [str(n)] for t in ts]
+    if not tests:
+        sys.exit(f"usage: python test_smoke.py N [pytest's flags], N a section of 1-{len(sections())} (see the index)")
+    ids = [f"{__file__}::{t}" for t in tests]
+    sys.exit(subprocess.call([sys.executable, "-m", "pytest", "-q", *sys.argv[2:], *ids]))
