@@ -1,9 +1,72 @@
-"""CPU tests, no GPU and no model hub:  python -m pytest -q test_smoke.py
+"""CPU tests of grpo_sglang.py, no GPU and no model hub. They run the real script (a subprocess: 1 process, then
+torchrun with 2) or its functions in-process, on a tiny model built from a config (build_tiny), against a stand-in
+server (StandIn) that speaks SGLang's endpoints and loads the weights it is sent. First come the helpers, all in one
+part; then the tests, in these sections (each a header `# N. title` below):
 
-1. the GRPO math on hand-computed values;  2. reward parsing;  3. the weight payload, read back with
-SGLang's own deserializer and bucket class;  4. GPU-layout rules;  5. the real script as a subprocess
-(1 process, then torchrun with 2) on a tiny model built from a config, against a stand-in server
-that speaks SGLang's endpoints and loads the weights it is sent;  6. faults and bad input.
+ 1. the GRPO math and the logged metrics on hand-computed values
+ 2. rewards: parsing answers, the registry, scoring, a user's own reward
+ 3. data: the prompts of each step, prompt formats, data files, splits and held-out rows
+ 4. the weight payload, read back with SGLang's own classes
+ 5. GPU layouts, servers and flags: what is accepted, and what is refused before anything loads
+ 6. one step and FSDP in-process: log-probs, norms, micro-batches, sharding, the train step
+ 7. the script end to end against the stand-in server (1 process, then torchrun with 2)
+ 8. the sync check and the weight check: a server that holds other weights stops the run
+ 9. async: rollouts one step off, the re-scored check, a resume, a server failing mid-generation
+10. faults: a server, a step or a process that fails stops with one clear message (or recovers)
+11. resume, checkpoints and the out_dir: a resumed run is the run it resumes, nothing is overwritten
+12. the GRPO variants of TRL, verl and slime, each a flag: hand values against the formula written here
+13. docs and tools: the README's recipes and size claims, the docs' flags, the profile and plot tools, this index
+14. serve.sh: its settings, layouts and ports, and its start and stop
+15. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
+
+Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serve.sh setting) is tested in that
+topic's section; section 10 holds the faults of no one topic.
+
+Run them all:        python -m pytest -q -n 2 test_smoke.py            (pytest-xdist: 10-15 minutes on 2 cores)
+Run section N:       python test_smoke.py N [pytest's flags]           (e.g. python test_smoke.py 14 -x)
+Run tests by name:   python -m pytest -q test_smoke.py -k 'WORDS'      (words of test names, joined by or/and/not)
+
+A test's name says what it checks, most often naming the function. Each function of grpo_sglang.py's story (above
+its fence) and of its main plumbing -> the -k words that select the tests that check it:
+  arg, Config -> help_lists_every_flag or flags_out_of_range or policy_loss_reads_the_flags
+  group_advantages, flat_groups -> group_advantages or rloo_and_batch_std or scale_rewards_batch or filters_set_weights
+  overlong_penalty -> overlong_penalty or overlong_buffer
+  lr_factor -> lr_schedule
+  kl_k3 -> kl_k3 or kl_and_tis or kl_metric or kl_is_logged
+  log_ratio -> gspo or ratio_level
+  clipped_surrogate -> clipped_surrogate or cispo
+  tis_weights -> tis_weights or importance_sampling_modes or importance_weights or tis_mode
+  grpo_token_loss -> grpo_token_loss or gspo or cispo or entropy_bonus or advantages_may_be_per_token
+  aggregate, loss_norm -> aggregate_modes or advantages_may_be_per_token
+  builtin_rows -> script_trains_and_server_gets_the_weights
+  prompts_for_step -> prompts_for_step or epochs_are_shuffled or resumed_run_samples_and_trains_exactly
+  sequences, samples, score -> score_counts_correctness or a_reward_part_is_its_mean
+  micro_batches -> micro_batches
+  rows_of -> train_step_is_the_grpo_objective or per_token_advantages_of_the_table
+  old_and_ref_logprobs -> old_policy_and_reference_logprobs or kl_metric_counts
+  shape_rewards, weights -> filters_set_weights_and_shaping or overlong_penalty_reaches or weights_are_all_0
+  advantages -> scale_rewards_batch or train_step_is_the_grpo_objective
+  completion_logprobs -> packed_batch_logprobs or head_logprobs
+  policy_loss -> policy_loss or ratio_level or entropy_bonus
+  train -> train_step_is_the_grpo_objective or weights_are_all_0 or kl_metric_counts or entropy_with_mu_2
+  main -> script_trains_and_server_gets_the_weights or one_rank_and_two_ranks or a_step_on_a_known_reward
+  HeadLogprobs, install_head -> head_logprobs
+  pack_batch -> packed_batch
+  fuse_rms_norms -> fused_rms_norm
+  shard, load_policy -> fsdp or checkpointed_blocks or compiled_blocks or frozen_model_kept_gathered
+  clip_grads -> clip_grads or max_grad_norm_0
+  Metrics, mismatch_stats -> metrics_are_logged or metric_only_one_rank or mismatch_stats or is_truncated_frac
+  parse_config, check_config -> flags_out_of_range or bad_flag or one_error_said_once
+  restore_config, check_architecture -> resumed_run_restores_its_flags or another_architecture
+  parse_servers, gpu_layout, pick_sync -> gpu_layout or several_servers or two_names or tensor_parallel
+  load_data, load_splits, tokenize_rows -> data_files or data_folder or unusable_rows or held_out or plain_prompts
+  Server, call, check_server, generate -> server_not_running or wrong_model or api_key or slower_than or server_dies
+  rescore -> sync_check or rescored or async_check
+  push_weights, weight_buckets, pack, serialize_bucket -> payload_roundtrip or several_buckets or script_trains
+  connect_nccl, broadcast -> nccl_path
+  recipes, checksums, hash_sent -> recipes or weight_check or weights_dropped or fuses_tensors or negative_controls
+  save_checkpoint, load_checkpoint, latest_checkpoint, checkpoint_to_resume -> checkpoint or resume
+  lock_out_dir, run_files, MetricsLog -> second_trainer or never_writes or full_disk
 """
 import collections
 import contextlib
@@ -30,461 +93,15 @@ import reward_fns
 from reward_fns import (arithmetic_reward, extract_number, format_reward, get_reward_fn, gsm8k_reward,
                         safe_reward)
 
+
+# ---------------------------------------------------------------------------------------------
+# Helpers: the fixtures, the stand-in server, the run helpers, the in-process step helpers, the serve.sh fake,
+# and every constant that several tests share (one that a single test uses stands just above that test).
+
+# -- a tiny model from a config, a free port, a process group of one
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-# ---------------------------------------------------------------------------------------------
-# 1. GRPO math
-
-def test_group_advantages_hand_values():
-    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
-    a = g.group_advantages(r, 4, scale=True)
-    # group 1: mean 0.5, unbiased std sqrt(1/3) -> +-0.5 / 0.57735 = +-0.866
-    assert torch.allclose(a[:4], torch.tensor([0.8660, -0.8660, -0.8660, 0.8660]), atol=1e-3)
-    assert torch.equal(a[4:], torch.zeros(4))  # all-equal group: no signal, no NaN
-    a = g.group_advantages(r, 4, scale=False)  # Dr. GRPO: only centred
-    assert torch.allclose(a, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
-    a = g.group_advantages(torch.tensor([3.0, 3.0]), 2)  # eps keeps all-equal groups finite
-    assert torch.equal(a, torch.zeros(2))
-    # eight rewards of 0.1 (gsm8k_format's format bonus alone): a float std is 8e-9, not 0; the group is still flat
-    r = torch.tensor([0.1] * 8 + [0.0] * 7 + [1.1])
-    assert torch.equal(g.flat_groups(r, 8), torch.tensor([True, False]))
-    assert torch.equal(g.group_advantages(r, 8)[:8], torch.zeros(8)) and g.group_advantages(r, 8)[8:].abs().sum() > 1
-    assert g.flat_groups(torch.tensor([0.1] * 8), 8).tolist() == [True]  # alone, their float std is 8e-9 here
-    assert torch.equal(g.group_advantages(torch.tensor([0.1] * 8), 8), torch.zeros(8))
-
-
-def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
-    """The LM head's log-probs and entropies, chunk by chunk, and its own backward, against log_softmax and autograd
-    in float64 on fresh random inputs: temperatures, chunks that do not divide the rows, Gemma's soft-capping, the
-    log-probs alone (no entropy gradient) and both; each --head_matmul ('bf16': the log-probs of x and W rounded to
-    bf16, exactly; the gradients within bf16 rounding of the unrounded ones)."""
-    logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])  # hand values: x = the logits, W = I
-    lp, ent = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 1.0, None, "fp32", 1)
-    assert torch.allclose(lp, torch.tensor([3 - math.log(math.e + math.e ** 2 + math.e ** 3), -math.log(3)]))
-    assert torch.allclose(ent[1], torch.tensor(math.log(3)))
-    lp2, _ = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 2.0, None, "fp32", 5)
-    assert torch.allclose(lp2[0], torch.tensor(1.5 - math.log(math.e ** 0.5 + math.e + math.e ** 1.5)))
-    torch.manual_seed(0)
-    cases = ((None, 1.0, 3, True), (None, 0.7, 5, False), (None, 1.0, 4, False), (30.0, 0.8, 4, True), (2.0, 1.0, 99, True),
-             (2.0, 0.9, 4, False))  # both False: the log-probs' gradient alone (with no cap: the backward's short way)
-    for cap, T, chunk, both in cases:
-        x, w = torch.randn(11, 6, dtype=torch.float64, requires_grad=True), torch.randn(13, 6, dtype=torch.float64,
-                                                                                      requires_grad=True)
-        t, gl, ge = torch.randint(0, 13, (11,)), torch.randn(11, dtype=torch.float64), torch.randn(11, dtype=torch.float64)
-        def lp_ent(x, w):
-            logp = torch.log_softmax((cap * torch.tanh(x @ w.T / cap) if cap else x @ w.T) / T, -1)
-            return logp.gather(1, t[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
-        lp_ref, ent_ref = lp_ent(x, w)
-        want = torch.autograd.grad((lp_ref * gl).sum() + (both * ent_ref * ge).sum(), (x, w))
-        rounded = lp_ent(x.detach().bfloat16().double(), w.detach().bfloat16().double())  # what 'bf16' computes
-        for mm, tol in (("fp32", 1e-5), ("bf16", 1e-2)):  # bf16: the gradient's matmuls in bf16
-            x32, w32 = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
-            lp, ent = g.HeadLogprobs.apply(x32, w32, t, T, cap, mm, chunk)
-            got = torch.autograd.grad((lp * gl.float()).sum() + ((ent * ge.float()).sum() if both else 0), (x32, w32))
-            rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()
-            lp_want, ent_want = rounded if mm == "bf16" else (lp_ref, ent_ref)
-            assert rel(lp, lp_want) < 1e-6 and rel(ent, ent_want) < 1e-5, (cap, T, chunk, mm)
-            assert got[0].dtype == got[1].dtype == torch.float32, mm
-            assert rel(got[0], want[0]) < tol and rel(got[1], want[1]) < tol, (cap, T, chunk, mm)
-        assert rel(rounded[0].float(), lp_ref) > 1e-4  # (the rounding shows)
-
-
-def test_kl_k3_hand_values():
-    logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.0, -1.0]])
-    # d = ref - logp = [0, 1]: e^0 - 0 - 1 = 0;  e^1 - 1 - 1 = 0.71828
-    assert torch.allclose(g.kl_k3(logp, ref), torch.tensor([[0.0, math.e - 2]]))
-    assert (g.kl_k3(torch.randn(4, 5), torch.randn(4, 5)) >= 0).all()
-
-
-def test_clipped_surrogate_hand_values():
-    old = torch.zeros(2, 2)
-    logp = torch.log(torch.tensor([[1.5, 0.9], [0.5, 1.1]]))  # ratios
-    adv = torch.tensor([1.0, -1.0])
-    loss, clipped = g.clipped_surrogate(torch.exp(logp - old), adv, 0.2, 0.3)
-    # row 0 (A=+1): min(1.5, 1.3) = 1.3 (clipped); min(0.9, 0.9) = 0.9
-    # row 1 (A=-1): min(-0.5, -0.8) = -0.8 (clipped); min(-1.1, -1.1) = -1.1
-    assert torch.allclose(loss, torch.tensor([[-1.3, -0.9], [0.8, 1.1]]), atol=1e-6)
-    assert clipped.tolist() == [[True, False], [True, False]]
-    # the gradient vanishes where clipping is active, not elsewhere
-    lp = logp.clone().requires_grad_(True)
-    g.clipped_surrogate(torch.exp(lp - old), adv, 0.2, 0.3)[0].sum().backward()
-    assert lp.grad[0, 0] == 0 and lp.grad[1, 0] == 0
-    assert torch.allclose(lp.grad[0, 1], torch.tensor(-0.9)) and torch.allclose(lp.grad[1, 1], torch.tensor(1.1))
-
-
-def test_aggregate_modes_mask_and_weights():
-    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0], [7.0, 7.0, 7.0]])
-    m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])  # masked values must not count
-    w = torch.tensor([1.0, 1.0, 0.0])  # the third sequence is filtered out: it must not count either
-    agg = lambda mode, rows=slice(None): g.aggregate(x[rows], m[rows], w[rows], mode, g.loss_norm(mode, 2, 4, 3)).item()
-    assert agg("seq") == pytest.approx((2.0 + 4.0) / 2)
-    assert agg("token") == pytest.approx(10.0 / 4)
-    assert agg("constant") == pytest.approx(10.0 / 6)
-    # micro-batches with whole-batch normalisers add up to the whole-batch value
-    for mode in ("seq", "token", "constant"):
-        assert agg(mode, slice(0, 1)) + agg(mode, slice(1, 3)) == pytest.approx(agg(mode))
-    half = torch.tensor([0.5, 1.0, 0.0])  # a weight scales the sequence's share, in the sum and in the normaliser
-    assert g.aggregate(x, m, half, "token", 3 * 0.5 + 1).item() == pytest.approx((6 * 0.5 + 4) / 2.5)
-    with pytest.raises(KeyError):
-        g.loss_norm("tokens", 2, 4, 3)
-
-
-def test_tis_weights_truncate():
-    old, server = torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]]))
-    assert torch.allclose(g.tis_weights(old, server, 1.5), torch.tensor([[1.5, 0.5]]))
-
-
-def test_grpo_token_loss_with_kl_and_tis_hand_values():
-    logp = torch.log(torch.tensor([[0.5, 0.25]]))
-    old = torch.log(torch.tensor([[0.4, 0.25]]))  # ratios 1.25 (clipped at 1.2 for A > 0) and 1
-    ref = torch.log(torch.tensor([[0.25, 0.5]]))
-    tis = torch.tensor([[2.0, 0.5]])
-    one = torch.ones(1, 2)
-    loss, clipped, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), one, 0.2, 0.2, "token", tis, ref, beta=0.1)
-    # KL(pi || ref) per token, k3 with d = ref - logp: d = log(0.5), log(2) -> e^d - d - 1
-    k3 = [0.5 - math.log(0.5) - 1, 2 - math.log(2) - 1]
-    assert torch.allclose(kl, torch.tensor([k3]), atol=1e-6)
-    assert torch.allclose(loss, torch.tensor([[-1.2 * 2.0 + 0.1 * k3[0], -1.0 * 0.5 + 0.1 * k3[1]]]), atol=1e-6)
-    assert clipped.tolist() == [[True, False]]
-    loss, _, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), one, 0.2, 0.2)  # no TIS, no reference
-    assert kl is None and torch.allclose(loss, torch.tensor([[-1.2, -1.0]]))
-
-
-def test_gspo_sequence_ratio_hand_values():
-    """GSPO: one ratio per completion, exp(mean over its tokens of log π/π_old), masked tokens left out; each of its
-    tokens carries it (TRL's importance_sampling_level='sequence')."""
-    logp = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.3, 0.3]]))
-    old = torch.log(torch.tensor([[0.25, 0.2, 0.1], [0.3, 0.6, 0.3]]))
-    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # row 0's third token is padding
-    # row 0: (log 2 + log 1) / 2 -> ratio sqrt(2); row 1: (0 + log 0.5 + 0) / 3 -> ratio 0.5^(1/3)
-    want = torch.tensor([[2 ** 0.5] * 3, [0.5 ** (1 / 3)] * 3])
-    assert torch.allclose(torch.exp(g.log_ratio(logp, old, mask, "sequence")), want, atol=1e-6)
-    assert torch.allclose(g.log_ratio(logp, old, mask, "token"), logp - old)
-    adv = torch.tensor([1.0, -1.0])
-    loss, clipped, _ = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.3, "sequence")
-    # row 0: A > 0, sqrt(2) = 1.414 clipped to 1.3; row 1: A < 0, 0.794 clipped to 0.8: -min(-0.794, -0.8) = 0.8
-    assert torch.allclose(loss, torch.tensor([[-1.3] * 3, [0.8] * 3]), atol=1e-6)
-    assert clipped.all()
-    # the gradient of a token's loss reaches every token of its sequence (1/|y| each), none where clipped
-    lp = logp.clone().requires_grad_(True)
-    l, _, _ = g.grpo_token_loss(lp, old, torch.tensor([1.0, 1.0]), mask, 0.5, 0.3, "sequence")  # row 0 clipped
-    (l * mask).sum().backward()
-    r1 = 0.5 ** (1 / 3)  # row 1, unclipped: d/dlogp_t of -3 * exp(mean) = -exp(mean) (3 tokens, 1/3 each)
-    assert torch.allclose(lp.grad[1], torch.full((3,), -r1), atol=1e-6) and (lp.grad[0] == 0).all()
-
-
-def test_gspo_with_one_token_completions_is_grpo():
-    logp, old, adv, mask = torch.randn(5, 1), torch.randn(5, 1), torch.randn(5), torch.ones(5, 1)
-    tis, ref = torch.rand(5, 1) + 0.5, torch.randn(5, 1)
-    tok = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.28, "token", tis, ref, 0.1)
-    seq = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.28, "sequence", tis, ref, 0.1)
-    assert all(torch.equal(a, b) for a, b in zip(tok, seq))
-
-
-def test_policy_loss_reads_the_flags_into_the_loss():
-    """The call site that wires flags into the math: unequal clips each on their side, TIS with the trainer's
-    logprobs over the server's (not the reverse), the ratio level, the reference at --beta."""
-    logp = torch.log(torch.tensor([[0.6, 0.3], [0.2, 0.5]]))
-    old = torch.log(torch.tensor([[0.4, 0.3], [0.4, 0.5]]))  # ratios 1.5 and 1 (A > 0); 0.5 and 1 (A < 0)
-    b = {"adv": torch.tensor([1.0, -1.0]), "mask": torch.ones(2, 2), "server_lp": old - math.log(2)}  # π_old / π_server = 2
-    cfg = g.Config(clip_low=0.1, clip_high=0.3, tis_cap=1.5)
-    loss, clipped, kl = g.policy_loss(cfg, b, logp, old, None)
-    # TIS min(2, 1.5) = 1.5; row 0: min(1.5, 1.3) = 1.3; row 1: -min(-0.5, -0.9) = 0.9; the ratio-1 tokens: -/+1
-    assert torch.allclose(loss, 1.5 * torch.tensor([[-1.3, -1.0], [0.9, 1.0]]), atol=1e-6) and kl is None
-    b["ref_lp"] = logp.detach() - 0.5
-    loss_kl, _, kl = g.policy_loss(dataclasses.replace(cfg, beta=0.1, tis_cap=0.0), b, logp, old, None)
-    assert torch.allclose(loss_kl, torch.tensor([[-1.3, -1.0], [0.9, 1.0]]) + 0.1 * kl) and kl.gt(0).all()
-    seq, _, _ = g.policy_loss(dataclasses.replace(cfg, ratio_level="sequence"), b, logp, old, None)
-    assert not torch.allclose(seq, loss)  # --ratio_level reaches the loss
-
-
-def test_mismatch_stats_hand_values():
-    trainer = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
-    server = torch.log(torch.tensor([[0.25, 0.2, 0.1]]))
-    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third token is padding: it must not count
-    m = g.Metrics()
-    g.mismatch_stats(trainer, server, mask, 1.5, m)
-    dist_init()
-    try:
-        got = m.reduce("cpu")
-    finally:
-        import torch.distributed as dist
-        dist.destroy_process_group()
-    assert got["mismatch_max"] == pytest.approx(math.log(2)) and got["mismatch_mean"] == pytest.approx(math.log(2) / 2)
-    assert got["is_ratio_mean"] == pytest.approx((2 + 1) / 2) and got["is_ratio_max"] == pytest.approx(2)
-    assert got["is_truncated_frac"] == 0.5  # ratio 2 > cap 1.5
-    # k3 estimate of KL(server || trainer) on tokens the server sampled: d = trainer - server
-    assert got["mismatch_kl"] == pytest.approx((2 - math.log(2) - 1) / 2)
-
-
-def dist_init():
-    """A process group of one (gloo), as the trainer has on one CPU rank."""
-    import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-
-
-def test_metrics_are_logged_by_what_they_are_and_ranks_may_differ_in_names():
-    """A new metric is one call (a sum, a mean with its count, a maximum); the names are agreed over ranks first,
-    so a metric only one rank has cannot hang or misalign the others; a mean over nothing is None."""
-    m = g.Metrics()
-    m.mean("entropy", torch.tensor(3.0), 2), m.mean("entropy", 1.0, 2), m.sum("loss", 0.5), m.sum("loss", 0.25)
-    m.max("worst", 2.0), m.max("worst", torch.tensor(5.0)), m.mean("nothing", 0.0, 0)
-    dist_init()
-    try:
-        got = m.reduce("cpu")
-    finally:
-        import torch.distributed as dist
-        dist.destroy_process_group()
-    assert got == {"entropy": 1.0, "loss": 0.75, "worst": 5.0, "nothing": None}
-
-
-def test_epochs_are_shuffled_differently():
-    n = 50
-    epoch0 = g.prompts_for_step(n, 0, n, seed=0)
-    epoch1 = g.prompts_for_step(n, 1, n, seed=0)
-    assert sorted(epoch0) == sorted(epoch1) == list(range(n)) and epoch0 != epoch1
-
-
-def test_prompts_for_step_is_a_pure_function_of_step():
-    a = [g.prompts_for_step(10, s, 4, seed=0) for s in range(5)]
-    assert sorted(a[0] + a[1] + a[2][:2]) == list(range(10))  # one epoch covers every row once
-    assert a[3] == g.prompts_for_step(10, 3, 4, seed=0)      # resume at step 3 -> same prompts
-    assert a != [g.prompts_for_step(10, s, 4, seed=1) for s in range(5)]
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. rewards
-
-def test_extract_number_formats():
-    assert extract_number("The total is 1,234 apples") == "1234"
-    assert extract_number("It costs 1,234,567 dollars") == "1234567"
-    assert extract_number("She pays $5 in total") == "5"
-    assert extract_number("She pays $1,000.50") == "1000.5"
-    assert extract_number("So the answer is 42.") == "42"
-    assert extract_number("The temperature is -3 degrees") == "-3"
-    assert extract_number("It costs 3.50") == "3.5"
-    assert extract_number("72.00") == "72"
-    assert extract_number("What is 10-3") == "3"  # "-" after a digit is subtraction, not a sign
-
-
-def test_extract_number_precedence():
-    # "####" wins over later numbers (documented choice: it is the format we ask for)
-    assert extract_number("#### 42\nI used 3 steps.") == "42"
-    assert extract_number("#### 1\nwrong\n#### 18") == "18"  # the LAST ####
-    assert extract_number("x = 5 so #### 7") == "7"
-    # boxed: last box wins, commas and \$ inside work
-    assert extract_number(r"First \boxed{3} then \boxed{4}, checked 9 times") == "4"
-    assert extract_number(r"\boxed{1,000}") == "1000"
-    assert extract_number(r"\boxed{\$5}") == "5"
-    # "#### <no number>" falls back to the last number
-    assert extract_number("so 12 eggs\n#### ") == "12"
-    # otherwise, the last number in the text
-    assert extract_number("3 + 4 = 7, then 7 * 2 = 14") == "14"
-
-
-def test_extract_number_none():
-    assert extract_number("") is None
-    assert extract_number("no digits here") is None
-
-
-def test_gsm8k_reward():
-    gold = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
-    assert gsm8k_reward("She sold 48 + 24 = 72 clips.\n#### 72", gold) == 1.0
-    assert gsm8k_reward("The answer is 72.00", gold) == 1.0  # numeric, not string, compare
-    assert gsm8k_reward(r"\boxed{72}", "72") == 1.0  # plain answer accepted
-    assert gsm8k_reward("#### 1,234", "#### 1234") == 1.0
-    assert gsm8k_reward("#### 71", gold) == 0.0
-    assert gsm8k_reward("#### 72\nThat used 5 steps.", gold) == 1.0  # #### wins
-    assert gsm8k_reward("I don't know", gold) == 0.0
-    assert gsm8k_reward("", gold) == 0.0
-    assert gsm8k_reward("", "") == 0.0  # None == None must not count as correct
-
-
-def test_format_reward():
-    assert format_reward("reasoning...\n#### 42") == 1.0
-    assert format_reward("reasoning\n#### -3.5.\n") == 1.0
-    assert format_reward(r"so \boxed{1,000}") == 1.0
-    assert format_reward(r"so \boxed{\$5}") == 1.0
-    assert format_reward("the answer is 42") == 0.0
-    assert format_reward("#### forty-two") == 0.0
-    assert format_reward("I think #### 42 maybe") == 0.0  # must be its own line
-    assert format_reward("#### 42 apples") == 0.0  # ...holding just the number
-    assert format_reward("") == 0.0
-
-
-def test_arithmetic_reward():
-    assert arithmetic_reward("7 + 12 = 19", "19") == 1.0
-    assert arithmetic_reward("19", "19") == 1.0
-    assert arithmetic_reward("The answer is 19.", "19") == 1.0
-    assert arithmetic_reward("12", "19") == 0.0
-    assert arithmetic_reward("19 is not right, it is 20", "19") == 0.0  # last number only
-    assert arithmetic_reward("no idea", "19") == 0.0
-    assert arithmetic_reward("", "19") == 0.0
-
-
-@pytest.mark.parametrize("ret, reason", [
-    (float("nan"), "returned NaN"), (None, "returned None"), (float("inf"), "returned inf"),
-    (-math.inf, "returned inf"), ("1.0", "returned non-number str"),
-])
-def test_safe_reward_bad_returns(ret, reason):
-    def bad_reward(c, a):
-        return ret
-    w = collections.Counter()
-    assert safe_reward(bad_reward, "c", "a", w) == 0.0
-    assert w == {f"bad_reward: {reason}": 1}
-
-
-def test_safe_reward_raising_fn_and_plain_dict():
-    def broken_reward(c, a):
-        raise ZeroDivisionError
-    w = {}  # a plain dict works too
-    assert safe_reward(broken_reward, "c", "a", w) == 0.0
-    assert safe_reward(broken_reward, "c", "a", w) == 0.0
-    assert w == {"broken_reward: raised ZeroDivisionError": 2}
-
-
-def test_safe_reward_good_values():
-    w = collections.Counter()
-    assert safe_reward(lambda c, a: True, "c", "a", w) == 1.0
-    assert safe_reward(lambda c, a: 0.25, "c", "a", w) == 0.25
-    assert safe_reward(gsm8k_reward, "#### 3", "3", w) == 1.0
-    assert not w
-
-
-def check_registry(rf):
-    """Every reward registered in the reward_fns module `rf` is reachable by name and returns a finite number, or a
-    dict of them (one that takes the sample gets one); every task's check agrees with that task's reward."""
-    sample = {"finish": "stop", "length": 3, "completion": [5, 6, 7], "server_lp": [-0.1, -0.2, -0.3]}
-    for name, fn in rf.REWARD_FNS.items():
-        assert rf.get_reward_fn(name) is fn
-        for completion in ("#### 3", "1 + 2 = 3", "", "no number", "\\boxed{3}"):
-            got = fn(completion, "3", sample) if "sample" in inspect.signature(fn).parameters else fn(completion, "3")
-            assert all(math.isfinite(v) for v in (got.values() if isinstance(got, dict) else [got])), (name, got)
-    for task, check in rf.CORRECT.items():
-        for completion in ("#### 3", "so 3", "#### 4", ""):
-            assert check(completion, "3") == (rf.get_reward_fn(task)(completion, "3") == 1.0)
-    with pytest.raises(ValueError, match="valid names: " + ", ".join(sorted(rf.REWARD_FNS))) as e:
-        rf.get_reward_fn("gsm9k")
-    assert "gsm9k" in str(e.value)
-
-
-def test_registry():
-    """(adding a reward, one that takes the sample too, needs no edit here; accuracy is counted by the check)"""
-    check_registry(reward_fns)
-    assert reward_fns.gsm8k_format_reward("#### 4", "3") == pytest.approx(0.1)  # shaped: not correct, yet rewarded
-
-
-def test_score_counts_correctness_not_reward_and_the_table_keeps_each_sequence_in_its_row():
-    """Accuracy comes from the task's check whatever the reward (a shaped reward cannot inflate it); row k of the
-    table is completion k of the rollout, of prompt k // G; a weighted mix of rewards logs each part; a reward that
-    asks for the sample sees its length and finish reason."""
-    texts = ["#### 3", "3", "#### 7", "nothing", "#### 5", "#### 5", "5", "8"]  # two prompts, G = 4
-
-    class Tok:
-        def decode(self, ids, skip_special_tokens):
-            return texts[ids[0]]
-    batch = {"rows": [{"ids": [1], "answer": "3"}, {"ids": [2, 2], "answer": "5"}], "srv": [0] * 8,
-             "outs": [([k] + [9] * (k % 3), [-0.5] * (1 + k % 3), "length" if k == 7 else "stop") for k in range(8)]}
-    seqs = g.sequences(batch, Tok(), 4, "cpu")
-    assert seqs["prompt"] == [[1]] * 4 + [[2, 2]] * 4 and seqs["group"].tolist() == [0] * 4 + [1] * 4
-    assert seqs["length"].tolist() == [1, 2, 3, 1, 2, 3, 1, 2] and seqs["mask"].sum().item() == 15
-    m = g.Metrics()
-    warn = g.score(seqs, reward_fns.combine("format", "gsm8k"), reward_fns.gsm8k_correct, 4, m)
-    assert seqs["correct"].tolist() == [1, 1, 0, 0, 1, 1, 1, 0] and not warn
-    assert seqs["reward"].tolist() == [1, 0, 1, 0, 1, 1, 0, 0]  # format only
-    reward_fns.REWARD_FNS["long"] = lambda c, a, sample: float(sample["length"] > 1 and sample["finish"] == "stop")
-    try:
-        g.score(seqs, reward_fns.combine("gsm8k:1,long:0.5", "gsm8k"), reward_fns.gsm8k_correct, 4, m)
-    finally:
-        del reward_fns.REWARD_FNS["long"]
-    long = [0, 1, 1, 0, 1, 1, 0, 0]  # length > 1 and stopped (row 7 was cut by max_new_tokens)
-    assert seqs["reward"].tolist() == [c + 0.5 * l for c, l in zip([1, 1, 0, 0, 1, 1, 1, 0], long)]
-    dist_init()
-    try:
-        got = m.reduce("cpu")
-    finally:
-        import torch.distributed as dist
-        dist.destroy_process_group()
-    assert got["reward_gsm8k"] == 5 / 8 and got["reward_long"] == 4 / 8 and got["accuracy"] == 5 / 8
-    assert got["truncated_frac"] == 1 / 8 and got["completion_len_mean"] == 15 / 8
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. the weight payload, read back with SGLang's own classes
-
-def test_payload_roundtrip_with_sglang_deserializer():
-    from sglang.srt.utils import MultiprocessingSerializer
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
-    named = [("a.weight", torch.randn(3, 5)), ("b.bias", torch.randn(7)), ("c", torch.randn(2, 2, 2).double())]
-    flat, meta = g.pack(named, torch.device("cpu"))
-    payload = g.serialize_bucket(flat, meta)
-    assert isinstance(payload, str) and flat.dtype == torch.uint8 and flat.numel() == (15 + 7 + 8) * 2
-    obj = MultiprocessingSerializer.deserialize(payload)
-    got = FlattenedTensorBucket(flattened_tensor=obj["flattened_tensor"], metadata=obj["metadata"]).reconstruct_tensors()
-    assert [n for n, _ in got] == ["a.weight", "b.bias", "c"]
-    for (_, want), (_, t) in zip(named, got):
-        assert t.dtype == torch.bfloat16 and t.shape == want.shape
-        assert torch.equal(t, want.to(torch.bfloat16))
-
-
-# ---------------------------------------------------------------------------------------------
-# 4. GPU layout rules (pure function; the GPU run exercises the real devices)
-
-def test_gpu_layout_dedicated_and_colocated():
-    one = lambda gpu: [("http://127.0.0.1:30000", [gpu])]
-    assert g.gpu_layout(one(3), False, 0, 3, None, 4) == (0, [3])
-    assert g.gpu_layout(one(3), False, 2, 3, "0,1,2,3", 4) == (2, [3])
-    assert g.gpu_layout(one(3), False, 0, 1, "0,3", 2) == (0, [1])   # CUDA_VISIBLE_DEVICES renumbers GPUs
-    assert g.gpu_layout(one(3), True, 0, 1, None, 1) == (0, [0])     # colocated: stage on rank 0's GPU
-    two = [("http://127.0.0.1:30000", [0]), ("http://127.0.0.1:30001", [1])]  # one server colocated, one on GPU 1
-    assert g.gpu_layout(two, True, 0, 1, None, 2) == (0, [0, 1])
-    tp = [("http://127.0.0.1:30000", [2, 3])]  # a TP-2 server: we stage on its first GPU
-    assert g.gpu_layout(tp, False, 1, 2, None, 4) == (1, [2])
-
-
-def test_gpu_layout_refuses_overlap_and_picks_the_sync_path():
-    one = lambda gpu, url="http://127.0.0.1:30000": [(url, [gpu])]
-    with pytest.raises(g.UserError, match="which the SGLang server at http://127.0.0.1:30000 uses"):
-        g.gpu_layout(one(3), False, 0, 4, None, 4)
-    with pytest.raises(g.UserError, match="training rank 0 would run on GPU 3"):
-        g.gpu_layout(one(3), False, 0, 1, "3,0", 2)
-    with pytest.raises(g.UserError, match="only 1 visible"):
-        g.gpu_layout(one(3), False, 0, 2, None, 1)
-    with pytest.raises(g.UserError, match="training rank 1 would run on GPU 1, which the SGLang server at http://127.0.0.1:2"):
-        g.gpu_layout([("http://127.0.0.1:1", [3]), ("http://127.0.0.1:2", [1, 2])], False, 0, 2, None, 4)  # a TP's 2nd GPU
-    assert g.gpu_layout(one(3), False, 0, 3, "0,1,2", 3) == (0, [None])  # the server's GPU is hidden from us
-    # a server on another machine: --server_gpu names its GPUs, not ours (4 ranks here with the default 3)
-    assert g.gpu_layout(one(3, "http://gpu-box-b.invalid:30000"), False, 0, 4, None, 4) == (0, [None])
-    # tensor when rank 0 sees every server's GPU on this host; else NCCL, or a clear refusal of --sync tensor
-    assert g.pick_sync(g.Config(), one(3), [3], None)[0] == "tensor"
-    kind, why = g.pick_sync(g.Config(), one(3), [None], "0")
-    assert kind == "nccl" and "GPU 3 (--server_gpu) is not visible to the trainer (CUDA_VISIBLE_DEVICES=0)" in why
-    with pytest.raises(g.UserError, match=r"--sync tensor needs rank 0 to see the server's GPU.*not visible.*"
-                                          r"CUDA_VISIBLE_DEVICES=0,1,2.*Use --sync nccl"):
-        g.pick_sync(g.Config(sync="tensor"), one(3), [None], "0,1,2")
-    kind, why = g.pick_sync(g.Config(), one(3, "http://gpu-box-b.invalid:30000"), [3], None)
-    assert kind == "nccl" and "on another host" in why
-    assert g.pick_sync(g.Config(sync="nccl"), one(3), [3], None)[0] == "nccl"
-    two = [("http://127.0.0.1:30000", [1]), ("http://127.0.0.1:30001", [2])]
-    assert g.pick_sync(g.Config(), two, [1, None], "0,1")[0] == "nccl"  # one server's GPU hidden: NCCL for all
-
-
-@pytest.mark.parametrize("urls, gpus, says", [
-    ("http://a:1,http://b:1", "1,2,3", "--server_gpu '1,2,3' must name the GPU of each --server_url (2)"),
-    ("http://a:1,http://a:1/", "1", "--server_url lists http://a:1 twice: name each server once"),
-    ("http://a:1", "two", "--server_gpu 'two' must name the GPU"),
-    ("http://a:1,b:2", "1", "--server_url 'b:2' is not a server address")])
-def test_several_servers_flags_are_checked(urls, gpus, says, tmp_path):
-    with pytest.raises(g.UserError, match=re.escape(says)):
-        g.check_config(g.Config(server_url=urls, server_gpu=gpus, out_dir=str(tmp_path)), 1)
-    assert g.parse_servers(g.Config(server_url="http://a:1, http://b:2/", server_gpu="0+1,3")) == [
-        ("http://a:1", [0, 1]), ("http://b:2", [3])]
-
-
-# ---------------------------------------------------------------------------------------------
-# 5. the real script against a stand-in server
 
 WORDS = ["user", "assistant", "What", "is", "+", "?", "Answer", "with", "the", "number", "only", "."]
 
@@ -523,6 +140,21 @@ def tiny_model(tmp_path_factory):
     """A 2-layer Llama (tied embeddings) and a word-level tokenizer with a chat template."""
     return build_tiny(str(tmp_path_factory.mktemp("tiny")))
 
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dist_init():
+    """A process group of one (gloo), as the trainer has on one CPU rank."""
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+# -- the stand-in server: SGLang's endpoints, and the weights it is sent loaded the way SGLang loads them
 
 def sglang_checksums(held, fuse=False):
     """What SGLang's /weights_checker answers for what one rank holds ({HF name: bf16 tensor}): the hash of each tensor
@@ -814,11 +446,27 @@ def server(tiny_model):
     s.close()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def assert_server_has(pushed, trainer):
+    assert set(pushed) == set(trainer), (sorted(pushed), sorted(trainer))
+    for n, t in trainer.items():
+        assert torch.equal(pushed[n], t.to(torch.bfloat16)), n
 
+
+def assert_every_rank_has(s, trainer):
+    for rank, held in enumerate(s.ranks):
+        assert set(held) == set(trainer), rank
+        assert all(torch.equal(held[n], t.to(torch.bfloat16)) for n, t in trainer.items()), rank
+
+
+def held_differ(s, out_dir):
+    """(how many of the tensors a stand-in holds, by its names, differ from the trainer's last checkpoint in bf16, how
+    many it holds)"""
+    held = sglang_checksums(s.ranks[0], s.fuse)
+    trainer = sglang_checksums({n: t.to(torch.bfloat16) for n, t in ckpt_weights(out_dir).items()}, s.fuse)
+    return sum(held[n] != trainer[n] for n in held), len(held)
+
+
+# -- the script run as a user runs it: a subprocess, 1 process or torchrun with 2
 
 # A user's rewards, registered the way reward_fns.py says, for runs that need a signal whatever the tiny model samples
 # ('has_number': the completion holds the word 'number', which it does in some of a group and not in others)
@@ -883,12 +531,6 @@ def ckpt_weights(out_dir):
     return {n: p.detach() for n, p in m.named_parameters()}
 
 
-def assert_server_has(pushed, trainer):
-    assert set(pushed) == set(trainer), (sorted(pushed), sorted(trainer))
-    for n, t in trainer.items():
-        assert torch.equal(pushed[n], t.to(torch.bfloat16)), n
-
-
 def read_metrics(out_dir):
     return [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
 
@@ -907,52 +549,1210 @@ def run_against(model_dir, tmp_path, fault, *flags, tool=()):
         s.close()
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path, nproc):
-    from transformers import AutoTokenizer
-    # step 1, then resume to step 2: after EACH step the server holds exactly the trainer's weights
-    mb = ["--micro_batch", "2"] if nproc == 2 else []  # 2 ranks x 2 micro-batches: grads reduced once
-    mb += ["--reward", "has_number"]  # a signal in every step, so that the weights move
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", *mb, nproc=nproc, rewards=True))
-    assert code == 0, out
-    assert len(server.pushes) == 2  # the initial push, then one per step
-    assert_server_has(server.pushes[-1], ckpt_weights(tmp_path))
-    assert not torch.equal(server.pushes[0]["model.layers.0.mlp.up_proj.weight"],
-                           server.pushes[1]["model.layers.0.mlp.up_proj.weight"])  # training moved the weights
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "2", "--resume", *mb, nproc=nproc, rewards=True))
-    assert code == 0, out
-    assert "resumed from" in out and "at step 1" in out
-    assert len(server.pushes) == 4
-    assert_server_has(server.pushes[2], {n: t for n, t in server.pushes[1].items()})  # resume pushes step-1 weights
-    assert_server_has(server.pushes[-1], ckpt_weights(tmp_path))
-    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-    assert [r["step"] for r in m] == [1, 2]
-    for key in ("reward_mean", "kl", "mismatch_mean", "mismatch_max", "mismatch_kl", "is_ratio_mean", "time_rollout",
-                "time_train", "time_sync", "rollout_tokens_per_s"):
-        assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in m), key
-    assert all(r["mismatch_mean"] < 0.05 for r in m)
-    assert "batch: 2 prompts x 4 completions = 8 sequences per step" in out
-    assert "weight sync: tensor (on the CPU: tensors shared through files)" in out
-    im_start = AutoTokenizer.from_pretrained(tiny_model).convert_tokens_to_ids("<|im_start|>")
-    assert "prompt format: chat" in out and all(p[0] == im_start for r in server.rollouts for p in r)  # auto: its template
-    assert server.calls["/flush_cache"] == 0  # the cache is flushed by the last bucket's flush_cache flag
+def mixed_lengths_data(path, n=40):
+    """Questions of different token lengths (as GSM8K's), in the tiny model's vocabulary."""
+    q = lambda i: "What is " + " + ".join(["1"] * (1 + i % 7)) + " ?"
+    path.write_text("".join(json.dumps({"question": q(i), "answer": str(1 + i % 7)}) + "\n" for i in range(n)))
+    return str(path)
 
 
-@pytest.mark.parametrize("arch", ["llama_untied", "qwen2", "qwen3", "gemma3"])
-def test_architectures_train_and_push(arch, tmp_path):
-    """Beyond Llama (the fixture): forward/backward through shard(), every weight pushed and loaded by
-    name, two steps against the stand-in. Gemma's final norm returns bf16 into the fp32 LM head."""
-    model_dir = build_tiny(str(tmp_path / "model"), arch)
-    s = StandIn(model_dir)
+# -- runs and checkpoints that several tests share, and the ways to break a checkpoint
+
+@pytest.fixture(scope="session")
+def two_step_run(tiny_model, tmp_path_factory):
+    """A finished 2-step run (its checkpoint step_2, metrics of steps 0-2), for tests to copy and break."""
+    d, s = tmp_path_factory.mktemp("two_step_run"), StandIn(tiny_model)
     try:
-        code, out = run(train_cmd(model_dir, s.url, tmp_path / "run", "--steps", "2"))
+        code, out = run(train_cmd(tiny_model, s.url, d))
         assert code == 0, out
-        assert_server_has(s.pushes[-1], ckpt_weights(tmp_path / "run"))
-        m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
-        assert len(m) == 2 and all(math.isfinite(r["mismatch_mean"]) and math.isfinite(r["loss"]) for r in m)
     finally:
         s.close()
+    return d
 
+
+def files_of(d):
+    """-> {path: bytes} of every file under d but the run's lock."""
+    import pathlib
+    return {p: p.read_bytes() for p in sorted(pathlib.Path(d).rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def cut_in_half(p):
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def edit_state(p, **kw):
+    torch.save({k: v for k, v in {**torch.load(p, weights_only=True), **kw}.items() if v is not None}, p)
+
+
+def edit_config(d, **kw):
+    (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), **kw}, indent=1))
+
+
+class Killed(Exception):
+    """A run stopped dead right after a checkpoint, as kill -9 would stop it."""
+
+
+def run_here(model_dir, url, out_dir, *extra, spy=None, kill_after=None):
+    """The script's main() in this process (a run of one rank, no torchrun), on the stand-in at `url`, with the
+    test rewards registered; spy(seqs, cfg) sees the step's table as train() gets it; kill_after: stop dead once the
+    checkpoint of that step is written."""
+    import torch.distributed as dist
+    cfg = g.parse_config(train_cmd(model_dir, url, out_dir, *extra)[2:])
+    train, save, sharing = g.train, g.save_checkpoint, torch.multiprocessing.get_sharing_strategy()
+
+    def spied(cfg, model, opt, seqs, *a):
+        spy and spy(seqs, cfg)
+        return train(cfg, model, opt, seqs, *a)
+
+    def saved(cfg, model, opt, tok, step):
+        save(cfg, model, opt, tok, step)
+        if step == kill_after:
+            raise Killed
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(g, "train", spied), mp.setattr(g, "save_checkpoint", saved)
+        mp.setitem(reward_fns.REWARD_FNS, "has_number", lambda c, a: float("number" in c.split()))
+        try:
+            g.main(cfg)
+        except Killed:
+            pass
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            torch.multiprocessing.set_sharing_strategy(sharing)
+
+
+# The runs that a few tests below share: 5 steps, checkpoints every 2 (and at the end), a warmup and a cosine decay,
+# DAPO's overlong penalty, a seed that is not the default; once uninterrupted, once stopped dead after its step-2
+# checkpoint and resumed (without --seed: the run's own comes back).
+RESUMED_FLAGS = ("--steps", "5", "--save_every", "2", "--lr_warmup_steps", "1", "--lr_schedule", "cosine",
+                 "--min_lr_ratio", "0.5", "--max_new_tokens", "6", "--overlong_buffer", "4",
+                 "--overlong_penalty", "0.5", "--reward", "has_number", "--eval_every", "0")
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(tiny_model, tmp_path_factory):
+    from types import SimpleNamespace
+    d = tmp_path_factory.mktemp("resumed")
+    got = {}
+    for key in ("ref", "resumed"):
+        s, tables = StandIn(tiny_model), []
+        spy = lambda seqs, cfg: tables.append({k: seqs[k].clone() if torch.is_tensor(seqs[k]) else list(seqs[k])
+                                               for k in ("adv", "length", "text", "reward")})
+        try:
+            run_here(tiny_model, s.url, d / key, *RESUMED_FLAGS, "--seed", "7", spy=spy,
+                     kill_after=2 if key == "resumed" else None)
+            n = len(s.generations)
+            if key == "resumed":
+                run_here(tiny_model, s.url, d / key, *RESUMED_FLAGS, "--resume", spy=spy)
+        finally:
+            s.close()
+        got[key] = SimpleNamespace(dir=d / key, metrics=[r for r in read_metrics(d / key) if "loss" in r],
+                                   stand_in=s, tables=tables, served_first=n)
+    return got["ref"], got["resumed"]
+
+
+# -- one step in-process: a rollout whose rewards the tests know, the step main() takes, FSDP's steps
+
+def grpo_advantages(rewards, G, std=None, eps=1e-4):
+    """GRPO's advantages written out here: (r - the group's mean) / (the group's unbiased std, or `std`, + eps); a
+    group of equal rewards gets 0."""
+    import statistics
+    out = []
+    for k in range(0, len(rewards), G):
+        grp = rewards[k: k + G]
+        s = statistics.stdev(grp) if std is None else std
+        out += [0.0 if max(grp) == min(grp) else (r - sum(grp) / G) / (s + eps) for r in grp]
+    return out
+
+
+def sharded(path, frozen=False, noise=0.0):
+    """The trainer's policy (or, frozen, its reference) on one CPU rank; `noise`: its weights moved at random."""
+    from torch.distributed.device_mesh import init_device_mesh
+    model = g.load_policy(path, torch.device("cpu"), False)
+    with torch.no_grad():
+        for p in model.parameters() if noise else ():
+            p.add_(noise * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    return g.shard(model, init_device_mesh("cpu", (1,)), torch.bfloat16, frozen=frozen)
+
+
+def alone(model, prompt, completion, temperature):
+    """(C,) log-probs and (C,) entropies of one completion scored on its own (no packing, no micro-batch)."""
+    with torch.no_grad():
+        lp, ent = g.completion_logprobs(model, g.pack_batch([{"prompt": prompt, "completion": completion}], 0, "cpu"),
+                                        temperature)
+    return lp[0], ent[0]
+
+
+# A step's rollout whose rewards the tests know: 3 prompts x 4 completions of 2-5 tokens (EOS last), 5 of them
+# rewarded ('good'): two in group 0, two in group 1, one in group 2.
+PROMPTS = [[4, 5, 6, 8], [6, 7], [9, 4, 10]]
+COMPLETIONS = [[11 + (k * 5 + j) % 13 for j in range(1 + k % 4)] + [3] for k in range(12)]
+GOOD = [0, 3, 5, 6, 9]
+
+
+class KnownTok:
+    def decode(self, ids, skip_special_tokens):
+        return "good" if COMPLETIONS.index(list(ids)) in GOOD else "bad"
+
+
+def known_batch():
+    """PROMPTS x COMPLETIONS as the server's rollout of version 0 (its log-probs: any)."""
+    return {"rows": [{"ids": p, "answer": "1"} for p in PROMPTS], "version": 0, "srv": [0] * 12,
+            "outs": [(c, [-3.0] * len(c), "stop") for c in COMPLETIONS]}
+
+
+def one_step(cfg, model, batch, tok, reward, weight=None, ref=None):
+    """One step in-process, the way main() runs it: the table, micro-batches, the no-grad forwards, rewards,
+    advantages and weights, then train(). -> (the table, the step's metrics)."""
+    seqs = g.sequences(batch, tok, cfg.group_size, "cpu")
+    mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
+    g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
+    m = g.Metrics()
+    g.score(seqs, lambda s, w: (reward(s["text"], s["answer"]), {}), lambda c, a: 0.0, cfg.group_size, m)
+    seqs["adv"] = g.advantages(cfg, seqs["reward"])
+    seqs["weight"] = torch.ones_like(seqs["adv"]) if weight is None else weight
+    g.train(cfg, model, torch.optim.SGD(model.parameters(), lr=0.05), seqs, mbs, 1, lambda seqs, m: None, m)
+    return seqs, m.reduce("cpu")
+
+
+def fsdp_steps(d, checkpointing, steps=3, **shard_kw):
+    """shard() a tiny policy and run `steps` optimizer steps the way the trainer orders its forwards: a no-grad
+    forward (the old policy's / the sync check's), then forward, backward, AdamW. -> (every log-prob, the final
+    weights, whether the blocks' weights were still gathered after a forward, the first step's gradients)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    torch.manual_seed(0)
+    model = g.shard(g.load_policy(d, torch.device("cpu"), checkpointing), init_device_mesh("cpu", (1,)), torch.bfloat16,
+                    **shard_kw)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = g.pack_batch([{"prompt": [4, 5, 6], "completion": [7, 8, 9]}, {"prompt": [5], "completion": [10, 11]}],
+                         0, "cpu")
+    lps, grads = [], None
+    for _ in range(steps):
+        with torch.no_grad():
+            lps.append(g.completion_logprobs(model, batch, 0.7)[0])
+        assert all(isinstance(p, DTensor) for p in model.parameters()) != shard_kw.get("frozen", False)  # frozen:
+        # the weights stay gathered from step to step; else none is left gathered by a no-grad forward
+        lp = g.completion_logprobs(model, batch, 0.7)[0]
+        gathered = not isinstance(model.model.layers[0].mlp.up_proj.weight, DTensor)  # FSDP2 swaps full tensors in
+        (lp * torch.tensor([[1.0, -2.0, 0.5], [3.0, 1.0, 0.0]])).sum().backward()
+        grads = grads or {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        lps.append(lp.detach())
+    return lps, {n: p.full_tensor() for n, p in model.named_parameters()}, gathered, grads
+
+
+def check_fused_norm_in_bf16(norm, device):
+    """A fused norm's bf16 output and gradients (x, weight) against float64 autograd of x / rms(x) * weight."""
+    norm = copy.deepcopy(norm).to(device=device, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    x = (torch.randn(64, norm.weight.shape[0], generator=gen) * 3).bfloat16()
+    gy = torch.randn(x.shape, generator=gen)
+    x64, w64 = x.double().requires_grad_(), norm.weight.detach().double().cpu().requires_grad_()
+    want = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + norm.fused_eps) * w64
+    want_g = torch.autograd.grad((want * gy.double()).sum(), (x64, w64))
+    xd = x.to(device).requires_grad_()
+    y = norm(xd)
+    got_g = torch.autograd.grad((y.float() * gy.to(device)).sum(), (xd, norm.weight))
+    assert y.dtype == torch.bfloat16 and ((y.double().cpu() - want).abs() <= want.abs() * 2**-8 + 1e-30).all()
+    rel = lambda a, b: ((a.double().cpu() - b).norm() / b.norm()).item()
+    assert rel(got_g[0], want_g[0]) < 1e-2 and rel(got_g[1], want_g[1]) < 1e-2, (rel(got_g[0], want_g[0]),
+                                                                              rel(got_g[1], want_g[1]))
+    return y
+
+
+# -- the docs and this file's own index
+
+def check_registry(rf):
+    """Every reward registered in the reward_fns module `rf` is reachable by name and returns a finite number, or a
+    dict of them (one that takes the sample gets one); every task's check agrees with that task's reward."""
+    sample = {"finish": "stop", "length": 3, "completion": [5, 6, 7], "server_lp": [-0.1, -0.2, -0.3]}
+    for name, fn in rf.REWARD_FNS.items():
+        assert rf.get_reward_fn(name) is fn
+        for completion in ("#### 3", "1 + 2 = 3", "", "no number", "\\boxed{3}"):
+            got = fn(completion, "3", sample) if "sample" in inspect.signature(fn).parameters else fn(completion, "3")
+            assert all(math.isfinite(v) for v in (got.values() if isinstance(got, dict) else [got])), (name, got)
+    for task, check in rf.CORRECT.items():
+        for completion in ("#### 3", "so 3", "#### 4", ""):
+            assert check(completion, "3") == (rf.get_reward_fn(task)(completion, "3") == 1.0)
+    with pytest.raises(ValueError, match="valid names: " + ", ".join(sorted(rf.REWARD_FNS))) as e:
+        rf.get_reward_fn("gsm9k")
+    assert "gsm9k" in str(e.value)
+
+
+def readme_recipes():
+    """The README's Hacking guide: {recipe: [(file, function, mode, anchor, code)]}, from the comment before each code
+    block (<!-- recipe NAME: FILE FUNCTION MODE "ANCHOR" -->), in the README's order."""
+    readme = open(os.path.join(HERE, "README.md")).read()
+    got = collections.defaultdict(list)
+    for name, file, fn, mode, anchor, code in re.findall(r'<!-- recipe (\w+): (\S+) (\S+) (\w+)(?: "([^\n]*)")? -->\n'
+                                                         r"```\w*\n(.*?)```", readme, re.S):
+        got[name].append((file, fn, mode, anchor, code))
+    return got
+
+
+def apply_recipe(edits, root):
+    """A recipe's edits, made as a reader makes them, in the copies of its files under root: each anchor must be in
+    the function the README names, once: else the README no longer says where the code goes."""
+    for file, fn, mode, anchor, code in edits:
+        if mode in ("file", "command"):
+            continue
+        path = os.path.join(root, file)
+        src = open(path).read()
+        if mode == "end":
+            src = src.rstrip("\n") + "\n\n\n" + code
+        else:
+            start = src.index(f"def {fn[:-2]}(")
+            end = src.find("\ndef ", start + 1) % (len(src) + 1)
+            at = src.find(anchor, start, end)
+            assert at >= 0 and src.count(anchor, start, end) == 1, (file, fn, anchor)
+            line = src.rindex("\n", 0, at) + 1  # the anchor's line
+            eol = src.index("\n", at) + 1
+            src = {"before": src[:line] + code + src[line:], "after": src[:eol] + code + src[eol:],
+                   "replace": src[:line] + code + src[eol:]}[mode]
+        open(path, "w").write(src)
+
+
+def config_flags():
+    return {"--" + f.name.rstrip("_") for f in dataclasses.fields(g.Config)} | {
+        "--no-" + f.name.rstrip("_") for f in dataclasses.fields(g.Config) if type(f.default) is bool}
+
+
+def sections():
+    """This file's test sections -> [(N, title, [the tests under the header '# N. title'])], in the file's order."""
+    out = []
+    for line in open(__file__):
+        if re.match(r"# \d+\. ", line):
+            n, title = line[2:].rstrip("\n").split(". ", 1)
+            out.append((int(n), title, []))
+        elif out and line.startswith("def test_"):
+            out[-1][2].append(line[4:line.index("(")])
+    return out
+
+
+# -- serve.sh against a fake SGLang
+
+SERVE_SH_SETTINGS = ("MODEL", "GPU", "TP", "SERVERS", "HOST", "PORT", "MEM_FRACTION", "ATTENTION_BACKEND", "DTYPE",
+                     "SEED", "FP32_LM_HEAD", "SGLANG_API_KEY", "EXTRA_ARGS", "TIMEOUT", "LOG", "PIDFILE", "PYTHON")
+ANSWERS = """import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), H).serve_forever()
+"""  # a server that answers on its --port at once (fails there if the port is taken)
+
+
+def _fake_sglang(tmp_path, server=None):
+    """A fake `python` for serve.sh: `-m sglang.launch_server ARGS` appends its CUDA_VISIBLE_DEVICES and ARGS to
+    tmp_path/starts, then runs `server` (Python, given ARGS) or, without one, exits 1 at once (a server that dies at
+    start); anything else runs in this Python. -> its path."""
+    if server:
+        (tmp_path / "server.py").write_text(server)
+    fake = tmp_path / "fakepython"
+    fake.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = "-m" ]; then
+  printf '%s\\0' "$CUDA_VISIBLE_DEVICES" "$@" >> {tmp_path}/starts && echo >> {tmp_path}/starts
+  {f'exec {sys.executable} {tmp_path}/server.py "$@"' if server else 'exit 1'}
+fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(0o755)
+    return fake
+
+
+def _starts(tmp_path):
+    """-> [[CUDA_VISIBLE_DEVICES, *the arguments], one per server serve.sh started]."""
+    f = tmp_path / "starts"
+    return [s.split("\0") for s in f.read_text().split("\0\n")[:-1]] if f.exists() else []
+
+
+def _run_serve_sh(tmp_path, *args, popen=False, **settings):
+    """bash serve.sh ARGS with these settings only (none of the caller's), against tmp_path's fakepython ->
+    (the finished run, or the running one with popen, its environment)."""
+    env = {k: v for k, v in os.environ.items() if k not in SERVE_SH_SETTINGS}
+    env.update(PYTHON=str(tmp_path / "fakepython"), LOG=str(tmp_path / "serve.log"), TIMEOUT="30",
+               PIDFILE=str(tmp_path / "serve.pid"))
+    env.update(settings)
+    cmd = ["bash", os.path.join(HERE, "serve.sh"), *args]
+    if popen:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), env
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90), env
+
+
+def _two_free_ports():
+    """-> p, with ports p and p + 1 both free."""
+    while True:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", (p := free_port()) + 1))
+                return p
+            except OSError:
+                pass
+
+
+def _alive(pid):
+    """-> whether process pid runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# What SGLang gets from serve.sh: the defaults (D), and each setting changed on its own (D edited by hand). Every case
+# but the first runs on a free port; the first on the default 30000.
+D = ("-m sglang.launch_server --model-path Qwen/Qwen2.5-0.5B-Instruct --host 127.0.0.1 --port 30000 "
+     "--mem-fraction-static 0.85 --dtype bfloat16 --random-seed 0 --enable-fp32-lm-head")
+SERVE_SH_ARGS = [  # (settings, serve.sh's own arguments, CUDA_VISIBLE_DEVICES, SGLang's arguments)
+    ({}, [], "3", D),
+    ({"MODEL": "/models/my model"}, [], "3", D.replace("Qwen/Qwen2.5-0.5B-Instruct", "'/models/my model'")),
+    ({"GPU": "1"}, [], "1", D),
+    ({"GPU": "1,2", "TP": "2"}, [], "1,2", D.replace("--random-seed 0", "--random-seed 0 --tp-size 2")),
+    ({"HOST": "0.0.0.0"}, [], "3", D.replace("--host 127.0.0.1", "--host 0.0.0.0")),
+    ({"MEM_FRACTION": "0.5"}, [], "3", D.replace("--mem-fraction-static 0.85", "--mem-fraction-static 0.5")),
+    ({"ATTENTION_BACKEND": "triton"}, [], "3", D + " --attention-backend triton"),
+    ({"DTYPE": "float16"}, [], "3", D.replace("--dtype bfloat16", "--dtype float16")),
+    ({"FP32_LM_HEAD": "0"}, [], "3", D.replace(" --enable-fp32-lm-head", "")),
+    ({"SEED": "7"}, [], "3", D.replace("--random-seed 0", "--random-seed 7")),
+    ({"SGLANG_API_KEY": "sekret"}, [], "3", D + " --api-key sekret"),
+    ({"EXTRA_ARGS": "--context-length 4096 --sampling-backend pytorch"}, [], "3",
+     D + " --context-length 4096 --sampling-backend pytorch"),
+    ({"EXTRA_ARGS": "--context-length 4096"}, ["--", "--chunked-prefill-size", "512"], "3",
+     D + " --context-length 4096 --chunked-prefill-size 512"),
+]
+
+
+def _sglang_flags():
+    """-> {flag: whether it takes a value} of the installed SGLang's launch_server, read from the source of its
+    ServerArgs (not imported: SGLang is installed here without its dependencies): a field f is --f-with-dashes (or
+    its Arg's cli_name) and its Arg's aliases, a bool takes no value (add_cli_args_from_dataclass's rules)."""
+    import ast
+    import importlib.util
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("needs SGLang installed (CI has it, without its dependencies)")
+    src = os.path.join(os.path.dirname(importlib.util.find_spec("sglang").origin), "srt", "server_args.py")
+    cls = next(n for n in ast.parse(open(src).read()).body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
+    flags = {}
+    for f in cls.body:
+        if isinstance(f, ast.AnnAssign) and isinstance(f.annotation, ast.Subscript) and isinstance(
+                f.annotation.slice, ast.Tuple):  # name: A[type, "help" or Arg(...)]
+            kind, meta = f.annotation.slice.elts[:2]
+            arg = {k.arg: ast.literal_eval(k.value) for k in getattr(meta, "keywords", [])
+                   if k.arg in ("cli_name", "aliases", "no_cli")}
+            if not arg.get("no_cli"):
+                names = [arg.get("cli_name") or "--" + f.target.id.replace("_", "-")] + arg.get("aliases", [])
+                flags.update(dict.fromkeys(names, ast.unparse(kind) not in ("bool", "Optional[bool]")))
+    return flags
+
+
+def _serve_sh(tmp_path, **settings):
+    """serve.sh with these settings (and none of the caller's own) against a fake `python` that appends each server's
+    CUDA_VISIBLE_DEVICES, arguments and start time to argv and answers on its port -> (the finished run, its
+    environment)."""
+    fake = tmp_path / "fakepython"
+    fake.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = "-m" ]; then
+  echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $@ at $(date +%s.%N)" >> {tmp_path}/argv
+  port=$(echo "$@" | sed -E 's/.*--port ([0-9]+).*/\\1/')
+  exec {sys.executable} -c "import http.server as h, time
+time.sleep(1)
+class H(h.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+h.HTTPServer(('127.0.0.1', $port), H).serve_forever()"
+fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(0o755)
+    port = free_port()
+    while True:  # two free ports in a row
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+                break
+            except OSError:
+                port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("GPU", "TP", "SERVERS", "MEM_FRACTION", "EXTRA_ARGS")}
+    env.update(PYTHON=str(fake), PORT=str(port), LOG=str(tmp_path / "serve.log"), PIDFILE=str(tmp_path / "serve.pid"),
+               TIMEOUT="30", **settings)
+    return subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True,
+                          timeout=90), env
+
+
+def _serve_sh_stop(env):
+    subprocess.run(["bash", os.path.join(HERE, "serve.sh"), "stop"], env=env, capture_output=True, timeout=90)
+
+
+# -- a real SGLang server on a GPU (section 15)
+
+def _have_gpu_and_sglang():
+    import importlib.util
+    # find_spec of a submodule imports its parent: ask for the package first (a GPU machine without SGLang)
+    return (torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None
+            and importlib.util.find_spec("sglang.launch_server") is not None)
+
+
+gpu = pytest.mark.skipif(not _have_gpu_and_sglang(), reason="needs a GPU and SGLang")
+
+
+@pytest.fixture(scope="module")
+def real_server():
+    model = os.environ.get("GRPO_TEST_MODEL") or os.environ.get("KIT_MODEL_DIR")
+    if not model:
+        pytest.skip("set GRPO_TEST_MODEL to a small model the server can load")
+    n = torch.cuda.device_count()
+    srv = {"model": model, "gpu": n - 1, "colocate": n == 1, "port": os.environ.get("GRPO_TEST_PORT", "30010")}
+    env = dict(os.environ, MODEL=model, GPU=str(srv["gpu"]), PORT=srv["port"], MEM_FRACTION="0.3",
+               PIDFILE=os.environ.get("GRPO_TEST_PIDFILE", "/tmp/grpo_gpu_test.pid"), LOG="/tmp/grpo_gpu_test_serve.log")
+    already = subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True, timeout=900)
+    assert already.returncode == 0, already.stdout + already.stderr
+    srv["url"] = f"http://127.0.0.1:{srv['port']}"
+    yield srv
+    if "already running" not in already.stdout:
+        subprocess.run(["bash", os.path.join(HERE, "serve.sh"), "stop"], env=env, timeout=120)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. the GRPO math and the logged metrics on hand-computed values
+
+def test_group_advantages_hand_values():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    a = g.group_advantages(r, 4, scale=True)
+    # group 1: mean 0.5, unbiased std sqrt(1/3) -> +-0.5 / 0.57735 = +-0.866
+    assert torch.allclose(a[:4], torch.tensor([0.8660, -0.8660, -0.8660, 0.8660]), atol=1e-3)
+    assert torch.equal(a[4:], torch.zeros(4))  # all-equal group: no signal, no NaN
+    a = g.group_advantages(r, 4, scale=False)  # Dr. GRPO: only centred
+    assert torch.allclose(a, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    a = g.group_advantages(torch.tensor([3.0, 3.0]), 2)  # eps keeps all-equal groups finite
+    assert torch.equal(a, torch.zeros(2))
+    # eight rewards of 0.1 (gsm8k_format's format bonus alone): a float std is 8e-9, not 0; the group is still flat
+    r = torch.tensor([0.1] * 8 + [0.0] * 7 + [1.1])
+    assert torch.equal(g.flat_groups(r, 8), torch.tensor([True, False]))
+    assert torch.equal(g.group_advantages(r, 8)[:8], torch.zeros(8)) and g.group_advantages(r, 8)[8:].abs().sum() > 1
+    assert g.flat_groups(torch.tensor([0.1] * 8), 8).tolist() == [True]  # alone, their float std is 8e-9 here
+    assert torch.equal(g.group_advantages(torch.tensor([0.1] * 8), 8), torch.zeros(8))
+
+
+def test_kl_k3_hand_values():
+    logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.0, -1.0]])
+    # d = ref - logp = [0, 1]: e^0 - 0 - 1 = 0;  e^1 - 1 - 1 = 0.71828
+    assert torch.allclose(g.kl_k3(logp, ref), torch.tensor([[0.0, math.e - 2]]))
+    assert (g.kl_k3(torch.randn(4, 5), torch.randn(4, 5)) >= 0).all()
+
+
+def test_clipped_surrogate_hand_values():
+    old = torch.zeros(2, 2)
+    logp = torch.log(torch.tensor([[1.5, 0.9], [0.5, 1.1]]))  # ratios
+    adv = torch.tensor([1.0, -1.0])
+    loss, clipped = g.clipped_surrogate(torch.exp(logp - old), adv, 0.2, 0.3)
+    # row 0 (A=+1): min(1.5, 1.3) = 1.3 (clipped); min(0.9, 0.9) = 0.9
+    # row 1 (A=-1): min(-0.5, -0.8) = -0.8 (clipped); min(-1.1, -1.1) = -1.1
+    assert torch.allclose(loss, torch.tensor([[-1.3, -0.9], [0.8, 1.1]]), atol=1e-6)
+    assert clipped.tolist() == [[True, False], [True, False]]
+    # the gradient vanishes where clipping is active, not elsewhere
+    lp = logp.clone().requires_grad_(True)
+    g.clipped_surrogate(torch.exp(lp - old), adv, 0.2, 0.3)[0].sum().backward()
+    assert lp.grad[0, 0] == 0 and lp.grad[1, 0] == 0
+    assert torch.allclose(lp.grad[0, 1], torch.tensor(-0.9)) and torch.allclose(lp.grad[1, 1], torch.tensor(1.1))
+
+
+def test_tis_weights_truncate():
+    old, server = torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]]))
+    assert torch.allclose(g.tis_weights(old, server, 1.5), torch.tensor([[1.5, 0.5]]))
+
+
+def test_grpo_token_loss_with_kl_and_tis_hand_values():
+    logp = torch.log(torch.tensor([[0.5, 0.25]]))
+    old = torch.log(torch.tensor([[0.4, 0.25]]))  # ratios 1.25 (clipped at 1.2 for A > 0) and 1
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    tis = torch.tensor([[2.0, 0.5]])
+    one = torch.ones(1, 2)
+    loss, clipped, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), one, 0.2, 0.2, "token", tis, ref, beta=0.1)
+    # KL(pi || ref) per token, k3 with d = ref - logp: d = log(0.5), log(2) -> e^d - d - 1
+    k3 = [0.5 - math.log(0.5) - 1, 2 - math.log(2) - 1]
+    assert torch.allclose(kl, torch.tensor([k3]), atol=1e-6)
+    assert torch.allclose(loss, torch.tensor([[-1.2 * 2.0 + 0.1 * k3[0], -1.0 * 0.5 + 0.1 * k3[1]]]), atol=1e-6)
+    assert clipped.tolist() == [[True, False]]
+    loss, _, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), one, 0.2, 0.2)  # no TIS, no reference
+    assert kl is None and torch.allclose(loss, torch.tensor([[-1.2, -1.0]]))
+
+
+def test_aggregate_modes_mask_and_weights():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0], [7.0, 7.0, 7.0]])
+    m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])  # masked values must not count
+    w = torch.tensor([1.0, 1.0, 0.0])  # the third sequence is filtered out: it must not count either
+    agg = lambda mode, rows=slice(None): g.aggregate(x[rows], m[rows], w[rows], mode, g.loss_norm(mode, 2, 4, 3)).item()
+    assert agg("seq") == pytest.approx((2.0 + 4.0) / 2)
+    assert agg("token") == pytest.approx(10.0 / 4)
+    assert agg("constant") == pytest.approx(10.0 / 6)
+    # micro-batches with whole-batch normalisers add up to the whole-batch value
+    for mode in ("seq", "token", "constant"):
+        assert agg(mode, slice(0, 1)) + agg(mode, slice(1, 3)) == pytest.approx(agg(mode))
+    half = torch.tensor([0.5, 1.0, 0.0])  # a weight scales the sequence's share, in the sum and in the normaliser
+    assert g.aggregate(x, m, half, "token", 3 * 0.5 + 1).item() == pytest.approx((6 * 0.5 + 4) / 2.5)
+    with pytest.raises(KeyError):
+        g.loss_norm("tokens", 2, 4, 3)
+
+
+def test_policy_loss_reads_the_flags_into_the_loss():
+    """The call site that wires flags into the math: unequal clips each on their side, TIS with the trainer's
+    logprobs over the server's (not the reverse), the ratio level, the reference at --beta."""
+    logp = torch.log(torch.tensor([[0.6, 0.3], [0.2, 0.5]]))
+    old = torch.log(torch.tensor([[0.4, 0.3], [0.4, 0.5]]))  # ratios 1.5 and 1 (A > 0); 0.5 and 1 (A < 0)
+    b = {"adv": torch.tensor([1.0, -1.0]), "mask": torch.ones(2, 2), "server_lp": old - math.log(2)}  # π_old / π_server = 2
+    cfg = g.Config(clip_low=0.1, clip_high=0.3, tis_cap=1.5)
+    loss, clipped, kl = g.policy_loss(cfg, b, logp, old, None)
+    # TIS min(2, 1.5) = 1.5; row 0: min(1.5, 1.3) = 1.3; row 1: -min(-0.5, -0.9) = 0.9; the ratio-1 tokens: -/+1
+    assert torch.allclose(loss, 1.5 * torch.tensor([[-1.3, -1.0], [0.9, 1.0]]), atol=1e-6) and kl is None
+    b["ref_lp"] = logp.detach() - 0.5
+    loss_kl, _, kl = g.policy_loss(dataclasses.replace(cfg, beta=0.1, tis_cap=0.0), b, logp, old, None)
+    assert torch.allclose(loss_kl, torch.tensor([[-1.3, -1.0], [0.9, 1.0]]) + 0.1 * kl) and kl.gt(0).all()
+    seq, _, _ = g.policy_loss(dataclasses.replace(cfg, ratio_level="sequence"), b, logp, old, None)
+    assert not torch.allclose(seq, loss)  # --ratio_level reaches the loss
+
+
+def test_head_logprobs_hand_values_and_gradients_against_autograd_in_float64():
+    """The LM head's log-probs and entropies, chunk by chunk, and its own backward, against log_softmax and autograd
+    in float64 on fresh random inputs: temperatures, chunks that do not divide the rows, Gemma's soft-capping, the
+    log-probs alone (no entropy gradient) and both; each --head_matmul ('bf16': the log-probs of x and W rounded to
+    bf16, exactly; the gradients within bf16 rounding of the unrounded ones)."""
+    logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])  # hand values: x = the logits, W = I
+    lp, ent = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 1.0, None, "fp32", 1)
+    assert torch.allclose(lp, torch.tensor([3 - math.log(math.e + math.e ** 2 + math.e ** 3), -math.log(3)]))
+    assert torch.allclose(ent[1], torch.tensor(math.log(3)))
+    lp2, _ = g.HeadLogprobs.apply(logits, torch.eye(3), torch.tensor([2, 1]), 2.0, None, "fp32", 5)
+    assert torch.allclose(lp2[0], torch.tensor(1.5 - math.log(math.e ** 0.5 + math.e + math.e ** 1.5)))
+    torch.manual_seed(0)
+    cases = ((None, 1.0, 3, True), (None, 0.7, 5, False), (None, 1.0, 4, False), (30.0, 0.8, 4, True), (2.0, 1.0, 99, True),
+             (2.0, 0.9, 4, False))  # both False: the log-probs' gradient alone (with no cap: the backward's short way)
+    for cap, T, chunk, both in cases:
+        x, w = torch.randn(11, 6, dtype=torch.float64, requires_grad=True), torch.randn(13, 6, dtype=torch.float64,
+                                                                                      requires_grad=True)
+        t, gl, ge = torch.randint(0, 13, (11,)), torch.randn(11, dtype=torch.float64), torch.randn(11, dtype=torch.float64)
+        def lp_ent(x, w):
+            logp = torch.log_softmax((cap * torch.tanh(x @ w.T / cap) if cap else x @ w.T) / T, -1)
+            return logp.gather(1, t[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+        lp_ref, ent_ref = lp_ent(x, w)
+        want = torch.autograd.grad((lp_ref * gl).sum() + (both * ent_ref * ge).sum(), (x, w))
+        rounded = lp_ent(x.detach().bfloat16().double(), w.detach().bfloat16().double())  # what 'bf16' computes
+        for mm, tol in (("fp32", 1e-5), ("bf16", 1e-2)):  # bf16: the gradient's matmuls in bf16
+            x32, w32 = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+            lp, ent = g.HeadLogprobs.apply(x32, w32, t, T, cap, mm, chunk)
+            got = torch.autograd.grad((lp * gl.float()).sum() + ((ent * ge.float()).sum() if both else 0), (x32, w32))
+            rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()
+            lp_want, ent_want = rounded if mm == "bf16" else (lp_ref, ent_ref)
+            assert rel(lp, lp_want) < 1e-6 and rel(ent, ent_want) < 1e-5, (cap, T, chunk, mm)
+            assert got[0].dtype == got[1].dtype == torch.float32, mm
+            assert rel(got[0], want[0]) < tol and rel(got[1], want[1]) < tol, (cap, T, chunk, mm)
+        assert rel(rounded[0].float(), lp_ref) > 1e-4  # (the rounding shows)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the head's bf16 matmuls as a GPU runs them")
+@pytest.mark.parametrize("mm", ["fp32", "bf16"])
+def test_head_logprobs_on_cuda_against_float64_autograd(mm):
+    """HeadLogprobs on CUDA, where its fast paths' dtypes matter (bf16 x bf16 -> fp32 logits; bf16
+    gradient matmuls written into fp32 slices of dW): log-probs, entropies ('bf16': those of x and W rounded to bf16)
+    and both gradients against float64 autograd on the CPU, at a size with several row chunks and vocabulary slices
+    that do not divide (the CPU test's sizes are tiny)."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(301, 96, generator=gen, dtype=torch.float64), torch.randn(3001, 96, generator=gen,
+                                                                                dtype=torch.float64) / 4
+    t, gl = torch.randint(0, 3001, (301,), generator=gen), torch.randn(301, generator=gen, dtype=torch.float64)
+    for T, ge in ((0.7, None), (1.0, torch.randn(301, generator=gen, dtype=torch.float64))):  # short way; both
+        x64, w64 = x.clone().requires_grad_(), w.clone().requires_grad_()
+        logp = torch.log_softmax(x64 @ w64.T / T, -1)
+        lp_ref, ent_ref = logp.gather(1, t[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+        want = torch.autograd.grad((lp_ref * gl).sum() + ((ent_ref * ge).sum() if ge is not None else 0), (x64, w64))
+        if mm == "bf16":  # the log-probs of the rounded values
+            logp = torch.log_softmax(x.bfloat16().double() @ w.bfloat16().double().T / T, -1)
+            lp_ref, ent_ref = logp.gather(1, t[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+        xc, wc = (a.detach().float().cuda().requires_grad_() for a in (x, w))
+        lp, ent = g.HeadLogprobs.apply(xc, wc, t.cuda(), T, None, mm, 64)
+        got = torch.autograd.grad((lp * gl.float().cuda()).sum() + ((ent * ge.float().cuda()).sum() if ge is not None
+                                                                   else 0), (xc, wc))
+        rel = lambda a, b: ((a.double().cpu() - b).norm() / b.norm()).item()
+        tol = {"bf16": (1e-5, 1e-2), "fp32": (1e-5, 1e-5)}[mm]
+        assert rel(lp, lp_ref) < tol[0] and rel(ent, ent_ref) < tol[0], (T, rel(lp, lp_ref), rel(ent, ent_ref))
+        assert got[1].dtype == torch.float32 and rel(got[0], want[0]) < tol[1] and rel(got[1], want[1]) < tol[1], \
+            (T, rel(got[0], want[0]), rel(got[1], want[1]))
+
+
+def test_mismatch_stats_hand_values():
+    trainer = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    server = torch.log(torch.tensor([[0.25, 0.2, 0.1]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third token is padding: it must not count
+    m = g.Metrics()
+    g.mismatch_stats(trainer, server, mask, 1.5, m)
+    dist_init()
+    try:
+        got = m.reduce("cpu")
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    assert got["mismatch_max"] == pytest.approx(math.log(2)) and got["mismatch_mean"] == pytest.approx(math.log(2) / 2)
+    assert got["is_ratio_mean"] == pytest.approx((2 + 1) / 2) and got["is_ratio_max"] == pytest.approx(2)
+    assert got["is_truncated_frac"] == 0.5  # ratio 2 > cap 1.5
+    # k3 estimate of KL(server || trainer) on tokens the server sampled: d = trainer - server
+    assert got["mismatch_kl"] == pytest.approx((2 - math.log(2) - 1) / 2)
+
+
+def test_metrics_are_logged_by_what_they_are_and_ranks_may_differ_in_names():
+    """A new metric is one call (a sum, a mean with its count, a maximum); the names are agreed over ranks first,
+    so a metric only one rank has cannot hang or misalign the others; a mean over nothing is None."""
+    m = g.Metrics()
+    m.mean("entropy", torch.tensor(3.0), 2), m.mean("entropy", 1.0, 2), m.sum("loss", 0.5), m.sum("loss", 0.25)
+    m.max("worst", 2.0), m.max("worst", torch.tensor(5.0)), m.mean("nothing", 0.0, 0)
+    dist_init()
+    try:
+        got = m.reduce("cpu")
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    assert got == {"entropy": 1.0, "loss": 0.75, "worst": 5.0, "nothing": None}
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. rewards: parsing answers, the registry, scoring, a user's own reward
+
+def test_extract_number_formats():
+    assert extract_number("The total is 1,234 apples") == "1234"
+    assert extract_number("It costs 1,234,567 dollars") == "1234567"
+    assert extract_number("She pays $5 in total") == "5"
+    assert extract_number("She pays $1,000.50") == "1000.5"
+    assert extract_number("So the answer is 42.") == "42"
+    assert extract_number("The temperature is -3 degrees") == "-3"
+    assert extract_number("It costs 3.50") == "3.5"
+    assert extract_number("72.00") == "72"
+    assert extract_number("What is 10-3") == "3"  # "-" after a digit is subtraction, not a sign
+
+
+def test_extract_number_precedence():
+    # "####" wins over later numbers (documented choice: it is the format we ask for)
+    assert extract_number("#### 42\nI used 3 steps.") == "42"
+    assert extract_number("#### 1\nwrong\n#### 18") == "18"  # the LAST ####
+    assert extract_number("x = 5 so #### 7") == "7"
+    # boxed: last box wins, commas and \$ inside work
+    assert extract_number(r"First \boxed{3} then \boxed{4}, checked 9 times") == "4"
+    assert extract_number(r"\boxed{1,000}") == "1000"
+    assert extract_number(r"\boxed{\$5}") == "5"
+    # "#### <no number>" falls back to the last number
+    assert extract_number("so 12 eggs\n#### ") == "12"
+    # otherwise, the last number in the text
+    assert extract_number("3 + 4 = 7, then 7 * 2 = 14") == "14"
+
+
+def test_extract_number_none():
+    assert extract_number("") is None
+    assert extract_number("no digits here") is None
+
+
+def test_gsm8k_reward():
+    gold = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
+    assert gsm8k_reward("She sold 48 + 24 = 72 clips.\n#### 72", gold) == 1.0
+    assert gsm8k_reward("The answer is 72.00", gold) == 1.0  # numeric, not string, compare
+    assert gsm8k_reward(r"\boxed{72}", "72") == 1.0  # plain answer accepted
+    assert gsm8k_reward("#### 1,234", "#### 1234") == 1.0
+    assert gsm8k_reward("#### 71", gold) == 0.0
+    assert gsm8k_reward("#### 72\nThat used 5 steps.", gold) == 1.0  # #### wins
+    assert gsm8k_reward("I don't know", gold) == 0.0
+    assert gsm8k_reward("", gold) == 0.0
+    assert gsm8k_reward("", "") == 0.0  # None == None must not count as correct
+
+
+def test_format_reward():
+    assert format_reward("reasoning...\n#### 42") == 1.0
+    assert format_reward("reasoning\n#### -3.5.\n") == 1.0
+    assert format_reward(r"so \boxed{1,000}") == 1.0
+    assert format_reward(r"so \boxed{\$5}") == 1.0
+    assert format_reward("the answer is 42") == 0.0
+    assert format_reward("#### forty-two") == 0.0
+    assert format_reward("I think #### 42 maybe") == 0.0  # must be its own line
+    assert format_reward("#### 42 apples") == 0.0  # ...holding just the number
+    assert format_reward("") == 0.0
+
+
+def test_arithmetic_reward():
+    assert arithmetic_reward("7 + 12 = 19", "19") == 1.0
+    assert arithmetic_reward("19", "19") == 1.0
+    assert arithmetic_reward("The answer is 19.", "19") == 1.0
+    assert arithmetic_reward("12", "19") == 0.0
+    assert arithmetic_reward("19 is not right, it is 20", "19") == 0.0  # last number only
+    assert arithmetic_reward("no idea", "19") == 0.0
+    assert arithmetic_reward("", "19") == 0.0
+
+
+@pytest.mark.parametrize("ret, reason", [
+    (float("nan"), "returned NaN"), (None, "returned None"), (float("inf"), "returned inf"),
+    (-math.inf, "returned inf"), ("1.0", "returned non-number str"),
+])
+def test_safe_reward_bad_returns(ret, reason):
+    def bad_reward(c, a):
+        return ret
+    w = collections.Counter()
+    assert safe_reward(bad_reward, "c", "a", w) == 0.0
+    assert w == {f"bad_reward: {reason}": 1}
+
+
+def test_safe_reward_raising_fn_and_plain_dict():
+    def broken_reward(c, a):
+        raise ZeroDivisionError
+    w = {}  # a plain dict works too
+    assert safe_reward(broken_reward, "c", "a", w) == 0.0
+    assert safe_reward(broken_reward, "c", "a", w) == 0.0
+    assert w == {"broken_reward: raised ZeroDivisionError": 2}
+
+
+def test_safe_reward_good_values():
+    w = collections.Counter()
+    assert safe_reward(lambda c, a: True, "c", "a", w) == 1.0
+    assert safe_reward(lambda c, a: 0.25, "c", "a", w) == 0.25
+    assert safe_reward(gsm8k_reward, "#### 3", "3", w) == 1.0
+    assert not w
+
+
+def test_registry():
+    """(adding a reward, one that takes the sample too, needs no edit here; accuracy is counted by the check)"""
+    check_registry(reward_fns)
+    assert reward_fns.gsm8k_format_reward("#### 4", "3") == pytest.approx(0.1)  # shaped: not correct, yet rewarded
+
+
+def test_unknown_reward_name_is_a_clear_error(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--reward", "gsm9k"), timeout=120)
+    assert code == 1 and "--reward: unknown reward function 'gsm9k'" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("arithmetic:0", "'arithmetic:0': every weight is 0, so every reward would be 0"),
+    ("arithmetic:0,format:0.0", "'arithmetic:0,format:0.0': every weight is 0"),
+    ("arithmetic:nan", "'arithmetic:nan': the weight must be a finite number"),
+    ("format:0.1,arithmetic:inf", "'arithmetic:inf': the weight must be a finite number")])
+def test_reward_weights_must_be_finite_and_not_all_0(tiny_model, spec, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        reward_fns.combine(spec, "arithmetic")
+    with pytest.raises(g.UserError, match=re.escape("--reward: " + says)):  # the trainer's message
+        g.load_data(g.Config(model=tiny_model, dataset="builtin", reward=spec))
+    reward = reward_fns.combine("arithmetic:1,format:0", "arithmetic")  # a 0 beside a weight is fine
+    assert reward({"text": "3", "answer": "3"}, {}) == (1.0, {"arithmetic": 1.0, "format": 0.0})
+
+
+def test_score_counts_correctness_not_reward_and_the_table_keeps_each_sequence_in_its_row():
+    """Accuracy comes from the task's check whatever the reward (a shaped reward cannot inflate it); row k of the
+    table is completion k of the rollout, of prompt k // G; a weighted mix of rewards logs each part; a reward that
+    asks for the sample sees its length and finish reason."""
+    texts = ["#### 3", "3", "#### 7", "nothing", "#### 5", "#### 5", "5", "8"]  # two prompts, G = 4
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens):
+            return texts[ids[0]]
+    batch = {"rows": [{"ids": [1], "answer": "3"}, {"ids": [2, 2], "answer": "5"}], "srv": [0] * 8,
+             "outs": [([k] + [9] * (k % 3), [-0.5] * (1 + k % 3), "length" if k == 7 else "stop") for k in range(8)]}
+    seqs = g.sequences(batch, Tok(), 4, "cpu")
+    assert seqs["prompt"] == [[1]] * 4 + [[2, 2]] * 4 and seqs["group"].tolist() == [0] * 4 + [1] * 4
+    assert seqs["length"].tolist() == [1, 2, 3, 1, 2, 3, 1, 2] and seqs["mask"].sum().item() == 15
+    m = g.Metrics()
+    warn = g.score(seqs, reward_fns.combine("format", "gsm8k"), reward_fns.gsm8k_correct, 4, m)
+    assert seqs["correct"].tolist() == [1, 1, 0, 0, 1, 1, 1, 0] and not warn
+    assert seqs["reward"].tolist() == [1, 0, 1, 0, 1, 1, 0, 0]  # format only
+    reward_fns.REWARD_FNS["long"] = lambda c, a, sample: float(sample["length"] > 1 and sample["finish"] == "stop")
+    try:
+        g.score(seqs, reward_fns.combine("gsm8k:1,long:0.5", "gsm8k"), reward_fns.gsm8k_correct, 4, m)
+    finally:
+        del reward_fns.REWARD_FNS["long"]
+    long = [0, 1, 1, 0, 1, 1, 0, 0]  # length > 1 and stopped (row 7 was cut by max_new_tokens)
+    assert seqs["reward"].tolist() == [c + 0.5 * l for c, l in zip([1, 1, 0, 0, 1, 1, 1, 0], long)]
+    dist_init()
+    try:
+        got = m.reduce("cpu")
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    assert got["reward_gsm8k"] == 5 / 8 and got["reward_long"] == 4 / 8 and got["accuracy"] == 5 / 8
+    assert got["truncated_frac"] == 1 / 8 and got["completion_len_mean"] == 15 / 8
+
+
+def test_a_reward_part_is_its_mean_over_the_rows_that_have_it_however_the_rows_fall_on_ranks():
+    """A part some rows report and others not (a dict reward with a key only sometimes): its logged mean is over the
+    rows that report it, the same whether they share a rank or not. Metrics.reduce sums each name's total and count
+    over ranks (0 where a rank lacks it), so scoring each rank's rows into one Metrics is what the ranks log."""
+    class Tok:
+        def decode(self, ids, skip_special_tokens):
+            return "abcd"[ids[0]]
+    parts = {"a": {"bonus": 2.0, "base": 1.0}, "b": {"base": 0.0}, "c": {"base": 1.0}, "d": {"base": 1.0}}
+    reward = lambda s, warn: (sum(parts[s["text"]].values()), parts[s["text"]])
+    table = lambda ks: g.sequences({"rows": [{"ids": [9], "answer": "1"}], "srv": [0] * len(ks),
+                                    "outs": [([k], [-0.5], "stop") for k in ks]}, Tok(), len(ks), "cpu")
+    dist_init()
+    try:
+        logged = []
+        for ranks in ([[0, 1, 2, 3]], [[0, 1], [2, 3]], [[2, 3], [0, 1]]):  # one rank, or two (rank 0 with "a")
+            m = g.Metrics()
+            for ks in ranks:
+                g.score(table(ks), reward, lambda c, a: 0.0, len(ks), m)
+            got = m.reduce("cpu")
+            logged.append((got["reward_bonus"], got["reward_base"]))
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    assert logged == [(2.0, 3 / 4)] * 3  # "bonus": row a's 2 over the one row that has it; "base": all four rows
+
+
+def test_a_new_reward_needs_no_test_edit_and_cannot_change_the_accuracy(tiny_model, server, tmp_path):
+    """A user's reward registered the way reward_fns.py says (here a constant 1): the run trains on it, while
+    `accuracy` and `eval_accuracy` still count the task's correctness check."""
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--reward", "always_1", rewards=True))
+    assert code == 0, out
+    steps, evals = [r for r in read_metrics(tmp_path) if "reward_mean" in r], [r for r in read_metrics(tmp_path) if "eval_reward" in r]
+    assert all(r["reward_mean"] == 1 and r["accuracy"] < 1 for r in steps) and len(steps) == 2
+    assert all(r["eval_reward"] == 1 and r["eval_accuracy"] < 1 for r in evals) and len(evals) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. data: the prompts of each step, prompt formats, data files, splits and held-out rows
+
+def test_epochs_are_shuffled_differently():
+    n = 50
+    epoch0 = g.prompts_for_step(n, 0, n, seed=0)
+    epoch1 = g.prompts_for_step(n, 1, n, seed=0)
+    assert sorted(epoch0) == sorted(epoch1) == list(range(n)) and epoch0 != epoch1
+
+
+def test_prompts_for_step_is_a_pure_function_of_step():
+    a = [g.prompts_for_step(10, s, 4, seed=0) for s in range(5)]
+    assert sorted(a[0] + a[1] + a[2][:2]) == list(range(10))  # one epoch covers every row once
+    assert a[3] == g.prompts_for_step(10, 3, 4, seed=0)      # resume at step 3 -> same prompts
+    assert a != [g.prompts_for_step(10, s, 4, seed=1) for s in range(5)]
+
+
+def test_base_model_without_chat_template_gets_plain_prompts(tmp_path):
+    from transformers import AutoTokenizer
+    base = build_tiny(str(tmp_path / "base"), chat_template=False)
+    tok = AutoTokenizer.from_pretrained(base)
+    rows = [{"question": "What is 1 + 2?", "answer": "3"}]
+    plain = g.tokenize_rows(rows, tok, g.Config(), "Answer with the number only.", "plain", collections.Counter())
+    assert tok.decode(plain[0]["ids"]) == "What is 1 + 2 ? Answer with the number only ."
+    chat_tok = AutoTokenizer.from_pretrained(build_tiny(str(tmp_path / "chat")))
+    chat = g.tokenize_rows(rows, chat_tok, g.Config(), "", "chat", collections.Counter())
+    assert chat_tok.decode(chat[0]["ids"]).startswith("<|im_start|> user What is 1 + 2 ?")
+    s = StandIn(base)
+    try:
+        code, out = run(train_cmd(base, s.url, tmp_path / "a", "--steps", "1"))
+        assert code == 0 and "prompt format: plain" in out, out
+        code, out = run(train_cmd(base, s.url, tmp_path / "b", "--prompt_format", "chat"), timeout=120)
+        assert code == 1 and "has no chat template" in out and "--prompt_format plain" in out and "Traceback" not in out
+    finally:
+        s.close()
+    code, out = run(train_cmd(chat_tok.name_or_path, "http://127.0.0.1:1", tmp_path / "c", "--prompt_format", "chatml"), timeout=120)
+    assert code == 1 and "--prompt_format 'chatml' is out of range: it must be auto or chat or plain" in out
+
+
+def test_unusable_rows_are_counted_and_skipped(tiny_model, tmp_path):
+    from transformers import AutoTokenizer
+    path = tmp_path / "data.jsonl"
+    rows = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "", "answer": "3"},
+            {"question": "What is 2 + 0?", "answer": "none"}, {"question": "What is " + "1 + " * 200 + "1?", "answer": "201"},
+            {"question": "What is 0 + 1?", "answer": "#### 1"}, {"answer": "4"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = g.Config(dataset=str(path), eval_size=0, max_prompt_tokens=64)
+    train, evals, held_out = g.load_splits(cfg)
+    assert len(train) == 6 and evals == [] and "the file has no splits" in held_out
+    skipped = collections.Counter()
+    kept = g.tokenize_rows(train, AutoTokenizer.from_pretrained(tiny_model), cfg, "", "chat", skipped)
+    assert sorted(r["answer"] for r in kept) == ["#### 1", "2"]
+    assert skipped == {"empty or missing prompt (--prompt_field 'question')": 2,
+                       "answer without a number (--answer_field 'answer')": 1, "prompt longer than max_prompt_tokens=64": 1}
+    with pytest.raises(g.UserError, match="no such file"):
+        g.load_splits(g.Config(dataset=str(tmp_path / "missing.jsonl")))
+
+
+def test_prompts_that_are_all_too_long_say_so_not_the_fields(tiny_model, tmp_path):
+    cfg = g.Config(model=tiny_model, dataset="builtin", builtin_max_operand=2, max_prompt_tokens=3, out_dir=str(tmp_path))
+    with pytest.raises(g.UserError) as e:
+        g.load_data(cfg)
+    assert "prompt longer than max_prompt_tokens=3" in str(e.value) and "raise --max_prompt_tokens" in str(e.value)
+    assert "--prompt_field" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("bad.jsonl", '{"question": "a", "answer": "1"}\n{"question": "b", "answer": "2"}\n{"question": "c" "answer": "3"}\n',
+     "bad.jsonl line 3 is not valid JSON"),
+    ("empty.jsonl", "", "empty.jsonl: the file holds no rows; each row must be an object like {"),
+    ("list.jsonl", '{"question": "a", "answer": "1"}\n["b", "2"]\n', "list.jsonl: row 2 is not a JSON object"),
+    ("data.csv", "question,answer\na,1\n", "a local file must be .jsonl (one JSON object per line"),
+    ("array.json", '[{"question": "a", "answer": "1"}, ', "array.json is not valid JSON (line 1")])
+def test_bad_data_files_are_one_clear_error(tmp_path, name, content, says):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(g.UserError, match=re.escape(says)):
+        g.load_splits(g.Config(dataset=str(tmp_path / name)))
+
+
+def test_a_broken_file_in_a_data_folder_is_named(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')
+    (tmp_path / "test.jsonl").write_text('{"question": "What is 1 + 2?", "answer": "3"}\n{"question": "x" "answer": 1}\n')
+    with pytest.raises(g.UserError, match=re.escape("test.jsonl line 2 is not valid JSON")):
+        g.load_splits(g.Config(dataset=str(tmp_path)))
+
+
+def test_splits_of_a_local_dataset_folder_a_typo_is_an_error_and_the_held_out_share_is_said(tmp_path):
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(40)]
+    for split, part in (("train", rows[:30]), ("test", rows[30:])):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_size=5))  # a folder: no config name
+    assert train == rows[:30] and evals == rows[30:35] and held_out == "its 'test' split"  # the split it names
+    with pytest.raises(g.UserError, match=re.escape("--eval_split: dataset " + repr(str(tmp_path)) + " has no split 'tset'")):
+        g.load_splits(g.Config(dataset=str(tmp_path), eval_split="tset"))
+    train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_split="", eval_size=200))
+    assert len(train) == 27 and len(evals) == 3 and "at most 10%" in held_out  # min(--eval_size, 10% of 30)
+    assert "at most 10% of the train rows" in g.Config.__dataclass_fields__["eval_size"].metadata["help"]
+    (tmp_path / "empty").mkdir()  # a folder without data files: one clear error that says what --dataset takes
+    with pytest.raises(g.UserError, match="doesn't contain any data files.*--dataset takes a dataset on the HF hub, a local folder"):
+        g.load_splits(g.Config(dataset=str(tmp_path / "empty")))
+
+
+def test_a_question_held_out_for_evaluation_never_trains_even_as_a_duplicate_row(tiny_model, tmp_path, capsys):
+    """Held out means never trained on: a train row whose question is an eval row's (a dataset with duplicates, or
+    an eval split that repeats train rows) leaves the training rows and is counted with its reason."""
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+    (tmp_path / "dups.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + rows))  # each row twice
+    cfg = g.Config(model=tiny_model, dataset=str(tmp_path / "dups.jsonl"), eval_size=200)
+    raw_train, raw_eval, _ = g.load_splits(cfg)  # 4 rows (10%) held out; their twins are among the 36 others
+    twins = sum(r["question"] in {e["question"] for e in raw_eval} for r in raw_train)
+    assert len(raw_eval) == 4 and twins >= 1
+    _, train, evals, _, _ = g.load_data(cfg)
+    assert len(evals) == 4 and len(train) == 36 - twins
+    assert not {r["question"] for r in train} & {r["question"] for r in evals}
+    assert (f"skipped {twins} rows ({{'question also held out for evaluation (a duplicate)': {twins}}})"
+            in capsys.readouterr().out)
+    folder = tmp_path / "splits"  # an eval split with 5 of the train split's questions
+    folder.mkdir()
+    for split, part in (("train", rows[:15]), ("test", rows[10:])):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    _, train, evals, _, _ = g.load_data(g.Config(model=tiny_model, dataset=str(folder), eval_size=200))
+    assert [r["question"] for r in train] == [r["question"] for r in rows[:10]] and len(evals) == 10
+    assert "skipped 5 rows ({'question also held out for evaluation (a duplicate)': 5})" in capsys.readouterr().out
+
+
+def test_a_dataset_too_small_to_hold_any_rows_out_says_so_and_what_to_do(tmp_path):
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(10)]
+    for n in (1, 9):
+        (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
+        with pytest.raises(g.UserError, match=re.escape(
+                f"--dataset {tmp_path / 'small.jsonl'} has {n} row(s): too few to hold any out for evaluation (the "
+                f"file has no splits; 10% are held out, so it needs at least 10). Add rows, or give it an eval split: "
+                f"a folder of train.jsonl and test.jsonl")):
+            g.load_splits(g.Config(dataset=str(tmp_path / "small.jsonl")))
+    (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train, evals, _ = g.load_splits(g.Config(dataset=str(tmp_path / "small.jsonl")))
+    assert len(train) == 9 and len(evals) == 1
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "train.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(g.UserError, match=re.escape("has 1 row(s): too few to hold any out for evaluation (--eval_split"
+                                                    " ''; 10% are held out, so it needs at least 10). Add rows, or give"
+                                                    " it an eval split: --eval_split NAME")):
+        g.load_splits(g.Config(dataset=str(tmp_path / "folder"), eval_split=""))
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. the weight payload, read back with SGLang's own classes
+
+def test_payload_roundtrip_with_sglang_deserializer():
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+    named = [("a.weight", torch.randn(3, 5)), ("b.bias", torch.randn(7)), ("c", torch.randn(2, 2, 2).double())]
+    flat, meta = g.pack(named, torch.device("cpu"))
+    payload = g.serialize_bucket(flat, meta)
+    assert isinstance(payload, str) and flat.dtype == torch.uint8 and flat.numel() == (15 + 7 + 8) * 2
+    obj = MultiprocessingSerializer.deserialize(payload)
+    got = FlattenedTensorBucket(flattened_tensor=obj["flattened_tensor"], metadata=obj["metadata"]).reconstruct_tensors()
+    assert [n for n, _ in got] == ["a.weight", "b.bias", "c"]
+    for (_, want), (_, t) in zip(named, got):
+        assert t.dtype == torch.bfloat16 and t.shape == want.shape
+        assert torch.equal(t, want.to(torch.bfloat16))
+
+
+def test_weights_split_into_several_buckets_arrive_whole(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", "--sync_bucket_mb", "0.02"))
+    assert code == 0, out
+    per_sync = server.calls["/update_weights_from_tensor"] // 2  # the initial push and one per step
+    assert per_sync > 1 and len(server.pushes) == 2 * per_sync
+    for k in range(2):  # exactly the last bucket of each sync flushes the prefix cache and sets the version
+        flags = server.push_log[k * per_sync: (k + 1) * per_sync]
+        assert [f["flush_cache"] for f in flags] == [False] * (per_sync - 1) + [True]
+        assert [f["weight_version"] for f in flags] == [None] * (per_sync - 1) + [str(k)]
+        assert {f["load_format"] for f in flags} == {"flattened_bucket"}
+    last = {}
+    for bucket in server.pushes[per_sync:]:
+        assert not set(bucket) & set(last)  # every parameter in exactly one bucket
+        last.update(bucket)
+    assert_server_has(last, ckpt_weights(tmp_path))
+
+
+def test_no_pickle_is_ever_read_from_the_network():
+    """We only serialize for the server; nothing the network sends us is unpickled."""
+    src = open(os.path.join(HERE, "grpo_sglang.py")).read()
+    import re
+    for forbidden in ("pickle.load", "deserialize(", "weights_only=False", "unpickle"):
+        assert forbidden not in src, forbidden
+    assert not re.search(r"(?<![\w.])(eval|exec)\(", src)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. GPU layouts, servers and flags: what is accepted, and what is refused before anything loads
+
+def test_gpu_layout_dedicated_and_colocated():
+    one = lambda gpu: [("http://127.0.0.1:30000", [gpu])]
+    assert g.gpu_layout(one(3), False, 0, 3, None, 4) == (0, [3])
+    assert g.gpu_layout(one(3), False, 2, 3, "0,1,2,3", 4) == (2, [3])
+    assert g.gpu_layout(one(3), False, 0, 1, "0,3", 2) == (0, [1])   # CUDA_VISIBLE_DEVICES renumbers GPUs
+    assert g.gpu_layout(one(3), True, 0, 1, None, 1) == (0, [0])     # colocated: stage on rank 0's GPU
+    two = [("http://127.0.0.1:30000", [0]), ("http://127.0.0.1:30001", [1])]  # one server colocated, one on GPU 1
+    assert g.gpu_layout(two, True, 0, 1, None, 2) == (0, [0, 1])
+    tp = [("http://127.0.0.1:30000", [2, 3])]  # a TP-2 server: we stage on its first GPU
+    assert g.gpu_layout(tp, False, 1, 2, None, 4) == (1, [2])
+
+
+def test_gpu_layout_refuses_overlap_and_picks_the_sync_path():
+    one = lambda gpu, url="http://127.0.0.1:30000": [(url, [gpu])]
+    with pytest.raises(g.UserError, match="which the SGLang server at http://127.0.0.1:30000 uses"):
+        g.gpu_layout(one(3), False, 0, 4, None, 4)
+    with pytest.raises(g.UserError, match="training rank 0 would run on GPU 3"):
+        g.gpu_layout(one(3), False, 0, 1, "3,0", 2)
+    with pytest.raises(g.UserError, match="only 1 visible"):
+        g.gpu_layout(one(3), False, 0, 2, None, 1)
+    with pytest.raises(g.UserError, match="training rank 1 would run on GPU 1, which the SGLang server at http://127.0.0.1:2"):
+        g.gpu_layout([("http://127.0.0.1:1", [3]), ("http://127.0.0.1:2", [1, 2])], False, 0, 2, None, 4)  # a TP's 2nd GPU
+    assert g.gpu_layout(one(3), False, 0, 3, "0,1,2", 3) == (0, [None])  # the server's GPU is hidden from us
+    # a server on another machine: --server_gpu names its GPUs, not ours (4 ranks here with the default 3)
+    assert g.gpu_layout(one(3, "http://gpu-box-b.invalid:30000"), False, 0, 4, None, 4) == (0, [None])
+    # tensor when rank 0 sees every server's GPU on this host; else NCCL, or a clear refusal of --sync tensor
+    assert g.pick_sync(g.Config(), one(3), [3], None)[0] == "tensor"
+    kind, why = g.pick_sync(g.Config(), one(3), [None], "0")
+    assert kind == "nccl" and "GPU 3 (--server_gpu) is not visible to the trainer (CUDA_VISIBLE_DEVICES=0)" in why
+    with pytest.raises(g.UserError, match=r"--sync tensor needs rank 0 to see the server's GPU.*not visible.*"
+                                          r"CUDA_VISIBLE_DEVICES=0,1,2.*Use --sync nccl"):
+        g.pick_sync(g.Config(sync="tensor"), one(3), [None], "0,1,2")
+    kind, why = g.pick_sync(g.Config(), one(3, "http://gpu-box-b.invalid:30000"), [3], None)
+    assert kind == "nccl" and "on another host" in why
+    assert g.pick_sync(g.Config(sync="nccl"), one(3), [3], None)[0] == "nccl"
+    two = [("http://127.0.0.1:30000", [1]), ("http://127.0.0.1:30001", [2])]
+    assert g.pick_sync(g.Config(), two, [1, None], "0,1")[0] == "nccl"  # one server's GPU hidden: NCCL for all
+
+
+@pytest.mark.parametrize("urls, gpus, says", [
+    ("http://a:1,http://b:1", "1,2,3", "--server_gpu '1,2,3' must name the GPU of each --server_url (2)"),
+    ("http://a:1,http://a:1/", "1", "--server_url lists http://a:1 twice: name each server once"),
+    ("http://a:1", "two", "--server_gpu 'two' must name the GPU"),
+    ("http://a:1,b:2", "1", "--server_url 'b:2' is not a server address")])
+def test_several_servers_flags_are_checked(urls, gpus, says, tmp_path):
+    with pytest.raises(g.UserError, match=re.escape(says)):
+        g.check_config(g.Config(server_url=urls, server_gpu=gpus, out_dir=str(tmp_path)), 1)
+    assert g.parse_servers(g.Config(server_url="http://a:1, http://b:2/", server_gpu="0+1,3")) == [
+        ("http://a:1", [0, 1]), ("http://b:2", [3])]
+
+
+@pytest.mark.parametrize("urls, says", [
+    ("http://127.0.0.1:{p},http://127.0.0.1:{p}", "--server_url lists http://127.0.0.1:{p} twice"),
+    ("http://127.0.0.1:{p},http://localhost:{p}/", "--server_url names one server twice, as http://127.0.0.1:{p} and "
+                                                   "http://localhost:{p}")])
+def test_one_server_under_two_names_is_refused(tiny_model, server, tmp_path, urls, says):
+    port = server.http.server_address[1]
+    code, out = run(train_cmd(tiny_model, urls.format(p=port), tmp_path), timeout=120)
+    assert code == 1 and out.count(says.format(p=port)) == 1 and "Traceback" not in out, out
+    assert "--server_gpu" not in out and not server.pushes
+
+
+def test_a_tensor_parallel_server_must_have_all_its_gpus_named(tiny_model, tmp_path):
+    code, out, _, s = run_against(tiny_model, tmp_path, {"tp": 2}, "--server_gpu", "3")
+    assert code == 1 and "--server_gpu gives the server at" in out and "1 GPU(s) (3), but it is tensor-parallel over 2" in out
+    assert "Traceback" not in out and not s.pushes, out
+
+
+def test_world_size_must_divide_the_batch(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--prompts_per_step", "3", nproc=2), timeout=120)
+    assert code != 0 and "--prompts_per_step 3 must divide by the world size 2" in out
+
+
+def test_help_lists_every_flag_with_its_help_and_default():
+    code, out = run([sys.executable, os.path.join(HERE, "grpo_sglang.py"), "--help"], timeout=120)
+    assert code == 0 and "GRPO in one file" in out, out  # (a '%' in a help string once crashed argparse here)
+    squeezed = "".join(out.split())  # argparse wraps the help lines anywhere, hyphens included
+    for f in dataclasses.fields(g.Config):
+        assert "--" + f.name.rstrip("_") in out, f.name
+        assert "".join(f"{f.metadata['help']} (default: {f.default})".split()) in squeezed, f.name
+
+
+def test_a_bad_flag_is_one_clear_line_not_a_traceback(tiny_model, tmp_path):
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, "--temperature", "0"), timeout=120)
+    assert code == 1 and "--temperature 0.0 is out of range" in out
+    assert "Traceback" not in out and "no answer from the SGLang server" not in out  # before even the server
+
+
+@pytest.mark.parametrize("flags, says", [
+    ((), "no answer from the SGLang server"),                          # rank 0 alone finds it
+    (("--temperature", "0"), "--temperature 0.0 is out of range")])     # every rank finds it
+def test_one_error_said_once_under_torchrun_and_last(tiny_model, tmp_path, flags, says):
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, *flags, nproc=2), timeout=180)
+    assert code == 1
+    assert out.count(says) == 1, out
+    tail = "\n".join(l for l in out.strip().splitlines()[-6:])
+    assert says in tail, out
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--temperature", "0", "--temperature 0.0 is out of range: it must be temperature > 0"),
+    ("--temperature", "-1", "--temperature -1.0 is out of range"),
+    ("--prompts_per_step", "0", "--prompts_per_step 0 is out of range: it must be prompts_per_step >= 1"),
+    ("--lr", "-1", "--lr -1.0 is out of range: it must be lr >= 0"),
+    ("--top_p", "0", "--top_p 0.0 is out of range: it must be 0 < top_p <= 1"),
+    ("--top_k", "0", "--top_k 0 is out of range: it must be top_k == -1 or top_k >= 1"),
+    ("--clip_low", "1.5", "--clip_low 1.5 is out of range: it must be 0 <= clip_low < 1"),
+    ("--tis_cap", "-1", "--tis_cap -1.0 is out of range: it must be tis_cap == 0 or tis_cap >= 1"),
+    ("--out_dir", "/proc/no/such/dir", "--out_dir '/proc/no/such/dir' cannot be created"),
+    ("--group_size", "1", "--group_size 1 is out of range: it must be group_size >= 2"),
+    ("--sync", "ib", "--sync 'ib' is out of range: it must be auto or tensor or nccl"),
+    ("--nccl_port", "70000", "--nccl_port 70000 is out of range: it must be 0 <= nccl_port <= 65535"),
+    ("--check_seqs", "-1", "--check_seqs -1 is out of range: it must be check_seqs >= 0"),
+    ("--server_url", "localhost:30000", "--server_url 'localhost:30000' is not a server address: it must look like http://"),
+    ("--server_url", "http://", "--server_url 'http://' is not a server address"),
+    ("--server_url", "http://127.0.0.1:99999", "--server_url 'http://127.0.0.1:99999' is not a server address")])
+def test_flags_out_of_range_are_refused_before_anything_heavy(flag, value, says, tmp_path):
+    cfg = g.parse_config(([] if flag == "--out_dir" else ["--out_dir", str(tmp_path)]) + [flag, value])
+    with pytest.raises(g.UserError, match=re.escape(says)):
+        g.check_config(cfg, 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU")
+def test_device_cuda_without_a_gpu_is_refused(tmp_path):
+    with pytest.raises(g.UserError, match="--device cuda, but torch sees no GPU"):
+        g.check_config(g.Config(device="cuda", out_dir=str(tmp_path)), 1)
+
+
+def test_bf16_head_on_a_gpu_with_a_torch_before_2_8_is_refused(tmp_path, monkeypatch):
+    """--head_matmul bf16 (the default) needs torch.mm(..., out_dtype=float32) on CUDA, torch >= 2.8: older is one
+    clear error before anything heavy (it would be a TypeError in the head's first forward); fp32 and the CPU run."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for version, head, device, refused in (("2.7.1+cu126", "bf16", "auto", True), ("2.7.1", "fp32", "auto", False),
+                                           ("2.7.1", "bf16", "cpu", False), ("2.8.0", "bf16", "auto", False),
+                                           ("2.11.0+cu130", "bf16", "cuda", False)):
+        monkeypatch.setattr(torch, "__version__", version)
+        cfg = g.Config(head_matmul=head, device=device, out_dir=str(tmp_path))
+        if refused:
+            with pytest.raises(g.UserError, match=r"--head_matmul bf16 needs torch >= 2.8 .* this is torch 2\.7\.1"):
+                g.check_config(cfg, 1)
+        else:
+            g.check_config(cfg, 1)
+
+
+@pytest.mark.parametrize("new_tokens, says", [
+    ("200", "--max_new_tokens 200 leaves no room for a prompt: the server's context is 128 tokens"),
+    ("125", 'no usable rows left for training (skipped: {"prompt longer than 2 tokens (the server\'s context)"')])
+def test_max_new_tokens_beyond_the_servers_context_is_said_before_the_model_loads(tiny_model, server, tmp_path, new_tokens,
+                                                                                    says):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--max_new_tokens", new_tokens), timeout=120)
+    assert code == 1 and says in out and "Traceback" not in out and not server.pushes, out
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. one step and FSDP in-process: log-probs, norms, micro-batches, sharding, the train step
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_plain_transformers(arch, tmp_path):
@@ -995,36 +1795,6 @@ def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_pl
         [n for n in want if not torch.allclose(got[n].grad, want[n].grad, atol=1e-5, rtol=1e-4)]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the head's bf16 matmuls as a GPU runs them")
-@pytest.mark.parametrize("mm", ["fp32", "bf16"])
-def test_head_logprobs_on_cuda_against_float64_autograd(mm):
-    """HeadLogprobs on CUDA, where its fast paths' dtypes matter (bf16 x bf16 -> fp32 logits; bf16
-    gradient matmuls written into fp32 slices of dW): log-probs, entropies ('bf16': those of x and W rounded to bf16)
-    and both gradients against float64 autograd on the CPU, at a size with several row chunks and vocabulary slices
-    that do not divide (the CPU test's sizes are tiny)."""
-    gen = torch.Generator().manual_seed(0)
-    x, w = torch.randn(301, 96, generator=gen, dtype=torch.float64), torch.randn(3001, 96, generator=gen,
-                                                                                dtype=torch.float64) / 4
-    t, gl = torch.randint(0, 3001, (301,), generator=gen), torch.randn(301, generator=gen, dtype=torch.float64)
-    for T, ge in ((0.7, None), (1.0, torch.randn(301, generator=gen, dtype=torch.float64))):  # short way; both
-        x64, w64 = x.clone().requires_grad_(), w.clone().requires_grad_()
-        logp = torch.log_softmax(x64 @ w64.T / T, -1)
-        lp_ref, ent_ref = logp.gather(1, t[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
-        want = torch.autograd.grad((lp_ref * gl).sum() + ((ent_ref * ge).sum() if ge is not None else 0), (x64, w64))
-        if mm == "bf16":  # the log-probs of the rounded values
-            logp = torch.log_softmax(x.bfloat16().double() @ w.bfloat16().double().T / T, -1)
-            lp_ref, ent_ref = logp.gather(1, t[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
-        xc, wc = (a.detach().float().cuda().requires_grad_() for a in (x, w))
-        lp, ent = g.HeadLogprobs.apply(xc, wc, t.cuda(), T, None, mm, 64)
-        got = torch.autograd.grad((lp * gl.float().cuda()).sum() + ((ent * ge.float().cuda()).sum() if ge is not None
-                                                                   else 0), (xc, wc))
-        rel = lambda a, b: ((a.double().cpu() - b).norm() / b.norm()).item()
-        tol = {"bf16": (1e-5, 1e-2), "fp32": (1e-5, 1e-5)}[mm]
-        assert rel(lp, lp_ref) < tol[0] and rel(ent, ent_ref) < tol[0], (T, rel(lp, lp_ref), rel(ent, ent_ref))
-        assert got[1].dtype == torch.float32 and rel(got[0], want[0]) < tol[1] and rel(got[1], want[1]) < tol[1], \
-            (T, rel(got[0], want[0]), rel(got[1], want[1]))
-
-
 @pytest.mark.parametrize("arch, n_fused", [("llama", 5), ("qwen3", 9), ("gemma3", 0)])
 def test_fused_rms_norms_compute_transformers_norms_and_leave_gemmas_alone(arch, n_fused, tmp_path):
     """fuse_rms_norms gives Llama's and Qwen's RMSNorms (Qwen3's per-head q and k norms too) torch's fused norm and
@@ -1052,25 +1822,6 @@ def test_fused_rms_norms_compute_transformers_norms_and_leave_gemmas_alone(arch,
     finally:
         dist.destroy_process_group()
     assert sum("forward" in m.__dict__ for m in sharded.modules() if type(m).__name__.endswith("RMSNorm")) == n_fused
-
-
-def check_fused_norm_in_bf16(norm, device):
-    """A fused norm's bf16 output and gradients (x, weight) against float64 autograd of x / rms(x) * weight."""
-    norm = copy.deepcopy(norm).to(device=device, dtype=torch.bfloat16)
-    gen = torch.Generator().manual_seed(1)
-    x = (torch.randn(64, norm.weight.shape[0], generator=gen) * 3).bfloat16()
-    gy = torch.randn(x.shape, generator=gen)
-    x64, w64 = x.double().requires_grad_(), norm.weight.detach().double().cpu().requires_grad_()
-    want = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + norm.fused_eps) * w64
-    want_g = torch.autograd.grad((want * gy.double()).sum(), (x64, w64))
-    xd = x.to(device).requires_grad_()
-    y = norm(xd)
-    got_g = torch.autograd.grad((y.float() * gy.to(device)).sum(), (xd, norm.weight))
-    assert y.dtype == torch.bfloat16 and ((y.double().cpu() - want).abs() <= want.abs() * 2**-8 + 1e-30).all()
-    rel = lambda a, b: ((a.double().cpu() - b).norm() / b.norm()).item()
-    assert rel(got_g[0], want_g[0]) < 1e-2 and rel(got_g[1], want_g[1]) < 1e-2, (rel(got_g[0], want_g[0]),
-                                                                              rel(got_g[1], want_g[1]))
-    return y
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's fused RMSNorm kernel runs on CUDA")
@@ -1197,34 +1948,6 @@ def test_fsdp_units_of_several_blocks_compute_what_one_block_per_unit_does(check
     assert torch.equal(lp0, lp1) and g0.keys() == g1.keys() and all(torch.equal(g0[n], g1[n]) for n in g0)
 
 
-def fsdp_steps(d, checkpointing, steps=3, **shard_kw):
-    """shard() a tiny policy and run `steps` optimizer steps the way the trainer orders its forwards: a no-grad
-    forward (the old policy's / the sync check's), then forward, backward, AdamW. -> (every log-prob, the final
-    weights, whether the blocks' weights were still gathered after a forward, the first step's gradients)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
-    torch.manual_seed(0)
-    model = g.shard(g.load_policy(d, torch.device("cpu"), checkpointing), init_device_mesh("cpu", (1,)), torch.bfloat16,
-                    **shard_kw)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    batch = g.pack_batch([{"prompt": [4, 5, 6], "completion": [7, 8, 9]}, {"prompt": [5], "completion": [10, 11]}],
-                         0, "cpu")
-    lps, grads = [], None
-    for _ in range(steps):
-        with torch.no_grad():
-            lps.append(g.completion_logprobs(model, batch, 0.7)[0])
-        assert all(isinstance(p, DTensor) for p in model.parameters()) != shard_kw.get("frozen", False)  # frozen:
-        # the weights stay gathered from step to step; else none is left gathered by a no-grad forward
-        lp = g.completion_logprobs(model, batch, 0.7)[0]
-        gathered = not isinstance(model.model.layers[0].mlp.up_proj.weight, DTensor)  # FSDP2 swaps full tensors in
-        (lp * torch.tensor([[1.0, -2.0, 0.5], [3.0, 1.0, 0.0]])).sum().backward()
-        grads = grads or {n: p.grad.full_tensor() for n, p in model.named_parameters()}
-        opt.step()
-        opt.zero_grad()
-        lps.append(lp.detach())
-    return lps, {n: p.full_tensor() for n, p in model.named_parameters()}, gathered, grads
-
-
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_fsdp_keeping_small_models_gathered_from_forward_to_backward_changes_no_number(checkpointing, tmp_path):
     """shard() keeps a small model's gathered weights from forward to backward (no second gather). Every log-prob
@@ -1285,18 +2008,41 @@ def test_compiled_blocks_compute_the_same_log_probs_and_steps(checkpointing, tmp
     assert max(rel.values()) <= 0.02, rel
 
 
-def one_step(cfg, model, batch, tok, reward, weight=None, ref=None):
-    """One step in-process, the way main() runs it: the table, micro-batches, the no-grad forwards, rewards,
-    advantages and weights, then train(). -> (the table, the step's metrics)."""
-    seqs = g.sequences(batch, tok, cfg.group_size, "cpu")
-    mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
-    g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
-    m = g.Metrics()
-    g.score(seqs, lambda s, w: (reward(s["text"], s["answer"]), {}), lambda c, a: 0.0, cfg.group_size, m)
-    seqs["adv"] = g.advantages(cfg, seqs["reward"])
-    seqs["weight"] = torch.ones_like(seqs["adv"]) if weight is None else weight
-    g.train(cfg, model, torch.optim.SGD(model.parameters(), lr=0.05), seqs, mbs, 1, lambda seqs, m: None, m)
-    return seqs, m.reduce("cpu")
+def test_the_default_process_group_is_not_bound_to_a_device():
+    """A default group bound to a device (init_process_group(device_id=...)) makes torch build every later
+    NCCL group by splitting it, so the trainer never met the server in the weight-update group: the server
+    waited for the trainer's NCCL id until the request timed out (seen on two H200s). Gloo on CPU cannot
+    show it, hence this guard on the call itself."""
+    import ast
+    calls = [n for n in ast.walk(ast.parse(open(os.path.join(HERE, "grpo_sglang.py")).read()))
+             if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "init_process_group"]
+    assert len(calls) == 1 and not any(k.arg == "device_id" for k in calls[0].keywords)
+
+
+def test_the_old_policy_and_reference_logprobs_are_at_the_sampling_temperature(tiny_model):
+    """--mu 2 and --beta 0.1 at --temperature 0.7: the no-grad forwards before the first update score each
+    completion token as the server sampled it, log softmax(z / 0.7), z from plain transformers (fp32)."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    dist_init()
+    try:
+        model, ref = sharded(tiny_model), sharded(tiny_model, frozen=True)
+        cfg = g.Config(mu=2, beta=0.1, temperature=0.7, group_size=4)
+        seqs = g.sequences(known_batch(), KnownTok(), 4, "cpu")
+        g.old_and_ref_logprobs(cfg, model, ref, seqs, g.micro_batches(seqs, 3, 0))
+    finally:
+        dist.destroy_process_group()
+    gap = 0.0
+    for k, c in enumerate(COMPLETIONS):
+        p = PROMPTS[k // 4]
+        with torch.no_grad():
+            z = plain(torch.tensor([p + c])).logits[0, len(p) - 1: -1]
+        want = [torch.log_softmax(z / t, -1).gather(-1, torch.tensor(c)[:, None])[:, 0] for t in (0.7, 1.0)]
+        for name in ("old_lp", "ref_lp"):
+            assert seqs[name][k, : len(c)].tolist() == pytest.approx(want[0].tolist(), abs=0.01), (name, k)
+        gap = max(gap, (want[0] - want[1]).abs().max().item())
+    assert gap > 0.1  # (at temperature 1 they would be this far off)
 
 
 def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantage_and_weight(tiny_model, monkeypatch):
@@ -1357,6 +2103,70 @@ def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantag
         dist.destroy_process_group()
 
 
+def test_the_kl_metric_counts_only_the_sequences_with_a_weight(tiny_model):
+    """--beta 0.1 against a reference that differs from the policy, group 1 filtered out (weight 0): the logged kl
+    is the mean of k3(π, π_ref) over the tokens of the sequences with a weight, each scored here on its own."""
+    import torch.distributed as dist
+    dist_init()
+    try:
+        model, ref = sharded(tiny_model), sharded(tiny_model, frozen=True, noise=0.05)
+        T = 0.8
+        k3 = []
+        for k, c in enumerate(COMPLETIONS):
+            d = alone(ref, PROMPTS[k // 4], c, T)[0] - alone(model, PROMPTS[k // 4], c, T)[0]
+            k3.append(torch.exp(d) - d - 1)
+        cfg = g.Config(beta=0.1, temperature=T, group_size=4, micro_batch=3, max_grad_norm=1e9)
+        weight = torch.tensor([1.0] * 4 + [0.0] * 4 + [1.0] * 4)
+        _, got = one_step(cfg, model, known_batch(), KnownTok(), lambda c, a: float(c == "good"), weight, ref=ref)
+    finally:
+        dist.destroy_process_group()
+    kept = [k for k in range(12) if weight[k]]
+    want = sum(k3[k].sum().item() for k in kept) / sum(len(COMPLETIONS[k]) for k in kept)
+    every = sum(x.sum().item() for x in k3) / sum(map(len, COMPLETIONS))
+    assert got["kl"] == pytest.approx(want, rel=5e-3) and abs(every - want) > 0.1 * want  # (bf16: packed vs alone)
+
+
+def test_entropy_with_mu_2_is_logged_from_the_first_pass_per_token(tiny_model):
+    """--mu 2: the logged entropy is that of the policy that sampled, before either update, per completion token
+    (each sequence scored here on its own), neither summed over the two passes nor mixed with the second's."""
+    import torch.distributed as dist
+    dist_init()
+    try:
+        model, T = sharded(tiny_model), 0.8
+        ents = [alone(model, PROMPTS[k // 4], c, T)[1] for k, c in enumerate(COMPLETIONS)]
+        cfg = g.Config(mu=2, temperature=T, group_size=4, micro_batch=3, max_grad_norm=1e9)
+        _, got = one_step(cfg, model, known_batch(), KnownTok(), lambda c, a: float(c == "good"))
+        after = [alone(model, PROMPTS[k // 4], c, T)[1] for k, c in enumerate(COMPLETIONS)]
+    finally:
+        dist.destroy_process_group()
+    n = sum(map(len, COMPLETIONS))
+    want, moved = sum(e.sum().item() for e in ents) / n, sum(e.sum().item() for e in after) / n
+    assert got["entropy"] == pytest.approx(want, rel=1e-5) and abs(moved - want) > 5e-4 * want  # (the updates moved it)
+
+
+def test_a_step_whose_weights_are_all_0_skips_its_update(tiny_model, monkeypatch):
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed as dist
+    dist_init()
+    try:
+        model = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False), init_device_mesh("cpu", (1,)), torch.bfloat16)
+        batch = {"rows": [{"ids": [4, 5], "answer": "1"}], "version": 0, "srv": [0] * 4,
+                 "outs": [([11 + k, 3], [-1.0, -1.0], "stop") for k in range(4)]}
+
+        class Tok:
+            def decode(self, ids, skip_special_tokens):
+                return str(ids[0])
+        steps = []
+        monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a: steps.append(1))
+        cfg = g.Config(group_size=4, micro_batch=2, mu=2)
+        _, got = one_step(cfg, model, batch, Tok(), lambda c, a: float(c == "11"), torch.zeros(4))
+        assert got["empty_batch_skips"] == 2 and not steps and got["loss"] == 0  # both updates skipped, nothing trained
+        _, got = one_step(cfg, model, batch, Tok(), lambda c, a: float(c == "11"))
+        assert got["empty_batch_skips"] == 0 and len(steps) == 2
+    finally:
+        dist.destroy_process_group()
+
+
 def test_clip_grads_is_torchs_clip_grad_norm_on_sharded_gradients():
     """clip_grads (the trainer's clipping, on FSDP's local shards) against torch.nn.utils.clip_grad_norm_ on the same
     DTensor gradients: the same total norm, the same clipped gradients; no clipping under the norm or at inf."""
@@ -1386,37 +2196,80 @@ def test_clip_grads_is_torchs_clip_grad_norm_on_sharded_gradients():
         dist.destroy_process_group()
 
 
-def test_the_default_process_group_is_not_bound_to_a_device():
-    """A default group bound to a device (init_process_group(device_id=...)) makes torch build every later
-    NCCL group by splitting it, so the trainer never met the server in the weight-update group: the server
-    waited for the trainer's NCCL id until the request timed out (seen on two H200s). Gloo on CPU cannot
-    show it, hence this guard on the call itself."""
-    import ast
-    calls = [n for n in ast.walk(ast.parse(open(os.path.join(HERE, "grpo_sglang.py")).read()))
-             if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "init_process_group"]
-    assert len(calls) == 1 and not any(k.arg == "device_id" for k in calls[0].keywords)
+# ---------------------------------------------------------------------------------------------
+# 7. the script end to end against the stand-in server (1 process, then torchrun with 2)
 
-
-def test_base_model_without_chat_template_gets_plain_prompts(tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path, nproc):
     from transformers import AutoTokenizer
-    base = build_tiny(str(tmp_path / "base"), chat_template=False)
-    tok = AutoTokenizer.from_pretrained(base)
-    rows = [{"question": "What is 1 + 2?", "answer": "3"}]
-    plain = g.tokenize_rows(rows, tok, g.Config(), "Answer with the number only.", "plain", collections.Counter())
-    assert tok.decode(plain[0]["ids"]) == "What is 1 + 2 ? Answer with the number only ."
-    chat_tok = AutoTokenizer.from_pretrained(build_tiny(str(tmp_path / "chat")))
-    chat = g.tokenize_rows(rows, chat_tok, g.Config(), "", "chat", collections.Counter())
-    assert chat_tok.decode(chat[0]["ids"]).startswith("<|im_start|> user What is 1 + 2 ?")
-    s = StandIn(base)
+    # step 1, then resume to step 2: after EACH step the server holds exactly the trainer's weights
+    mb = ["--micro_batch", "2"] if nproc == 2 else []  # 2 ranks x 2 micro-batches: grads reduced once
+    mb += ["--reward", "has_number"]  # a signal in every step, so that the weights move
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", *mb, nproc=nproc, rewards=True))
+    assert code == 0, out
+    assert len(server.pushes) == 2  # the initial push, then one per step
+    assert_server_has(server.pushes[-1], ckpt_weights(tmp_path))
+    assert not torch.equal(server.pushes[0]["model.layers.0.mlp.up_proj.weight"],
+                           server.pushes[1]["model.layers.0.mlp.up_proj.weight"])  # training moved the weights
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "2", "--resume", *mb, nproc=nproc, rewards=True))
+    assert code == 0, out
+    assert "resumed from" in out and "at step 1" in out
+    assert len(server.pushes) == 4
+    assert_server_has(server.pushes[2], {n: t for n, t in server.pushes[1].items()})  # resume pushes step-1 weights
+    assert_server_has(server.pushes[-1], ckpt_weights(tmp_path))
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert [r["step"] for r in m] == [1, 2]
+    for key in ("reward_mean", "kl", "mismatch_mean", "mismatch_max", "mismatch_kl", "is_ratio_mean", "time_rollout",
+                "time_train", "time_sync", "rollout_tokens_per_s"):
+        assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in m), key
+    assert all(r["mismatch_mean"] < 0.05 for r in m)
+    assert "batch: 2 prompts x 4 completions = 8 sequences per step" in out
+    assert "weight sync: tensor (on the CPU: tensors shared through files)" in out
+    im_start = AutoTokenizer.from_pretrained(tiny_model).convert_tokens_to_ids("<|im_start|>")
+    assert "prompt format: chat" in out and all(p[0] == im_start for r in server.rollouts for p in r)  # auto: its template
+    assert server.calls["/flush_cache"] == 0  # the cache is flushed by the last bucket's flush_cache flag
+
+
+@pytest.mark.parametrize("arch", ["llama_untied", "qwen2", "qwen3", "gemma3"])
+def test_architectures_train_and_push(arch, tmp_path):
+    """Beyond Llama (the fixture): forward/backward through shard(), every weight pushed and loaded by
+    name, two steps against the stand-in. Gemma's final norm returns bf16 into the fp32 LM head."""
+    model_dir = build_tiny(str(tmp_path / "model"), arch)
+    s = StandIn(model_dir)
     try:
-        code, out = run(train_cmd(base, s.url, tmp_path / "a", "--steps", "1"))
-        assert code == 0 and "prompt format: plain" in out, out
-        code, out = run(train_cmd(base, s.url, tmp_path / "b", "--prompt_format", "chat"), timeout=120)
-        assert code == 1 and "has no chat template" in out and "--prompt_format plain" in out and "Traceback" not in out
+        code, out = run(train_cmd(model_dir, s.url, tmp_path / "run", "--steps", "2"))
+        assert code == 0, out
+        assert_server_has(s.pushes[-1], ckpt_weights(tmp_path / "run"))
+        m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
+        assert len(m) == 2 and all(math.isfinite(r["mismatch_mean"]) and math.isfinite(r["loss"]) for r in m)
     finally:
         s.close()
-    code, out = run(train_cmd(chat_tok.name_or_path, "http://127.0.0.1:1", tmp_path / "c", "--prompt_format", "chatml"), timeout=120)
-    assert code == 1 and "--prompt_format 'chatml' is out of range: it must be auto or chat or plain" in out
+
+
+def test_a_step_on_a_known_reward_raises_the_rewarded_completions(tiny_model, server, tmp_path):
+    """End to end, one step with a reward the test knows (1 if the completion holds the word 'number'): the
+    trained weights give the rewarded completions more probability against the others of their own group."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    flags = ("--reward", "has_number", "--steps", "1", "--prompts_per_step", "4", "--group_size", "8", "--max_new_tokens", "6",
+             "--lr", "1e-3", "--micro_batch", "5")
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, *flags, rewards=True))
+    assert code == 0, out
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    gens = server.generations  # step 1's rollout: 4 prompts x 8, in order
+    rewards = torch.tensor([float("number" in tok.decode(c, skip_special_tokens=True).split()) for _, c, _ in gens])
+    assert 0 < rewards.sum() < len(rewards) - 8, rewards  # signal in some groups
+    models = [AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), None]
+    models[1] = AutoModelForCausalLM.from_pretrained(g.latest_checkpoint(str(tmp_path)), dtype=torch.float32)
+    [g.install_head(m) for m in models]
+    with torch.no_grad():
+        total = [torch.stack([g.completion_logprobs(m, g.pack_batch([{"prompt": p, "completion": c}], 0, "cpu"), 1.0)[0].sum()
+                              for p, c, _ in gens]) for m in models]
+    gain, adv = (total[1] - total[0]).view(4, 8), g.group_advantages(rewards, 8).view(4, 8)
+    for grp in range(4):
+        r = rewards.view(4, 8)[grp]
+        if 0 < r.sum() < 8:
+            assert gain[grp][r == 1].mean() > gain[grp][r == 0].mean(), (grp, gain[grp], r)
+    assert (adv * gain).sum() > 0
 
 
 def test_one_rank_and_two_ranks_take_the_same_step(tiny_model, tmp_path):
@@ -1505,139 +2358,42 @@ def test_kl_is_logged_once_with_mu_2(tiny_model, tmp_path):
     assert kl[1] > 1e-4 and kl[2] == pytest.approx(kl[1], rel=1e-6), kl
 
 
-def test_async_trains_one_step_off_and_never_updates_mid_generation(tiny_model, tmp_path):
-    s = StandIn(tiny_model, slow_generate=1.0)
-    try:  # at this toy lr one step moves the policy by ~0.3 nats: the mismatch check must allow that here
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--async"))
-        assert code == 0, out
-        assert "rollouts: async, one step off-policy" in out
-        m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-        assert [r["sampled_from_version"] for r in m] == [0, 0, 1]  # step 1 on-policy, then one step behind
-        assert [p["weight_version"] for p in s.push_log] == ["0", "1", "2", "3"]
-        assert_server_has(s.pushes[-1], ckpt_weights(tmp_path))
-        assert all(math.isfinite(r["is_ratio_mean"]) and r["mismatch_mean"] > 0 for r in m)
-        for prev, nxt in zip(m, m[1:]):  # step s+1's batch was sampled while step s trained, and before its push
-            assert nxt["span_rollout"][0] < prev["span_train"][1] and nxt["span_rollout"][1] > prev["span_train"][0], (prev, nxt)
-            assert nxt["span_rollout"][1] <= prev["span_sync"][0] + 0.05
-
-        # the trainer trained first and only then waited for the rest of the 1-second generation
-        assert max(r["time_next_rollout_wait"] for r in m[:-1]) > 0.3, m
-        assert len(s.pushed_during_generation) == 4 and not any(s.pushed_during_generation)
-    finally:
-        s.close()
+def test_max_grad_norm_0_trains_without_clipping(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", "--max_grad_norm", "0", "--reward",
+                              "has_number", rewards=True))
+    assert code == 0, out
+    w = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(server.pushes[0][w], server.pushes[1][w])  # 0 is "no clipping", not a zero gradient
+    assert [r["grad_norm"] for r in read_metrics(tmp_path) if "grad_norm" in r][0] > 0
+    with pytest.raises(g.UserError, match=re.escape("--max_grad_norm -1.0 is out of range: it must be max_grad_norm >= 0")):
+        g.check_config(g.Config(max_grad_norm=-1.0, out_dir=str(tmp_path / "x")), 1)
 
 
-def test_async_check_off_rescores_nothing(tiny_model, server, tmp_path):
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "3", "--async", "--check_seqs", "0"))
-    assert code == 0 and "check - mismatch" in out, out
-    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-    assert not server.rescores and [r["check_mismatch_mean"] is None for r in m] == [False, True, True]
+ONE_RANKS_METRIC = """import os, sys
+sys.path.insert(0, {here!r})
+import grpo_sglang as g
+score = g.score  # a metric only rank 1 logs (a reward part only its samples have, say)
+def score_and_more(seqs, reward_fn, correct_fn, group_size, m):
+    if os.environ["RANK"] == "1":
+        m.mean("only_on_rank_1", 3.0, 2), m.max("max_on_rank_1", 5.0)
+    return score(seqs, reward_fn, correct_fn, group_size, m)
+g.score = score_and_more
+try:
+    g.main(g.parse_config())
+except g.UserError as e:
+    g.exit_now(1, f"error: {{e}}")
+g.exit_now(0)
+"""
 
 
-@pytest.mark.parametrize("how, says", [("short", "5 logprobs, the first off at token 0"), ("none", "5 logprobs, the first off at token 4"),
-                                       ("other_token", "5 logprobs, the first off at token 4"), ("id_0", None)])
-def test_a_rescored_sequence_out_of_line_stops_the_run_naming_the_server_but_an_id_reported_as_0_does_not(
-        tiny_model, tmp_path, how, says):
-    """SGLang reports the input token ids >= vocab_size - 1 as 0: that is no misalignment (a random-weight 1.5B-shaped
-    model sampled its last id, and the run stopped on it, at 9fe208f)."""
-    code, out, _, s = run_against(tiny_model, tmp_path, {"garble_rescores": how}, "--steps", "3", "--async")
-    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-    assert "Traceback" not in out, out
-    if says is None:
-        assert code == 0 and len(m) == 3 and len(s.rescores) == 2, out
-    else:
-        assert code == 1 and out.count("error:") == 1 and len(m) == 1, out
-        assert f"error: the server at {s.url} re-scored a sequence of the sync check (/generate, max_new_tokens 0, " \
-               f"logprob_start_len) out of line with its 5 completion tokens ({says})" in out and "--check_seqs 0" in out, out
-
-
-@pytest.mark.parametrize("temperature", ["1.0", "0.7"])
-def test_async_check_compares_the_same_weights_so_a_large_lr_does_not_stop_it(tiny_model, tmp_path, temperature):
-    """At this toy lr one step moves the policy by ~0.3-0.8 nats: the batch mismatch (server θ_{s-1} vs trainer θ_s)
-    is far over --mismatch_max, yet the run goes on, because the check compares the rows the server re-scored
-    with θ_s (a prefill at temperature 1, as SGLang's input logprobs are) with the trainer's under θ_s."""
-    s = StandIn(tiny_model)
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "4", "--async", "--temperature", temperature,
-                                  "--check_seqs", "6", "--reward", "has_number", rewards=True))
-        assert code == 0, out
-        m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-        assert max(r["mismatch_mean"] for r in m) > 0.2  # the old rule would have stopped this run
-        assert all(r["check_mismatch_mean"] < 0.01 for r in m), m
-        assert m[0]["staleness_mean"] is None and m[0]["check_mismatch_mean"] == m[0]["mismatch_mean"]  # step 1 on-policy
-        if temperature == "1.0":  # (at 0.7 the server's sampling log-probs are at 0.7, its re-score at 1: not logged)
-            assert all(r["staleness_mean"] > 0.1 and r["staleness_max"] >= r["staleness_mean"] for r in m[1:])
-        else:
-            assert all(r["staleness_mean"] is None for r in m)
-        # steps 2-4: 6 of each batch's 8 sequences (prompt + completion), re-scored once, spread over its groups
-        batches = [s.generations[k * 8:(k + 1) * 8] for k in range(1, 4)]
-        assert s.rescores == [[tuple(p + c) for p, c, _ in (b[i] for i in (0, 1, 2, 4, 5, 6))] for b in batches]
-    finally:
-        s.close()
-
-
-def test_async_resume_regenerates_the_pending_batch_from_the_checkpoint(tiny_model, tmp_path):
-    flags = ("--async", "--save_every", "1")
-    ref = StandIn(tiny_model)
-    try:
-        code, out = run(train_cmd(tiny_model, ref.url, tmp_path / "ref", "--steps", "4", *flags))
-        assert code == 0, out
-    finally:
-        ref.close()
-    s = StandIn(tiny_model)
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "2", *flags))
-        assert code == 0, out
-        n_before = len(s.rollouts)
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--resume", *flags))
-        assert code == 0 and "at step 2" in out, out
-    finally:
-        s.close()
-    m = [r for r in read_metrics(tmp_path / "k") if "reward_mean" in r]
-    # the batch pending at the checkpoint is regenerated from the checkpoint's weights (version 2), then one behind
-    assert [r["sampled_from_version"] for r in m] == [0, 0, 2, 2]
-    assert s.rollouts[n_before:] == ref.rollouts[2:]  # and it asks for the prompts the uninterrupted run did
-
-
-@pytest.mark.parametrize("fault", ["dies", "stalls"])
-def test_async_server_failing_during_a_background_generation_stops_cleanly(tiny_model, tmp_path, fault):
-    # the initial eval and step 1's rollout work; step 2's rollout, running in the background, fails
-    code, out, took, s = run_against(tiny_model, tmp_path, {"fail_generate_after" if fault == "dies" else "stall_generate_after": 2},
-                                     "--steps", "4", "--async", "--request_timeout", "3")
-    assert code == 1 and ("stand-in: scheduler died" if fault == "dies" else "ReadTimeout") in out, out
-    assert "Traceback" not in out and out.count("error:") == 1 and took < 60
-    assert len(s.push_log) == 1  # no weights pushed while that generation was pending
-
-
-def test_ctrl_c_exits_at_once_even_with_a_generation_in_flight(tiny_model, tmp_path):
-    import signal
-    import time
-    s = StandIn(tiny_model, stall_generate_after=2)  # step 2's background rollout hangs for 20 s
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
-    try:
-        with open(tmp_path / "log", "w") as f:
-            # as from a terminal: a worker of the test runner may ignore SIGINT, which its children inherit (Python
-            # then installs no KeyboardInterrupt handler: seen under pytest-xdist, the signal had no effect)
-            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "run", "--steps", "3", "--async"),
-                                 stdout=f, stderr=subprocess.STDOUT, env=env, cwd=HERE,
-                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-            deadline = time.time() + 120
-            while s.calls["/generate"] < 3 and time.time() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.5)
-            t0 = time.time()
-            p.send_signal(signal.SIGINT)
-            try:
-                code = p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                code = "still running 30 s after SIGINT"
-            took = time.time() - t0
-    finally:
-        s.close()
-    out = (tmp_path / "log").read_text()
-    assert code == 130 and "interrupted" in out and "--resume" in out and took < 10, (code, s.calls, out)
-    assert "Traceback" not in out
+def test_a_metric_only_one_rank_logs_neither_hangs_nor_shifts_the_others(tiny_model, server, tmp_path):
+    script = tmp_path / "one_rank.py"
+    script.write_text(ONE_RANKS_METRIC.format(here=HERE))
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "1", nproc=2)
+    code, out = run([c if not c.endswith("grpo_sglang.py") else str(script) for c in cmd], timeout=180)
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r][0]
+    assert m["only_on_rank_1"] == 1.5 and m["max_on_rank_1"] == 5.0 and 0 <= m["accuracy"] <= 1
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
@@ -1666,12 +2422,6 @@ def test_nccl_path_protocol_against_the_stand_in(tiny_model, tmp_path, nproc):
         assert_server_has(last, ckpt_weights(tmp_path))
     finally:
         s.close()
-
-
-def assert_every_rank_has(s, trainer):
-    for rank, held in enumerate(s.ranks):
-        assert set(held) == set(trainer), rank
-        assert all(torch.equal(held[n], t.to(torch.bfloat16)) for n, t in trainer.items()), rank
 
 
 @pytest.mark.parametrize("sync", ["tensor", "nccl"])
@@ -1714,246 +2464,52 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
         b.close()
 
 
-@pytest.mark.parametrize("fault, says", [
-    ({"miss_pushes": {"2"}}, "sampled with weights of version '1', but this rollout must come from version '2'"),
-    ({"drop_weights": {"2", "3", "4", "5"}}, "the server at {url} holds other weights than the trainer sent in the "
-                                             "push of version 2")])
-def test_one_server_of_two_missing_a_push_stops_the_run_and_is_named(tiny_model, tmp_path, fault, says):
-    a, b = StandIn(tiny_model), StandIn(tiny_model, **fault)
-    try:
-        code, out = run(train_cmd(tiny_model, f"{a.url},{b.url}", tmp_path, "--steps", "6", "--prompts_per_step", "4",
-                                  "--eval_every", "0", "--reward", "has_number", rewards=True), timeout=200)
-    finally:
-        a.close()
-        b.close()
-    assert code == 1 and says.format(url=b.url) in out and f"at {b.url}" in out and "Traceback" not in out, out
-    assert len([r for r in read_metrics(tmp_path) if "reward_mean" in r]) == 2  # stopped before step 3 trained
-
-
-@pytest.mark.parametrize("fault, says", [
-    ("die_at_init", "did not join the NCCL group"),
-    ("die_in_broadcast", "no answer from the SGLang server"),
-    ("reject_updates", "Failed to update weights: test")])
-def test_nccl_path_failures_end_with_a_clear_error_in_time(tiny_model, tmp_path, fault, says):
-    code, out, took, s = run_against(tiny_model, tmp_path, {fault: True}, "--sync", "nccl", "--request_timeout", "5")
-    assert code == 1 and says in out and "Traceback" not in out and out.count("error:") == 1, out
-    assert took < 60 and not s.pushes  # within the timeout, nothing trained on
-
-
 # ---------------------------------------------------------------------------------------------
-# 6. faults and bad input: each stops with a clear message (or recovers), nothing is lost
+# 8. the sync check and the weight check: a server that holds other weights stops the run
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_a_checkpoint_that_cannot_be_written_is_one_clear_error_and_keeps_the_last_one(tiny_model, tmp_path, nproc):
-    """A full disk (seen on the GPU with a 7B model) raised deep inside safetensors / torch.save. Here the
-    write fails because a file sits where step 2's folder goes: the run stops, said once, and the
-    previous checkpoint stays the one to resume from."""
-    (tmp_path / "step_2").write_text("in the way")
-    s = StandIn(tiny_model)
+def test_the_sync_check_at_a_temperature_counts_the_tokens_of_the_rescored_rows(tiny_model, server):
+    """--async at --temperature 0.7: the batch is one step old, so the server re-scores some of its rows with the
+    weights the trainer has (at temperature 1, as SGLang's prefill does) and the trainer scores them at temperature 1
+    too. check_mismatch_mean is the mean |Δ| over the tokens the server re-scored (as the stand-in counts them: rows
+    of 2 to 5 tokens, which the trainer's (B, C) scores pad to 5), and small: the same weights."""
+    import torch.distributed as dist
+    from types import SimpleNamespace
+    dist_init()
     try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", nproc=nproc), timeout=200)
+        model = sharded(tiny_model)
+        srv = g.Server.__new__(g.Server)  # the server's client, without its start-up checks
+        srv.cfg = g.Config(temperature=0.7, check_seqs=4, group_size=4, server_url=server.url)
+        srv.rt, srv.urls, srv.link = SimpleNamespace(rank=0, world=1, device=torch.device("cpu")), [server.url], None
+        server.version = "1"  # the weights after step 1; the batch was sampled from version 0
+        check, m = srv.check(known_batch(), 1, model, 0), g.Metrics()
+        check(g.sequences(known_batch(), KnownTok(), 4, "cpu"), m)
+        got = m.reduce("cpu")
     finally:
-        s.close()
-    says = "could not write the checkpoint"
-    assert code == 1 and out.count(says) == 1 and "Is the disk full?" in out, out
-    assert ("Traceback" not in out) if nproc == 1 else (says in "\n".join(out.strip().splitlines()[-6:])), out
-    assert g.latest_checkpoint(str(tmp_path)) == str(tmp_path / "step_1") and (tmp_path / "step_1" / "trainer_state.pt").exists()
+        dist.destroy_process_group()
+    (asked,) = server.rescores  # one request: prompt + completion of each re-scored row
+    rows = [k for k, c in enumerate(COMPLETIONS) if tuple(PROMPTS[k // 4] + c) in asked]
+    tokens = sum(len(COMPLETIONS[k]) for k in rows)
+    assert len(rows) == 4 and len({len(COMPLETIONS[k]) for k in rows}) == 4, rows  # (of 2, 3, 4 and 5 tokens)
+    assert m.sums["check_mismatch_mean#n"] == tokens and 0 < got["check_mismatch_mean"] < 0.01, (m.sums, tokens)
+    # the server's sampling log-probs are at 0.7 and its re-score at 1: their gap is no staleness, and is not logged
+    assert got["staleness_mean"] is None and "staleness_max" not in got, got
 
 
-def test_server_not_running_is_reported_before_loading_anything(tiny_model, tmp_path):
-    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path), timeout=120)
-    assert code == 1
-    assert "no answer from the SGLang server" in out and "bash serve.sh" in out
-    assert "data:" not in out and "Traceback" not in out  # before the data or model; no raw traceback
-
-
-def test_wrong_model_on_server(tiny_model, tmp_path):
-    s = StandIn(tiny_model, served_path="Qwen/Qwen2.5-0.5B-Instruct")
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path), timeout=120)
-    finally:
-        s.close()
-    assert code == 1 and "serves 'Qwen/Qwen2.5-0.5B-Instruct' but the trainer trains" in out
-    assert "MODEL=" in out and "bash serve.sh" in out and "Traceback" not in out
-
-
-def test_api_key_is_sent_and_a_missing_key_is_explained(tiny_model, tmp_path):
-    s = StandIn(tiny_model, api_key="sekret")
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "a"), timeout=120)
-        assert code == 1 and "wrong or missing --api_key" in out
-        # the other loss paths ride along: mu=2 (old logprobs, ratio != 1), KL to a reference, TIS, seq mean
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "b", "--steps", "1", "--api_key", "sekret",
-                                  "--mu", "2", "--beta", "0.1", "--tis_cap", "2", "--loss_agg", "seq", "--reward",
-                                  "has_number", rewards=True))  # (rewards that differ: the first update moves)
-        assert code == 0, out
-        m = [r for r in read_metrics(tmp_path / "b") if "kl" in r][0]
-        assert m["kl"] > 1e-4 and math.isfinite(m["loss"])  # the second update sees a policy that moved
-    finally:
-        s.close()
-
-
-def test_rejected_weight_update_stops_training(tiny_model, tmp_path):
-    s = StandIn(tiny_model, reject_updates=True)
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path), timeout=120)
-    finally:
-        s.close()
-    assert code == 1 and "HTTP 400" in out and "Failed to update weights: test" in out
-    assert "step    1" not in out  # no rollout against stale weights
-
-
-def test_server_dies_mid_run_bounded_retries_and_checkpoint_survives(tiny_model, tmp_path):
-    s = StandIn(tiny_model, fail_generate_after=2)  # eval + step 1 work, step 2's rollout fails
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3"), timeout=120)
-    finally:
-        s.close()
-    assert code == 1 and "HTTP 503" in out and "stand-in: scheduler died" in out, out
-    assert s.calls["/generate"] <= 2 + 2  # bounded: --request_retries 1, then a clean stop
-    st = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path)), "trainer_state.pt"), weights_only=True)
-    assert st["step"] == 1 and ckpt_weights(tmp_path)  # the last checkpoint loads
-
-
-def test_weights_split_into_several_buckets_arrive_whole(tiny_model, server, tmp_path):
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", "--sync_bucket_mb", "0.02"))
-    assert code == 0, out
-    per_sync = server.calls["/update_weights_from_tensor"] // 2  # the initial push and one per step
-    assert per_sync > 1 and len(server.pushes) == 2 * per_sync
-    for k in range(2):  # exactly the last bucket of each sync flushes the prefix cache and sets the version
-        flags = server.push_log[k * per_sync: (k + 1) * per_sync]
-        assert [f["flush_cache"] for f in flags] == [False] * (per_sync - 1) + [True]
-        assert [f["weight_version"] for f in flags] == [None] * (per_sync - 1) + [str(k)]
-        assert {f["load_format"] for f in flags} == {"flattened_bucket"}
-    last = {}
-    for bucket in server.pushes[per_sync:]:
-        assert not set(bucket) & set(last)  # every parameter in exactly one bucket
-        last.update(bucket)
-    assert_server_has(last, ckpt_weights(tmp_path))
-
-
-def test_stalled_server_times_out_instead_of_hanging(tiny_model, tmp_path):
-    code, out, took, _ = run_against(tiny_model, tmp_path, {"stall_generate_after": 2}, "--steps", "3", "--request_timeout", "2")
-    assert code == 1 and "no answer from the SGLang server" in out and "ReadTimeout" in out, out
-    assert took < 60  # 2 tries x 2 s + backoff, plus start-up; not the stand-in's 20 s per request
-
-
-def test_world_size_must_divide_the_batch(tiny_model, server, tmp_path):
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--prompts_per_step", "3", nproc=2), timeout=120)
-    assert code != 0 and "--prompts_per_step 3 must divide by the world size 2" in out
-
-
-def test_unknown_reward_name_is_a_clear_error(tiny_model, server, tmp_path):
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--reward", "gsm9k"), timeout=120)
-    assert code == 1 and "--reward: unknown reward function 'gsm9k'" in out and "Traceback" not in out
-
-
-def test_unusable_rows_are_counted_and_skipped(tiny_model, tmp_path):
-    from transformers import AutoTokenizer
-    path = tmp_path / "data.jsonl"
-    rows = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "", "answer": "3"},
-            {"question": "What is 2 + 0?", "answer": "none"}, {"question": "What is " + "1 + " * 200 + "1?", "answer": "201"},
-            {"question": "What is 0 + 1?", "answer": "#### 1"}, {"answer": "4"}]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    cfg = g.Config(dataset=str(path), eval_size=0, max_prompt_tokens=64)
-    train, evals, held_out = g.load_splits(cfg)
-    assert len(train) == 6 and evals == [] and "the file has no splits" in held_out
-    skipped = collections.Counter()
-    kept = g.tokenize_rows(train, AutoTokenizer.from_pretrained(tiny_model), cfg, "", "chat", skipped)
-    assert sorted(r["answer"] for r in kept) == ["#### 1", "2"]
-    assert skipped == {"empty or missing prompt (--prompt_field 'question')": 2,
-                       "answer without a number (--answer_field 'answer')": 1, "prompt longer than max_prompt_tokens=64": 1}
-    with pytest.raises(g.UserError, match="no such file"):
-        g.load_splits(g.Config(dataset=str(tmp_path / "missing.jsonl")))
-
-
-@pytest.mark.parametrize("name, content, says", [
-    ("bad.jsonl", '{"question": "a", "answer": "1"}\n{"question": "b", "answer": "2"}\n{"question": "c" "answer": "3"}\n',
-     "bad.jsonl line 3 is not valid JSON"),
-    ("empty.jsonl", "", "empty.jsonl: the file holds no rows; each row must be an object like {"),
-    ("list.jsonl", '{"question": "a", "answer": "1"}\n["b", "2"]\n', "list.jsonl: row 2 is not a JSON object"),
-    ("data.csv", "question,answer\na,1\n", "a local file must be .jsonl (one JSON object per line"),
-    ("array.json", '[{"question": "a", "answer": "1"}, ', "array.json is not valid JSON (line 1")])
-def test_bad_data_files_are_one_clear_error(tmp_path, name, content, says):
-    (tmp_path / name).write_text(content)
-    with pytest.raises(g.UserError, match=re.escape(says)):
-        g.load_splits(g.Config(dataset=str(tmp_path / name)))
-
-
-def test_splits_of_a_local_dataset_folder_a_typo_is_an_error_and_the_held_out_share_is_said(tmp_path):
-    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(40)]
-    for split, part in (("train", rows[:30]), ("test", rows[30:])):
-        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_size=5))  # a folder: no config name
-    assert train == rows[:30] and evals == rows[30:35] and held_out == "its 'test' split"  # the split it names
-    with pytest.raises(g.UserError, match=re.escape("--eval_split: dataset " + repr(str(tmp_path)) + " has no split 'tset'")):
-        g.load_splits(g.Config(dataset=str(tmp_path), eval_split="tset"))
-    train, evals, held_out = g.load_splits(g.Config(dataset=str(tmp_path), eval_split="", eval_size=200))
-    assert len(train) == 27 and len(evals) == 3 and "at most 10%" in held_out  # min(--eval_size, 10% of 30)
-    assert "at most 10% of the train rows" in g.Config.__dataclass_fields__["eval_size"].metadata["help"]
-    (tmp_path / "empty").mkdir()  # a folder without data files: one clear error that says what --dataset takes
-    with pytest.raises(g.UserError, match="doesn't contain any data files.*--dataset takes a dataset on the HF hub, a local folder"):
-        g.load_splits(g.Config(dataset=str(tmp_path / "empty")))
-
-
-def test_nonfinite_gradients_skip_the_step_then_stop(tiny_model, tmp_path):
-    s = StandIn(tiny_model, nan_logprobs=True)  # a broken server: NaN logprobs -> NaN TIS weights -> NaN loss
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "4", "--tis_cap", "2",
-                                  "--max_nonfinite_steps", "2"), timeout=120)
-    finally:
-        s.close()
-    assert code == 1 and "NaN/Inf gradients in 2 steps in a row" in out, out
-    assert out.count("update(s) skipped") == 2
-    for p in s.pushes[1:]:  # the weights never moved: every push equals the initial one
-        assert all(torch.equal(p[n], s.pushes[0][n]) for n in p)
-
-
-def test_kill_9_then_resume_continues_exactly(tiny_model, tmp_path):
-    import signal
-    import time
-    # uninterrupted reference run
-    ref = StandIn(tiny_model)
-    try:
-        code, out = run(train_cmd(tiny_model, ref.url, tmp_path / "ref", "--steps", "4", "--seed", "3"))
-        assert code == 0, out
-    finally:
-        ref.close()
-    # the same run, killed with SIGKILL once its step-2 checkpoint exists, then resumed (without --seed: its own)
-    s = StandIn(tiny_model)
-    try:
-        env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
-        with open(tmp_path / "killed.log", "w") as f:
-            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--seed", "3"), stdout=f,
-                                 stderr=subprocess.STDOUT, env=env, cwd=HERE)
-            deadline = time.time() + 240
-            while time.time() < deadline and p.poll() is None:
-                ck = g.latest_checkpoint(str(tmp_path / "k"))
-                if ck and ck.endswith("step_2"):
-                    break
-                time.sleep(0.05)
-            p.send_signal(signal.SIGKILL)
-            p.wait()
-        ck = g.latest_checkpoint(str(tmp_path / "k"))
-        step = torch.load(os.path.join(ck, "trainer_state.pt"), weights_only=True)["step"]
-        assert 2 <= step < 4, "the kill landed outside the run"
-        n_before, served_before = len(s.rollouts), len(s.generations)
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--resume"))
-        assert code == 0, out
-        assert f"at step {step}" in out
-    finally:
-        s.close()
-    # same next prompts, and completions (the stand-in samples deterministically from the weights): 2 x 4 a step
-    assert s.rollouts[n_before:] == ref.rollouts[step:] and s.generations[served_before:] == ref.generations[8 * step:]
-    # same final weights and optimizer state as the uninterrupted run
-    a, b = ckpt_weights(tmp_path / "ref"), ckpt_weights(tmp_path / "k")
-    assert all(torch.equal(a[n], b[n]) for n in a)
-    sa = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path / "ref")), "trainer_state.pt"), weights_only=True)
-    sb = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path / "k")), "trainer_state.pt"), weights_only=True)
-    assert sa["step"] == sb["step"] == 4
-    for k, v in sa["optimizer"]["state"].items():
-        for name in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(v[name], sb["optimizer"]["state"][k][name]), (k, name)
+@pytest.mark.parametrize("how, says", [("short", "5 logprobs, the first off at token 0"), ("none", "5 logprobs, the first off at token 4"),
+                                       ("other_token", "5 logprobs, the first off at token 4"), ("id_0", None)])
+def test_a_rescored_sequence_out_of_line_stops_the_run_naming_the_server_but_an_id_reported_as_0_does_not(
+        tiny_model, tmp_path, how, says):
+    """SGLang reports the input token ids >= vocab_size - 1 as 0: that is no misalignment (a random-weight 1.5B-shaped
+    model sampled its last id, and the run stopped on it, at 9fe208f)."""
+    code, out, _, s = run_against(tiny_model, tmp_path, {"garble_rescores": how}, "--steps", "3", "--async")
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert "Traceback" not in out, out
+    if says is None:
+        assert code == 0 and len(m) == 3 and len(s.rescores) == 2, out
+    else:
+        assert code == 1 and out.count("error:") == 1 and len(m) == 1, out
+        assert f"error: the server at {s.url} re-scored a sequence of the sync check (/generate, max_new_tokens 0, " \
+               f"logprob_start_len) out of line with its 5 completion tokens ({says})" in out and "--check_seqs 0" in out, out
 
 
 def test_a_skipped_push_stops_the_run_at_the_very_next_step(tiny_model, tmp_path):
@@ -1961,23 +2517,6 @@ def test_a_skipped_push_stops_the_run_at_the_very_next_step(tiny_model, tmp_path
     assert code == 1, out
     assert f"the server at {s.url} sampled with weights of version '1', but this rollout must come from version '2'" in out
     assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]  # stopped before step 3 trained
-
-
-def test_async_a_skipped_push_stops_the_run_at_the_next_step_before_it_trains(tiny_model, tmp_path):
-    code, out, _, s = run_against(tiny_model, tmp_path, {"miss_pushes": {"2"}}, "--steps", "5", "--async",
-                                  "--eval_every", "0")  # no evaluation at step 2, which would see it first
-    assert code == 1 and f"the server at {s.url} re-scored the batch with weights of version '1', but this check must " \
-                          "come from version '2'" in out, out
-    assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]  # stopped before step 3 trained
-
-
-def test_async_weights_dropped_under_a_correct_tag_are_caught_by_the_check(tiny_model, tmp_path):
-    """The log-prob check alone (a server without /weights_checker): the re-scored rows see the dropped weights."""
-    code, out, _, _ = run_against(tiny_model, tmp_path, {"drop_weights": {"2", "3", "4", "5", "6"}, "checker": False},
-                                  "--steps", "6", "--async")
-    assert code == 1 and "weight sync check failed at step 3" in out and "had the right version tag" in out, out
-    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-    assert [r["step"] for r in m] == [1, 2] and all(r["check_mismatch_mean"] < 0.01 for r in m)
 
 
 def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_model, tmp_path):
@@ -1991,14 +2530,6 @@ def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_mod
            f"HTTP 404): only the log-prob check remains" in out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert [r["step"] for r in m] == [1, 2] and all(r["mismatch_mean"] < 0.1 and r["weights_checked"] == 0 for r in m)
-
-
-def held_differ(s, out_dir):
-    """(how many of the tensors a stand-in holds, by its names, differ from the trainer's last checkpoint in bf16, how
-    many it holds)"""
-    held = sglang_checksums(s.ranks[0], s.fuse)
-    trainer = sglang_checksums({n: t.to(torch.bfloat16) for n, t in ckpt_weights(out_dir).items()}, s.fuse)
-    return sum(held[n] != trainer[n] for n in held), len(held)
 
 
 def test_recipes_name_the_trainer_tensors_that_make_each_server_tensor():
@@ -2084,71 +2615,550 @@ def test_a_dropped_last_push_is_reported_at_the_end(tiny_model, tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("flag, value, says", [
-    ("--temperature", "0", "--temperature 0.0 is out of range: it must be temperature > 0"),
-    ("--temperature", "-1", "--temperature -1.0 is out of range"),
-    ("--prompts_per_step", "0", "--prompts_per_step 0 is out of range: it must be prompts_per_step >= 1"),
-    ("--lr", "-1", "--lr -1.0 is out of range: it must be lr >= 0"),
-    ("--top_p", "0", "--top_p 0.0 is out of range: it must be 0 < top_p <= 1"),
-    ("--top_k", "0", "--top_k 0 is out of range: it must be top_k == -1 or top_k >= 1"),
-    ("--clip_low", "1.5", "--clip_low 1.5 is out of range: it must be 0 <= clip_low < 1"),
-    ("--tis_cap", "-1", "--tis_cap -1.0 is out of range: it must be tis_cap == 0 or tis_cap >= 1"),
-    ("--out_dir", "/proc/no/such/dir", "--out_dir '/proc/no/such/dir' cannot be created"),
-    ("--group_size", "1", "--group_size 1 is out of range: it must be group_size >= 2"),
-    ("--sync", "ib", "--sync 'ib' is out of range: it must be auto or tensor or nccl"),
-    ("--nccl_port", "70000", "--nccl_port 70000 is out of range: it must be 0 <= nccl_port <= 65535"),
-    ("--check_seqs", "-1", "--check_seqs -1 is out of range: it must be check_seqs >= 0"),
-    ("--server_url", "localhost:30000", "--server_url 'localhost:30000' is not a server address: it must look like http://"),
-    ("--server_url", "http://", "--server_url 'http://' is not a server address"),
-    ("--server_url", "http://127.0.0.1:99999", "--server_url 'http://127.0.0.1:99999' is not a server address")])
-def test_flags_out_of_range_are_refused_before_anything_heavy(flag, value, says, tmp_path):
-    cfg = g.parse_config(([] if flag == "--out_dir" else ["--out_dir", str(tmp_path)]) + [flag, value])
-    with pytest.raises(g.UserError, match=re.escape(says)):
-        g.check_config(cfg, 1)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU")
-def test_device_cuda_without_a_gpu_is_refused(tmp_path):
-    with pytest.raises(g.UserError, match="--device cuda, but torch sees no GPU"):
-        g.check_config(g.Config(device="cuda", out_dir=str(tmp_path)), 1)
-
-
-def test_bf16_head_on_a_gpu_with_a_torch_before_2_8_is_refused(tmp_path, monkeypatch):
-    """--head_matmul bf16 (the default) needs torch.mm(..., out_dtype=float32) on CUDA, torch >= 2.8: older is one
-    clear error before anything heavy (it would be a TypeError in the head's first forward); fp32 and the CPU run."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for version, head, device, refused in (("2.7.1+cu126", "bf16", "auto", True), ("2.7.1", "fp32", "auto", False),
-                                           ("2.7.1", "bf16", "cpu", False), ("2.8.0", "bf16", "auto", False),
-                                           ("2.11.0+cu130", "bf16", "cuda", False)):
-        monkeypatch.setattr(torch, "__version__", version)
-        cfg = g.Config(head_matmul=head, device=device, out_dir=str(tmp_path))
-        if refused:
-            with pytest.raises(g.UserError, match=r"--head_matmul bf16 needs torch >= 2.8 .* this is torch 2\.7\.1"):
-                g.check_config(cfg, 1)
-        else:
-            g.check_config(cfg, 1)
-
-
-def test_a_fresh_run_never_writes_into_another_runs_folder_and_a_resumed_one_logs_each_step_once(tiny_model, tmp_path):
-    kinds = lambda: [(r["step"], "eval_accuracy" in r) for r in read_metrics(tmp_path)]
-    flags = ("--steps", "4", "--save_every", "2")
-    s = StandIn(tiny_model, fail_generate_after=5)  # eval 0, steps 1-2, eval 2, step 3; then step 4's rollout fails
+@pytest.mark.parametrize("fault, says", [
+    ({"miss_pushes": {"2"}}, "sampled with weights of version '1', but this rollout must come from version '2'"),
+    ({"drop_weights": {"2", "3", "4", "5"}}, "the server at {url} holds other weights than the trainer sent in the "
+                                             "push of version 2")])
+def test_one_server_of_two_missing_a_push_stops_the_run_and_is_named(tiny_model, tmp_path, fault, says):
+    a, b = StandIn(tiny_model), StandIn(tiny_model, **fault)
     try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags), timeout=120)
-        assert code == 1 and kinds() == [(0, True), (1, False), (2, False), (2, True), (3, False)], out
+        code, out = run(train_cmd(tiny_model, f"{a.url},{b.url}", tmp_path, "--steps", "6", "--prompts_per_step", "4",
+                                  "--eval_every", "0", "--reward", "has_number", rewards=True), timeout=200)
+    finally:
+        a.close()
+        b.close()
+    assert code == 1 and says.format(url=b.url) in out and f"at {b.url}" in out and "Traceback" not in out, out
+    assert len([r for r in read_metrics(tmp_path) if "reward_mean" in r]) == 2  # stopped before step 3 trained
+
+
+@pytest.mark.parametrize("flags, checker, says", [
+    (("--skip", "2"), True, "sampled with weights of version '1', but this rollout must come from version '2'"),
+    (("--skip", "2-6", "--tag_skipped"), True, "sent in the push of version 2: 20 of 20 "),
+    (("--half", "2"), True, "sent in the push of version 2: 10 of 20 tensors differ"),
+    (("--skip", "2-6", "--tag_skipped"), False, "weight sync check failed at step 3: the server at {url} had the")])
+def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, tmp_path, flags, checker, says):
+    """The tool's faults stop the run at the next step; --half: the 10 of 20 tensors it left out (all moved)."""
+    tool = os.path.join(HERE, "tools", "negative_control.py")
+    code, out, _, s = run_against(tiny_model, tmp_path, {"checker": checker}, "--steps", "6", tool=(tool, *flags))
+    assert code == 1 and says.format(url=s.url) in out and "negative control: the push of version 2" in out, out
+    assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]
+    assert held_differ(s, tmp_path)[0] == (10 if "--half" in flags else 20)  # the server's tensors, independently
+
+
+def test_sync_check_replayed_on_the_recorded_gpu_runs():
+    """The stop rule (each rollout from exactly its version; trainer and server under the same weights within
+    --mismatch_max: the batch mismatch where a run logged nothing else, the re-scored check where it did) replayed
+    over every recorded GPU run: no correct push stops a run, and the negative controls stop exactly where they did
+    on the GPU (the weight hashes' at the very next step). The async run at lr 5e-5 is one the rule before the
+    re-scored check (the batch mismatch) stopped."""
+    import glob
+    limit = g.Config.mismatch_max
+
+    def replay(path, old_rule=False):
+        """-> the first step that the rule stops, or None."""
+        rows = [r for r in map(json.loads, open(path)) if "reward_mean" in r]
+        saved = path.replace(".metrics.jsonl", ".config.json")  # the run's flags, where it kept them
+        said = re.search(r"rollouts: (a?sync)", open(path.replace(".metrics.jsonl", ".log")).read())  # its log
+        async_run = (json.load(open(saved))["async_"] if os.path.exists(saved) else said.group(1) == "async" if said
+                     else "async" in os.path.basename(path) or "nccl_hidden" in path)
+        for r in rows:
+            want = max(r["step"] - 2, 0) if async_run else r["step"] - 1
+            seen = r["mismatch_mean"] if old_rule else r.get("check_mismatch_mean", r["mismatch_mean"])
+            if r["sampled_from_version"] != want or (seen is not None and seen > limit):
+                return r["step"]
+        log = open(path.replace(".metrics.jsonl", ".log")).read()  # the step that stopped, never logged as a row
+        m = re.search(r"by ([\d.]+) nats on average", log)
+        if m and float(m.group(1)) > limit:
+            return rows[-1]["step"] + 1
+        m = re.search(r"with weights of version '(\d+)', but this (?:rollout|check) must come from version '(\d+)'", log)
+        if m:
+            return int(m.group(2)) + 1
+        m = re.search(r"holds other weights than the trainer sent in the push of version (\d+)", log)  # the hashes
+        return int(m.group(1)) + 1 if m else None
+    runs = glob.glob(os.path.join(HERE, "results", "**", "*.metrics.jsonl"), recursive=True)
+    good = [p for p in runs if not os.path.basename(p).startswith(("check_v2_", "neg_", "dropped_")) or "check_v2_main" in p]
+    assert len(good) >= 7, good  # 300 steps, lr 5e-5 async, the three seeds of the curve, lr 1e-5 and 1e-6
+    for path in good:
+        assert replay(path) is None, path
+    check = os.path.join(HERE, "results", "h200", "check_v2")
+    assert replay(os.path.join(check, "check_v2_skip_one.metrics.jsonl")) == 7  # push after step 6 skipped
+    assert replay(os.path.join(check, "check_v2_stop_syncing.metrics.jsonl")) == 5  # no push after step 4
+    assert replay(os.path.join(check, "check_v2_dropped_tagged.metrics.jsonl")) == 18  # tag kept, weights dropped
+    main = [r["mismatch_mean"] for r in map(json.loads, open(os.path.join(check, "check_v2_main.metrics.jsonl"))) if "mismatch_mean" in r]
+    assert len(main) == 300 and max(main) < limit / 3  # the limit is over 3x the worst correct step of 300
+    ca = os.path.join(HERE, "results", "x2", "check_async")  # async, lr 5e-5: the same controls, and the old rule's false alarm
+    assert [replay(os.path.join(ca, f"neg_async_{n}.metrics.jsonl")) for n in ("skip_one", "stop_syncing", "dropped_tagged")] == [7, 5, 6]
+    assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl")) is None
+    assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl"), old_rule=True) == 4
+    trust = os.path.join(HERE, "results", "h200", "trust")  # the weight hashes: the push after step 11 dropped
+    assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. async: rollouts one step off, the re-scored check, a resume, a server failing mid-generation
+
+def test_async_trains_one_step_off_and_never_updates_mid_generation(tiny_model, tmp_path):
+    s = StandIn(tiny_model, slow_generate=1.0)
+    try:  # at this toy lr one step moves the policy by ~0.3 nats: the mismatch check must allow that here
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--async"))
+        assert code == 0, out
+        assert "rollouts: async, one step off-policy" in out
+        m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+        assert [r["sampled_from_version"] for r in m] == [0, 0, 1]  # step 1 on-policy, then one step behind
+        assert [p["weight_version"] for p in s.push_log] == ["0", "1", "2", "3"]
+        assert_server_has(s.pushes[-1], ckpt_weights(tmp_path))
+        assert all(math.isfinite(r["is_ratio_mean"]) and r["mismatch_mean"] > 0 for r in m)
+        for prev, nxt in zip(m, m[1:]):  # step s+1's batch was sampled while step s trained, and before its push
+            assert nxt["span_rollout"][0] < prev["span_train"][1] and nxt["span_rollout"][1] > prev["span_train"][0], (prev, nxt)
+            assert nxt["span_rollout"][1] <= prev["span_sync"][0] + 0.05
+
+        # the trainer trained first and only then waited for the rest of the 1-second generation
+        assert max(r["time_next_rollout_wait"] for r in m[:-1]) > 0.3, m
+        assert len(s.pushed_during_generation) == 4 and not any(s.pushed_during_generation)
     finally:
         s.close()
+
+
+def test_async_check_off_rescores_nothing(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "3", "--async", "--check_seqs", "0"))
+    assert code == 0 and "check - mismatch" in out, out
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert not server.rescores and [r["check_mismatch_mean"] is None for r in m] == [False, True, True]
+
+
+@pytest.mark.parametrize("temperature", ["1.0", "0.7"])
+def test_async_check_compares_the_same_weights_so_a_large_lr_does_not_stop_it(tiny_model, tmp_path, temperature):
+    """At this toy lr one step moves the policy by ~0.3-0.8 nats: the batch mismatch (server θ_{s-1} vs trainer θ_s)
+    is far over --mismatch_max, yet the run goes on, because the check compares the rows the server re-scored
+    with θ_s (a prefill at temperature 1, as SGLang's input logprobs are) with the trainer's under θ_s."""
     s = StandIn(tiny_model)
     try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags), timeout=120)  # a fresh run there: refused
-        assert code == 1 and f"--out_dir {tmp_path} already holds a run (config.json, latest, metrics.jsonl, " \
-            f"step_2): continue it with --resume" in out and "Traceback" not in out and not s.calls["/generate"], out
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags, "--resume"), timeout=120)
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "4", "--async", "--temperature", temperature,
+                                  "--check_seqs", "6", "--reward", "has_number", rewards=True))
+        assert code == 0, out
+        m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+        assert max(r["mismatch_mean"] for r in m) > 0.2  # the old rule would have stopped this run
+        assert all(r["check_mismatch_mean"] < 0.01 for r in m), m
+        assert m[0]["staleness_mean"] is None and m[0]["check_mismatch_mean"] == m[0]["mismatch_mean"]  # step 1 on-policy
+        if temperature == "1.0":  # (at 0.7 the server's sampling log-probs are at 0.7, its re-score at 1: not logged)
+            assert all(r["staleness_mean"] > 0.1 and r["staleness_max"] >= r["staleness_mean"] for r in m[1:])
+        else:
+            assert all(r["staleness_mean"] is None for r in m)
+        # steps 2-4: 6 of each batch's 8 sequences (prompt + completion), re-scored once, spread over its groups
+        batches = [s.generations[k * 8:(k + 1) * 8] for k in range(1, 4)]
+        assert s.rescores == [[tuple(p + c) for p, c, _ in (b[i] for i in (0, 1, 2, 4, 5, 6))] for b in batches]
+    finally:
+        s.close()
+
+
+def test_async_check_on_other_shapes_compares_each_sequence_with_itself(tiny_model, tmp_path):
+    """Two ranks, prompts of different lengths in one re-score request, micro-batches of 3 across groups of 4, and 7
+    re-scored rows a step over 2 ranks (4 each, rounded up): every re-scored row is compared with the trainer's logprobs
+    of that same sequence (kernel noise only, ~0 here)."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--async", "--prompts_per_step", "4",
+                                  "--micro_batch", "3", "--check_seqs", "7", "--dataset",
+                                  mixed_lengths_data(tmp_path / "q.jsonl"), "--reward", "has_number", nproc=2, rewards=True),
+                        timeout=240)
+        assert code == 0, out
+        m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+        assert all(r["check_mismatch_mean"] < 0.01 for r in m) and all(r["staleness_mean"] > 0 for r in m[1:]), m
+        assert len(s.rescores) == 4 and [len(r) for r in s.rescores] == [4] * 4  # steps 2, 3: a request per rank
+        assert any(len({len(p) for p in req}) > 1 for req in s.rollouts)  # prompts of different lengths together
+    finally:
+        s.close()
+
+
+def test_async_a_skipped_push_stops_the_run_at_the_next_step_before_it_trains(tiny_model, tmp_path):
+    code, out, _, s = run_against(tiny_model, tmp_path, {"miss_pushes": {"2"}}, "--steps", "5", "--async",
+                                  "--eval_every", "0")  # no evaluation at step 2, which would see it first
+    assert code == 1 and f"the server at {s.url} re-scored the batch with weights of version '1', but this check must " \
+                          "come from version '2'" in out, out
+    assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]  # stopped before step 3 trained
+
+
+def test_async_weights_dropped_under_a_correct_tag_are_caught_by_the_check(tiny_model, tmp_path):
+    """The log-prob check alone (a server without /weights_checker): the re-scored rows see the dropped weights."""
+    code, out, _, _ = run_against(tiny_model, tmp_path, {"drop_weights": {"2", "3", "4", "5", "6"}, "checker": False},
+                                  "--steps", "6", "--async")
+    assert code == 1 and "weight sync check failed at step 3" in out and "had the right version tag" in out, out
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert [r["step"] for r in m] == [1, 2] and all(r["check_mismatch_mean"] < 0.01 for r in m)
+
+
+def test_async_a_server_that_drops_weights_is_named_when_some_rows_are_rescored(tiny_model, tmp_path):
+    a, b = StandIn(tiny_model), StandIn(tiny_model, drop_weights={"2", "3", "4", "5"}, checker=False)  # log-prob check
+    try:
+        code, out = run(train_cmd(tiny_model, f"{a.url},{b.url}", tmp_path, "--steps", "5", "--async", "--prompts_per_step",
+                                  "4", "--check_seqs", "2", "--server_gpu", "0,1", "--eval_every", "0", "--reward",
+                                  "has_number", nproc=2, rewards=True), timeout=240)
+    finally:
+        a.close()
+        b.close()
+    says = f"weight sync check failed at step 3: the server at {b.url} had the right version tag"
+    assert code == 1 and out.count(says) == 1, out
+
+
+def test_async_resume_regenerates_the_pending_batch_from_the_checkpoint(tiny_model, tmp_path):
+    flags = ("--async", "--save_every", "1")
+    ref = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, ref.url, tmp_path / "ref", "--steps", "4", *flags))
+        assert code == 0, out
+    finally:
+        ref.close()
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "2", *flags))
+        assert code == 0, out
+        n_before = len(s.rollouts)
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--resume", *flags))
         assert code == 0 and "at step 2" in out, out
     finally:
         s.close()
-    # the steps after the checkpoint and its evaluation, redone after the resume, are in the file once
-    assert kinds() == [(0, True), (1, False), (2, False), (2, True), (3, False), (4, False), (4, True)]
+    m = [r for r in read_metrics(tmp_path / "k") if "reward_mean" in r]
+    # the batch pending at the checkpoint is regenerated from the checkpoint's weights (version 2), then one behind
+    assert [r["sampled_from_version"] for r in m] == [0, 0, 2, 2]
+    assert s.rollouts[n_before:] == ref.rollouts[2:]  # and it asks for the prompts the uninterrupted run did
+
+
+@pytest.mark.parametrize("fault", ["dies", "stalls"])
+def test_async_server_failing_during_a_background_generation_stops_cleanly(tiny_model, tmp_path, fault):
+    # the initial eval and step 1's rollout work; step 2's rollout, running in the background, fails
+    code, out, took, s = run_against(tiny_model, tmp_path, {"fail_generate_after" if fault == "dies" else "stall_generate_after": 2},
+                                     "--steps", "4", "--async", "--request_timeout", "3")
+    assert code == 1 and ("stand-in: scheduler died" if fault == "dies" else "ReadTimeout") in out, out
+    assert "Traceback" not in out and out.count("error:") == 1 and took < 60
+    assert len(s.push_log) == 1  # no weights pushed while that generation was pending
+
+
+def test_ctrl_c_exits_at_once_even_with_a_generation_in_flight(tiny_model, tmp_path):
+    import signal
+    import time
+    s = StandIn(tiny_model, stall_generate_after=2)  # step 2's background rollout hangs for 20 s
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
+    try:
+        with open(tmp_path / "log", "w") as f:
+            # as from a terminal: a worker of the test runner may ignore SIGINT, which its children inherit (Python
+            # then installs no KeyboardInterrupt handler: seen under pytest-xdist, the signal had no effect)
+            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "run", "--steps", "3", "--async"),
+                                 stdout=f, stderr=subprocess.STDOUT, env=env, cwd=HERE,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            deadline = time.time() + 120
+            while s.calls["/generate"] < 3 and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            t0 = time.time()
+            p.send_signal(signal.SIGINT)
+            try:
+                code = p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                code = "still running 30 s after SIGINT"
+            took = time.time() - t0
+    finally:
+        s.close()
+    out = (tmp_path / "log").read_text()
+    assert code == 130 and "interrupted" in out and "--resume" in out and took < 10, (code, s.calls, out)
+    assert "Traceback" not in out
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. faults: a server, a step or a process that fails stops with one clear message (or recovers)
+
+def test_server_not_running_is_reported_before_loading_anything(tiny_model, tmp_path):
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path), timeout=120)
+    assert code == 1
+    assert "no answer from the SGLang server" in out and "bash serve.sh" in out
+    assert "data:" not in out and "Traceback" not in out  # before the data or model; no raw traceback
+
+
+def test_wrong_model_on_server(tiny_model, tmp_path):
+    s = StandIn(tiny_model, served_path="Qwen/Qwen2.5-0.5B-Instruct")
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path), timeout=120)
+    finally:
+        s.close()
+    assert code == 1 and "serves 'Qwen/Qwen2.5-0.5B-Instruct' but the trainer trains" in out
+    assert "MODEL=" in out and "bash serve.sh" in out and "Traceback" not in out
+
+
+def test_api_key_is_sent_and_a_missing_key_is_explained(tiny_model, tmp_path):
+    s = StandIn(tiny_model, api_key="sekret")
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "a"), timeout=120)
+        assert code == 1 and "wrong or missing --api_key" in out
+        # the other loss paths ride along: mu=2 (old logprobs, ratio != 1), KL to a reference, TIS, seq mean
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "b", "--steps", "1", "--api_key", "sekret",
+                                  "--mu", "2", "--beta", "0.1", "--tis_cap", "2", "--loss_agg", "seq", "--reward",
+                                  "has_number", rewards=True))  # (rewards that differ: the first update moves)
+        assert code == 0, out
+        m = [r for r in read_metrics(tmp_path / "b") if "kl" in r][0]
+        assert m["kl"] > 1e-4 and math.isfinite(m["loss"])  # the second update sees a policy that moved
+    finally:
+        s.close()
+
+
+def test_a_server_slower_than_request_timeout_is_called_busy_not_down(tiny_model):
+    """A server that takes the request but answers nothing within --request_timeout may be alive but busy: the
+    message says so and how to wait longer; one that refuses the connection is asked whether it is running."""
+    s = StandIn(tiny_model, stall_generate_after=0)  # every /generate sleeps 20 s before answering
+    cfg = g.Config(request_timeout=0.5, request_retries=0)
+    try:
+        with pytest.raises(g.UserError) as busy:
+            g.call(cfg, s.url, "/generate", {"input_ids": [[1, 2]]})
+    finally:
+        s.close()
+    assert f"no answer from the SGLang server at {s.url}/generate after 1 tries (ReadTimeout" in str(busy.value)
+    assert ("It answered nothing within 0.5 s: it may be alive but busy (see serve.log); raise --request_timeout"
+            in str(busy.value)) and "Is it running" not in str(busy.value)
+    with pytest.raises(g.UserError) as down:
+        g.call(cfg, f"http://127.0.0.1:{free_port()}", "/generate", {"input_ids": [[1, 2]]})
+    assert "(ConnectionError" in str(down.value) and "Is it running? Start it with: bash serve.sh" in str(down.value)
+    assert "busy" not in str(down.value)
+
+
+def test_stalled_server_times_out_instead_of_hanging(tiny_model, tmp_path):
+    code, out, took, _ = run_against(tiny_model, tmp_path, {"stall_generate_after": 2}, "--steps", "3", "--request_timeout", "2")
+    assert code == 1 and "no answer from the SGLang server" in out and "ReadTimeout" in out, out
+    assert took < 60  # 2 tries x 2 s + backoff, plus start-up; not the stand-in's 20 s per request
+
+
+def test_server_dies_mid_run_bounded_retries_and_checkpoint_survives(tiny_model, tmp_path):
+    s = StandIn(tiny_model, fail_generate_after=2)  # eval + step 1 work, step 2's rollout fails
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3"), timeout=120)
+    finally:
+        s.close()
+    assert code == 1 and "HTTP 503" in out and "stand-in: scheduler died" in out, out
+    assert s.calls["/generate"] <= 2 + 2  # bounded: --request_retries 1, then a clean stop
+    st = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path)), "trainer_state.pt"), weights_only=True)
+    assert st["step"] == 1 and ckpt_weights(tmp_path)  # the last checkpoint loads
+
+
+def test_rejected_weight_update_stops_training(tiny_model, tmp_path):
+    s = StandIn(tiny_model, reject_updates=True)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path), timeout=120)
+    finally:
+        s.close()
+    assert code == 1 and "HTTP 400" in out and "Failed to update weights: test" in out
+    assert "step    1" not in out  # no rollout against stale weights
+
+
+@pytest.mark.parametrize("fault, says", [
+    ("die_at_init", "did not join the NCCL group"),
+    ("die_in_broadcast", "no answer from the SGLang server"),
+    ("reject_updates", "Failed to update weights: test")])
+def test_nccl_path_failures_end_with_a_clear_error_in_time(tiny_model, tmp_path, fault, says):
+    code, out, took, s = run_against(tiny_model, tmp_path, {fault: True}, "--sync", "nccl", "--request_timeout", "5")
+    assert code == 1 and says in out and "Traceback" not in out and out.count("error:") == 1, out
+    assert took < 60 and not s.pushes  # within the timeout, nothing trained on
+
+
+def test_nonfinite_gradients_skip_the_step_then_stop(tiny_model, tmp_path):
+    s = StandIn(tiny_model, nan_logprobs=True)  # a broken server: NaN logprobs -> NaN TIS weights -> NaN loss
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "4", "--tis_cap", "2",
+                                  "--max_nonfinite_steps", "2"), timeout=120)
+    finally:
+        s.close()
+    assert code == 1 and "NaN/Inf gradients in 2 steps in a row" in out, out
+    assert out.count("update(s) skipped") == 2
+    for p in s.pushes[1:]:  # the weights never moved: every push equals the initial one
+        assert all(torch.equal(p[n], s.pushes[0][n]) for n in p)
+
+
+def test_one_nan_step_is_skipped_and_the_next_one_trains(tiny_model, tmp_path):
+    """The first step's rollout has NaN logprobs (its gradient is NaN and skipped); the gradient must not carry over."""
+    s = StandIn(tiny_model, nan_logprobs={1})
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--tis_cap", "2", "--max_nonfinite_steps",
+                                  "2", "--reward", "has_number", rewards=True))
+    finally:
+        s.close()
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path) if "nonfinite_skips" in r]
+    assert [r["nonfinite_skips"] for r in m] == [1, 0, 0] and all(math.isfinite(r["grad_norm"]) for r in m[1:])
+    assert not torch.equal(s.pushes[1]["model.layers.0.mlp.up_proj.weight"], s.pushes[3]["model.layers.0.mlp.up_proj.weight"])
+
+
+DROPS_ON_RANK_1 = """import os, sys
+sys.path.insert(0, {here!r})
+import grpo_sglang as g
+mbs = g.micro_batches  # the obvious filter, done wrong: rank 1 drops a micro-batch's rows
+g.micro_batches = lambda seqs, size, pad, **kw: mbs(seqs, size, pad, **kw)[: -1 if os.environ["RANK"] == "1" else None]
+try:
+    g.main(g.parse_config())
+except g.UserError as e:
+    g.exit_now(1, f"error: {{e}}")
+g.exit_now(0)
+"""
+
+
+def test_ranks_that_would_run_different_numbers_of_micro_batches_stop_with_one_error_not_a_hang(tiny_model, server,
+                                                                                               tmp_path):
+    script = tmp_path / "drops.py"
+    script.write_text(DROPS_ON_RANK_1.format(here=HERE))
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--micro_batch", "2", nproc=2)
+    code, out = run([c if not c.endswith("grpo_sglang.py") else str(script) for c in cmd], timeout=180)
+    says = "the ranks would run different numbers of micro-batches ([2, 1]), and FSDP would hang"
+    assert code == 1 and out.count(says) == 1 and "seqs['weight'] to 0" in out, out
+
+
+def test_run_ends_every_process_of_a_run_that_times_out(tmp_path, monkeypatch):
+    """torchrun starts each worker in a session of its own: a timed-out run must not leave them running."""
+    import psutil
+    import time
+    (tmp_path / "pids").mkdir()
+    script = tmp_path / "hang.py"
+    script.write_text("import os, time\nopen(os.path.join(os.environ['PIDS'], str(os.getpid())), 'w').close()\n"
+                      "time.sleep(600)\n")
+    monkeypatch.setenv("PIDS", str(tmp_path / "pids"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={free_port()}", str(script)]
+    t0 = time.time()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run(cmd, timeout=40)
+    pids = [int(p) for p in os.listdir(tmp_path / "pids")]
+    assert len(pids) == 2 and time.time() - t0 < 60, pids  # both workers had started
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. resume, checkpoints and the out_dir: a resumed run is the run it resumes, nothing is overwritten
+
+def test_kill_9_then_resume_continues_exactly(tiny_model, tmp_path):
+    import signal
+    import time
+    # uninterrupted reference run
+    ref = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, ref.url, tmp_path / "ref", "--steps", "4", "--seed", "3"))
+        assert code == 0, out
+    finally:
+        ref.close()
+    # the same run, killed with SIGKILL once its step-2 checkpoint exists, then resumed (without --seed: its own)
+    s = StandIn(tiny_model)
+    try:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
+        with open(tmp_path / "killed.log", "w") as f:
+            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--seed", "3"), stdout=f,
+                                 stderr=subprocess.STDOUT, env=env, cwd=HERE)
+            deadline = time.time() + 240
+            while time.time() < deadline and p.poll() is None:
+                ck = g.latest_checkpoint(str(tmp_path / "k"))
+                if ck and ck.endswith("step_2"):
+                    break
+                time.sleep(0.05)
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        ck = g.latest_checkpoint(str(tmp_path / "k"))
+        step = torch.load(os.path.join(ck, "trainer_state.pt"), weights_only=True)["step"]
+        assert 2 <= step < 4, "the kill landed outside the run"
+        n_before, served_before = len(s.rollouts), len(s.generations)
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--resume"))
+        assert code == 0, out
+        assert f"at step {step}" in out
+    finally:
+        s.close()
+    # same next prompts, and completions (the stand-in samples deterministically from the weights): 2 x 4 a step
+    assert s.rollouts[n_before:] == ref.rollouts[step:] and s.generations[served_before:] == ref.generations[8 * step:]
+    # same final weights and optimizer state as the uninterrupted run
+    a, b = ckpt_weights(tmp_path / "ref"), ckpt_weights(tmp_path / "k")
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    sa = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path / "ref")), "trainer_state.pt"), weights_only=True)
+    sb = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path / "k")), "trainer_state.pt"), weights_only=True)
+    assert sa["step"] == sb["step"] == 4
+    for k, v in sa["optimizer"]["state"].items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(v[name], sb["optimizer"]["state"][k][name]), (k, name)
+
+
+def test_a_resumed_run_samples_and_trains_exactly_as_one_that_never_stopped(resumed_runs):
+    """The run stopped dead after its step-2 checkpoint and resumed without --seed (its --seed 7 comes back from its
+    config.json) is asked for the same prompts and served the same completions as the run that never stopped, and
+    ends with the same weights and optimizer state."""
+    ref, resumed = resumed_runs
+    assert resumed.served_first == 16 and len(ref.stand_in.generations) == 40  # 2 prompts x 4 a step
+    assert resumed.stand_in.generations == ref.stand_in.generations
+    assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in ref.metrics]
+    a, b = ckpt_weights(ref.dir), ckpt_weights(resumed.dir)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    sa, sb = (torch.load(os.path.join(g.latest_checkpoint(str(r.dir)), "trainer_state.pt"), weights_only=True)
+              for r in resumed_runs)
+    assert all(torch.equal(v[k], sb["optimizer"]["state"][i][k]) for i, v in sa["optimizer"]["state"].items()
+               for k in ("exp_avg", "exp_avg_sq", "step"))
+
+
+def test_a_resumed_run_continues_the_lr_schedule_at_its_global_step(resumed_runs):
+    """Warmup over 1 step, then a cosine from --lr to 0.5 x --lr over steps 2-5: the run resumed at step 2 goes on
+    where the schedule was, not from its start."""
+    want = [3e-2 * f for f in (1.0, 1.0, 0.5 + 0.25 * (1 + math.cos(math.pi / 3)),
+                               0.5 + 0.25 * (1 + math.cos(2 * math.pi / 3)), 0.5)]
+    for run in resumed_runs:
+        assert [r["step"] for r in run.metrics] == [1, 2, 3, 4, 5]
+        assert [r["lr"] for r in run.metrics] == pytest.approx(want)
+
+
+def test_a_run_ends_with_a_checkpoint_of_its_last_step(resumed_runs):
+    """--steps 5, --save_every 2: the last checkpoint is that of step 5 (not 4), with the weights the last push sent."""
+    for run in resumed_runs:
+        ck = g.latest_checkpoint(str(run.dir))
+        assert os.path.basename(ck) == "step_5", ck
+        assert torch.load(os.path.join(ck, "trainer_state.pt"), weights_only=True)["step"] == 5
+        assert_server_has(run.stand_in.pushes[-1], ckpt_weights(run.dir))
+
+
+def test_a_checkpoint_replaces_the_one_before_and_latest_names_it(resumed_runs):
+    """Each save drops the checkpoint before it, once `latest` names the new one: one step_N folder stays."""
+    for run in resumed_runs:
+        assert sorted(f for f in os.listdir(run.dir) if f.startswith("step_")) == ["step_5"]
+        assert (run.dir / "latest").read_text() == "step_5"
+
+
+def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it(tiny_model, tmp_path):
+    """--resume takes the saved config.json for every flag not given again (here --beta and --group_size); a flag given
+    again that changes what the run trains is one error listing each one with its saved and its given value, before
+    any server is asked; flags of how and where it runs (--steps, --micro_batch, --head_matmul) may change."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "1", "--beta", "0.1", "--group_size", "2",
+                                  "--entropy_coef", "0.01"))  # (an entropy bonus: step 1 moves, whatever the rewards)
+        assert code == 0, out
+        before = s.calls["/generate"]
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--resume", "--group_size", "4", "--lr",
+                                  "1e-3"), timeout=120)
+        assert code == 1 and out.count("error: --resume: these flags differ from the run in") == 1, out
+        assert "--group_size was 2, now 4; --lr was 0.03, now 0.001" in out and "Traceback" not in out, out
+        assert s.calls["/generate"] == before  # refused before any rollout
+        flags = train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--resume", "--micro_batch", "3", "--head_matmul",
+                          "fp32")
+        k = flags.index("--group_size")  # the resume command leaves --group_size out: 2 is restored
+        code, out = run(flags[:k] + flags[k + 2:])
+        assert code == 0 and "at step 1" in out, out
+        assert "batch: 2 prompts x 2 completions = 4 sequences per step" in out, out
+        m = [r for r in read_metrics(tmp_path) if "kl" in r]
+        assert [r["step"] for r in m] == [1, 2] and m[1]["kl"] > 1e-4  # --beta 0.1 restored, not the default 0
+        saved = json.load(open(tmp_path / "config.json"))
+        assert saved["beta"] == 0.1 and saved["group_size"] == 2 and saved["steps"] == 2 and saved["micro_batch"] == 3
+        assert saved["head_matmul"] == "fp32"
+    finally:
+        s.close()
+
+
+def test_resuming_a_checkpoint_of_another_architecture_is_one_error(tiny_model, tmp_path):
+    other = build_tiny(str(tmp_path / "three"), num_hidden_layers=3)
+    with pytest.raises(g.UserError, match=re.escape("is not a checkpoint of --model") + ".*num_hidden_layers 2 there, 3 "):
+        g.check_architecture(tiny_model, other)
+    g.check_architecture(tiny_model, tiny_model)
+
+
+def test_the_api_key_is_never_saved(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", "--api_key", "sekret"))
+    assert code == 0, out
+    st = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path)), "trainer_state.pt"), weights_only=True)
+    assert "sekret" not in open(tmp_path / "config.json").read() and st["config"]["api_key"] == ""
 
 
 def test_resume_from_a_checkpoint_that_is_gone_or_half_copied_names_the_complete_ones(tiny_model, tmp_path):
@@ -2170,36 +3180,6 @@ def test_resume_from_a_checkpoint_that_is_gone_or_half_copied_names_the_complete
     with pytest.raises(g.UserError, match=re.escape(f"names step_2, but {state} cannot be read (RuntimeError") + ".*"
                        + re.escape("here: step_1;")):
         g.checkpoint_to_resume(str(tmp_path))
-
-
-@pytest.fixture(scope="session")
-def two_step_run(tiny_model, tmp_path_factory):
-    """A finished 2-step run (its checkpoint step_2, metrics of steps 0-2), for tests to copy and break."""
-    d, s = tmp_path_factory.mktemp("two_step_run"), StandIn(tiny_model)
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, d))
-        assert code == 0, out
-    finally:
-        s.close()
-    return d
-
-
-def files_of(d):
-    """-> {path: bytes} of every file under d but the run's lock."""
-    import pathlib
-    return {p: p.read_bytes() for p in sorted(pathlib.Path(d).rglob("*")) if p.is_file() and p.name != ".lock"}
-
-
-def cut_in_half(p):
-    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
-
-
-def edit_state(p, **kw):
-    torch.save({k: v for k, v in {**torch.load(p, weights_only=True), **kw}.items() if v is not None}, p)
-
-
-def edit_config(d, **kw):
-    (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), **kw}, indent=1))
 
 
 BREAKS = {"latest deleted": lambda d: (d / "latest").unlink(),
@@ -2248,6 +3228,45 @@ def test_a_resume_that_would_start_over_or_read_a_broken_checkpoint_is_one_error
         assert g.checkpoint_to_resume(str(d)) == str(d / fix)
 
 
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_checkpoint_that_cannot_be_written_is_one_clear_error_and_keeps_the_last_one(tiny_model, tmp_path, nproc):
+    """A full disk (seen on the GPU with a 7B model) raised deep inside safetensors / torch.save. Here the
+    write fails because a file sits where step 2's folder goes: the run stops, said once, and the
+    previous checkpoint stays the one to resume from."""
+    (tmp_path / "step_2").write_text("in the way")
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", nproc=nproc), timeout=200)
+    finally:
+        s.close()
+    says = "could not write the checkpoint"
+    assert code == 1 and out.count(says) == 1 and "Is the disk full?" in out, out
+    assert ("Traceback" not in out) if nproc == 1 else (says in "\n".join(out.strip().splitlines()[-6:])), out
+    assert g.latest_checkpoint(str(tmp_path)) == str(tmp_path / "step_1") and (tmp_path / "step_1" / "trainer_state.pt").exists()
+
+
+def test_a_fresh_run_never_writes_into_another_runs_folder_and_a_resumed_one_logs_each_step_once(tiny_model, tmp_path):
+    kinds = lambda: [(r["step"], "eval_accuracy" in r) for r in read_metrics(tmp_path)]
+    flags = ("--steps", "4", "--save_every", "2")
+    s = StandIn(tiny_model, fail_generate_after=5)  # eval 0, steps 1-2, eval 2, step 3; then step 4's rollout fails
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags), timeout=120)
+        assert code == 1 and kinds() == [(0, True), (1, False), (2, False), (2, True), (3, False)], out
+    finally:
+        s.close()
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags), timeout=120)  # a fresh run there: refused
+        assert code == 1 and f"--out_dir {tmp_path} already holds a run (config.json, latest, metrics.jsonl, " \
+            f"step_2): continue it with --resume" in out and "Traceback" not in out and not s.calls["/generate"], out
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *flags, "--resume"), timeout=120)
+        assert code == 0 and "at step 2" in out, out
+    finally:
+        s.close()
+    # the steps after the checkpoint and its evaluation, redone after the resume, are in the file once
+    assert kinds() == [(0, True), (1, False), (2, False), (2, True), (3, False), (4, False), (4, True)]
+
+
 @pytest.mark.parametrize("whose, resume", [("--model's", False), ("--model's", True), ("another model's", False),
                                            ("another model's", True)])
 def test_a_run_never_writes_over_a_models_folder(tiny_model, tmp_path, whose, resume):
@@ -2291,6 +3310,15 @@ def test_a_second_trainer_in_the_out_dir_of_a_running_one_is_refused_naming_its_
     assert code == 0, (tmp_path / "first.log").read_text()
     assert [(r["step"], "eval_accuracy" in r) for r in read_metrics(d)] == [(0, True), (1, False), (1, True)]
     g.lock_out_dir(str(d)).close()  # the OS let go of the first run's lock when it ended
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_anything_loads(tmp_path):
+    with pytest.raises(g.UserError, match=re.escape("--out_dir '/proc' cannot be created or written")):
+        g.check_config(g.Config(out_dir="/proc"), 1)  # exists, and no one may write there (root included)
+    if os.geteuid():  # root writes into a read-only folder anyway
+        (tmp_path / "ro").mkdir(mode=0o555)
+        with pytest.raises(g.UserError, match="cannot be created or written: Permission denied"):
+            g.check_config(g.Config(out_dir=str(tmp_path / "ro")), 1)
 
 
 DISK_FULL = """import builtins, os, runpy, sys
@@ -2340,115 +3368,23 @@ def test_a_full_disk_under_metrics_jsonl_is_one_clear_error_and_the_resume_after
     assert kinds == [(0, True), (1, False), (2, False), (2, True), (3, False), (3, True)]
 
 
-def test_a_new_reward_needs_no_test_edit_and_cannot_change_the_accuracy(tiny_model, server, tmp_path):
-    """A user's reward registered the way reward_fns.py says (here a constant 1): the run trains on it, while
-    `accuracy` and `eval_accuracy` still count the task's correctness check."""
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--reward", "always_1", rewards=True))
-    assert code == 0, out
-    steps, evals = [r for r in read_metrics(tmp_path) if "reward_mean" in r], [r for r in read_metrics(tmp_path) if "eval_reward" in r]
-    assert all(r["reward_mean"] == 1 and r["accuracy"] < 1 for r in steps) and len(steps) == 2
-    assert all(r["eval_reward"] == 1 and r["eval_accuracy"] < 1 for r in evals) and len(evals) == 2
+# ---------------------------------------------------------------------------------------------
+# 12. the GRPO variants of TRL, verl and slime, each a flag: hand values against the formula written here
+
+def test_lr_schedule_hand_values():
+    f = lambda step, schedule, warmup=2, min_ratio=0.1: g.lr_factor(step, 12, warmup, schedule, min_ratio)
+    assert [f(s, "constant") for s in (0, 1, 2, 11)] == [0.5, 1.0, 1.0, 1.0]  # linear warmup over 2 steps, then flat
+    assert f(2, "cosine") == pytest.approx(1.0) and f(11, "cosine") == pytest.approx(0.1)  # decay to min_lr_ratio
+    assert f(6, "cosine") == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 9)))
+    assert f(6, "linear") == pytest.approx(0.1 + 0.9 * (1 - 4 / 9)) and f(0, "linear", 0) == pytest.approx(1.0)
+    opt, m = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), g.Metrics()
+    g.set_lr(opt, 0.25, m)
+    assert opt.param_groups[0]["lr"] == 0.25 and m.maxes["lr"] == 0.25
 
 
-def test_a_step_on_a_known_reward_raises_the_rewarded_completions(tiny_model, server, tmp_path):
-    """End to end, one step with a reward the test knows (1 if the completion holds the word 'number'): the
-    trained weights give the rewarded completions more probability against the others of their own group."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    flags = ("--reward", "has_number", "--steps", "1", "--prompts_per_step", "4", "--group_size", "8", "--max_new_tokens", "6",
-             "--lr", "1e-3", "--micro_batch", "5")
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, *flags, rewards=True))
-    assert code == 0, out
-    tok = AutoTokenizer.from_pretrained(tiny_model)
-    gens = server.generations  # step 1's rollout: 4 prompts x 8, in order
-    rewards = torch.tensor([float("number" in tok.decode(c, skip_special_tokens=True).split()) for _, c, _ in gens])
-    assert 0 < rewards.sum() < len(rewards) - 8, rewards  # signal in some groups
-    models = [AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), None]
-    models[1] = AutoModelForCausalLM.from_pretrained(g.latest_checkpoint(str(tmp_path)), dtype=torch.float32)
-    [g.install_head(m) for m in models]
-    with torch.no_grad():
-        total = [torch.stack([g.completion_logprobs(m, g.pack_batch([{"prompt": p, "completion": c}], 0, "cpu"), 1.0)[0].sum()
-                              for p, c, _ in gens]) for m in models]
-    gain, adv = (total[1] - total[0]).view(4, 8), g.group_advantages(rewards, 8).view(4, 8)
-    for grp in range(4):
-        r = rewards.view(4, 8)[grp]
-        if 0 < r.sum() < 8:
-            assert gain[grp][r == 1].mean() > gain[grp][r == 0].mean(), (grp, gain[grp], r)
-    assert (adv * gain).sum() > 0
-
-
-def grpo_advantages(rewards, G, std=None, eps=1e-4):
-    """GRPO's advantages written out here: (r - the group's mean) / (the group's unbiased std, or `std`, + eps); a
-    group of equal rewards gets 0."""
-    import statistics
-    out = []
-    for k in range(0, len(rewards), G):
-        grp = rewards[k: k + G]
-        s = statistics.stdev(grp) if std is None else std
-        out += [0.0 if max(grp) == min(grp) else (r - sum(grp) / G) / (s + eps) for r in grp]
-    return out
-
-
-class Killed(Exception):
-    """A run stopped dead right after a checkpoint, as kill -9 would stop it."""
-
-
-def run_here(model_dir, url, out_dir, *extra, spy=None, kill_after=None):
-    """The script's main() in this process (a run of one rank, no torchrun), on the stand-in at `url`, with the
-    test rewards registered; spy(seqs, cfg) sees the step's table as train() gets it; kill_after: stop dead once the
-    checkpoint of that step is written."""
-    import torch.distributed as dist
-    cfg = g.parse_config(train_cmd(model_dir, url, out_dir, *extra)[2:])
-    train, save, sharing = g.train, g.save_checkpoint, torch.multiprocessing.get_sharing_strategy()
-
-    def spied(cfg, model, opt, seqs, *a):
-        spy and spy(seqs, cfg)
-        return train(cfg, model, opt, seqs, *a)
-
-    def saved(cfg, model, opt, tok, step):
-        save(cfg, model, opt, tok, step)
-        if step == kill_after:
-            raise Killed
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(g, "train", spied), mp.setattr(g, "save_checkpoint", saved)
-        mp.setitem(reward_fns.REWARD_FNS, "has_number", lambda c, a: float("number" in c.split()))
-        try:
-            g.main(cfg)
-        except Killed:
-            pass
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            torch.multiprocessing.set_sharing_strategy(sharing)
-
-
-# The runs that a few tests below share: 5 steps, checkpoints every 2 (and at the end), a warmup and a cosine decay,
-# DAPO's overlong penalty, a seed that is not the default; once uninterrupted, once stopped dead after its step-2
-# checkpoint and resumed (without --seed: the run's own comes back).
-RESUMED_FLAGS = ("--steps", "5", "--save_every", "2", "--lr_warmup_steps", "1", "--lr_schedule", "cosine",
-                 "--min_lr_ratio", "0.5", "--max_new_tokens", "6", "--overlong_buffer", "4",
-                 "--overlong_penalty", "0.5", "--reward", "has_number", "--eval_every", "0")
-
-
-@pytest.fixture(scope="module")
-def resumed_runs(tiny_model, tmp_path_factory):
-    from types import SimpleNamespace
-    d = tmp_path_factory.mktemp("resumed")
-    got = {}
-    for key in ("ref", "resumed"):
-        s, tables = StandIn(tiny_model), []
-        spy = lambda seqs, cfg: tables.append({k: seqs[k].clone() if torch.is_tensor(seqs[k]) else list(seqs[k])
-                                               for k in ("adv", "length", "text", "reward")})
-        try:
-            run_here(tiny_model, s.url, d / key, *RESUMED_FLAGS, "--seed", "7", spy=spy,
-                     kill_after=2 if key == "resumed" else None)
-            n = len(s.generations)
-            if key == "resumed":
-                run_here(tiny_model, s.url, d / key, *RESUMED_FLAGS, "--resume", spy=spy)
-        finally:
-            s.close()
-        got[key] = SimpleNamespace(dir=d / key, metrics=[r for r in read_metrics(d / key) if "loss" in r],
-                                   stand_in=s, tables=tables, served_first=n)
-    return got["ref"], got["resumed"]
+def test_overlong_penalty_hand_values():
+    got = g.overlong_penalty(torch.tensor([50.0, 80, 90, 95, 100, 130]), 100, 20)
+    assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.5, -0.75, -1.0, -1.0]))  # DAPO eq. 13, L_max 100, L_cache 20
 
 
 def test_the_overlong_penalty_reaches_the_advantages_a_run_trains_on(resumed_runs):
@@ -2465,82 +3401,38 @@ def test_the_overlong_penalty_reaches_the_advantages_a_run_trains_on(resumed_run
     assert len(ref.tables) == 5 and varied  # (groups whose penalties differ: there it moves the advantages)
 
 
-def test_a_resumed_run_continues_the_lr_schedule_at_its_global_step(resumed_runs):
-    """Warmup over 1 step, then a cosine from --lr to 0.5 x --lr over steps 2-5: the run resumed at step 2 goes on
-    where the schedule was, not from its start."""
-    want = [3e-2 * f for f in (1.0, 1.0, 0.5 + 0.25 * (1 + math.cos(math.pi / 3)),
-                               0.5 + 0.25 * (1 + math.cos(2 * math.pi / 3)), 0.5)]
-    for run in resumed_runs:
-        assert [r["step"] for r in run.metrics] == [1, 2, 3, 4, 5]
-        assert [r["lr"] for r in run.metrics] == pytest.approx(want)
+def test_rloo_and_batch_std_advantages_hand_values():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 1.0, 1.0])
+    rloo = g.group_advantages(r, 4, scale=False, rloo=True)  # r_i - the mean of the other three
+    assert torch.allclose(rloo, torch.tensor([1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3, 3 - 1, 1 - 5 / 3, 1 - 5 / 3, 1 - 5 / 3]))
+    batch = g.group_advantages(r, 4, std=torch.tensor(2.0), eps=0.0)  # TRL's scale_rewards='batch': one std for all
+    assert torch.allclose(batch, torch.tensor([0.25, -0.25, -0.25, 0.25, 0.75, -0.25, -0.25, -0.25]))
 
 
-def test_a_run_ends_with_a_checkpoint_of_its_last_step(resumed_runs):
-    """--steps 5, --save_every 2: the last checkpoint is that of step 5 (not 4), with the weights the last push sent."""
-    for run in resumed_runs:
-        ck = g.latest_checkpoint(str(run.dir))
-        assert os.path.basename(ck) == "step_5", ck
-        assert torch.load(os.path.join(ck, "trainer_state.pt"), weights_only=True)["step"] == 5
-        assert_server_has(run.stand_in.pushes[-1], ckpt_weights(run.dir))
+def test_batch_std_is_exact_for_rewards_far_from_0():
+    """--scale_rewards batch: float32 sums of squares lose the std's digits when the rewards are far from 0 (3.5e-4
+    relative at 100 + N(0, 1), 4.7e-2 at 1000 + {0, 1}); it must be torch's std, in float64."""
+    gen = torch.Generator().manual_seed(0)
+    dist_init()
+    try:
+        for r in (100 + torch.randn(64, generator=gen), 1000 + torch.randint(0, 2, (64,), generator=gen).float()):
+            want = r.double().std().item()  # unbiased, of the float32 values the trainer has
+            assert g.batch_std(r).item() == pytest.approx(want, rel=1e-6)
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
 
 
-def test_a_checkpoint_replaces_the_one_before_and_latest_names_it(resumed_runs):
-    """Each save drops the checkpoint before it, once `latest` names the new one: one step_N folder stays."""
-    for run in resumed_runs:
-        assert sorted(f for f in os.listdir(run.dir) if f.startswith("step_")) == ["step_5"]
-        assert (run.dir / "latest").read_text() == "step_5"
-
-
-def test_a_resumed_run_samples_and_trains_exactly_as_one_that_never_stopped(resumed_runs):
-    """The run stopped dead after its step-2 checkpoint and resumed without --seed (its --seed 7 comes back from its
-    config.json) is asked for the same prompts and served the same completions as the run that never stopped, and
-    ends with the same weights and optimizer state."""
-    ref, resumed = resumed_runs
-    assert resumed.served_first == 16 and len(ref.stand_in.generations) == 40  # 2 prompts x 4 a step
-    assert resumed.stand_in.generations == ref.stand_in.generations
-    assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in ref.metrics]
-    a, b = ckpt_weights(ref.dir), ckpt_weights(resumed.dir)
-    assert all(torch.equal(a[n], b[n]) for n in a)
-    sa, sb = (torch.load(os.path.join(g.latest_checkpoint(str(r.dir)), "trainer_state.pt"), weights_only=True)
-              for r in resumed_runs)
-    assert all(torch.equal(v[k], sb["optimizer"]["state"][i][k]) for i, v in sa["optimizer"]["state"].items()
-               for k in ("exp_avg", "exp_avg_sq", "step"))
-
-
-def sharded(path, frozen=False, noise=0.0):
-    """The trainer's policy (or, frozen, its reference) on one CPU rank; `noise`: its weights moved at random."""
-    from torch.distributed.device_mesh import init_device_mesh
-    model = g.load_policy(path, torch.device("cpu"), False)
-    with torch.no_grad():
-        for p in model.parameters() if noise else ():
-            p.add_(noise * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-    return g.shard(model, init_device_mesh("cpu", (1,)), torch.bfloat16, frozen=frozen)
-
-
-def alone(model, prompt, completion, temperature):
-    """(C,) log-probs and (C,) entropies of one completion scored on its own (no packing, no micro-batch)."""
-    with torch.no_grad():
-        lp, ent = g.completion_logprobs(model, g.pack_batch([{"prompt": prompt, "completion": completion}], 0, "cpu"),
-                                        temperature)
-    return lp[0], ent[0]
-
-
-# A step's rollout whose rewards the tests know: 3 prompts x 4 completions of 2-5 tokens (EOS last), 5 of them
-# rewarded ('good'): two in group 0, two in group 1, one in group 2.
-PROMPTS = [[4, 5, 6, 8], [6, 7], [9, 4, 10]]
-COMPLETIONS = [[11 + (k * 5 + j) % 13 for j in range(1 + k % 4)] + [3] for k in range(12)]
-GOOD = [0, 3, 5, 6, 9]
-
-
-class KnownTok:
-    def decode(self, ids, skip_special_tokens):
-        return "good" if COMPLETIONS.index(list(ids)) in GOOD else "bad"
-
-
-def known_batch():
-    """PROMPTS x COMPLETIONS as the server's rollout of version 0 (its log-probs: any)."""
-    return {"rows": [{"ids": p, "answer": "1"} for p in PROMPTS], "version": 0, "srv": [0] * 12,
-            "outs": [(c, [-3.0] * len(c), "stop") for c in COMPLETIONS]}
+ADVANTAGES_ON_TWO_RANKS = """import json, sys
+sys.path.insert(0, {here!r})
+import torch, torch.distributed as dist
+import grpo_sglang as g
+dist.init_process_group("gloo")
+r = torch.tensor({rewards!r}[dist.get_rank()])
+got = {{m: g.advantages(g.Config(group_size=4, scale_rewards=m), r).tolist() for m in ("group", "batch", "none")}}
+json.dump(got, open({out!r} + str(dist.get_rank()), "w"))
+dist.destroy_process_group()
+"""
 
 
 def test_scale_rewards_batch_divides_by_the_std_of_the_whole_batch_over_all_ranks(tmp_path):
@@ -2563,16 +3455,83 @@ def test_scale_rewards_batch_divides_by_the_std_of_the_whole_batch_over_all_rank
     assert std == pytest.approx(1.522, abs=1e-3)  # (each rank's own: 0.378 and 1.753)
 
 
-ADVANTAGES_ON_TWO_RANKS = """import json, sys
-sys.path.insert(0, {here!r})
-import torch, torch.distributed as dist
-import grpo_sglang as g
-dist.init_process_group("gloo")
-r = torch.tensor({rewards!r}[dist.get_rank()])
-got = {{m: g.advantages(g.Config(group_size=4, scale_rewards=m), r).tolist() for m in ("group", "batch", "none")}}
-json.dump(got, open({out!r} + str(dist.get_rank()), "w"))
-dist.destroy_process_group()
-"""
+def test_gspo_sequence_ratio_hand_values():
+    """GSPO: one ratio per completion, exp(mean over its tokens of log π/π_old), masked tokens left out; each of its
+    tokens carries it (TRL's importance_sampling_level='sequence')."""
+    logp = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.3, 0.3]]))
+    old = torch.log(torch.tensor([[0.25, 0.2, 0.1], [0.3, 0.6, 0.3]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # row 0's third token is padding
+    # row 0: (log 2 + log 1) / 2 -> ratio sqrt(2); row 1: (0 + log 0.5 + 0) / 3 -> ratio 0.5^(1/3)
+    want = torch.tensor([[2 ** 0.5] * 3, [0.5 ** (1 / 3)] * 3])
+    assert torch.allclose(torch.exp(g.log_ratio(logp, old, mask, "sequence")), want, atol=1e-6)
+    assert torch.allclose(g.log_ratio(logp, old, mask, "token"), logp - old)
+    adv = torch.tensor([1.0, -1.0])
+    loss, clipped, _ = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.3, "sequence")
+    # row 0: A > 0, sqrt(2) = 1.414 clipped to 1.3; row 1: A < 0, 0.794 clipped to 0.8: -min(-0.794, -0.8) = 0.8
+    assert torch.allclose(loss, torch.tensor([[-1.3] * 3, [0.8] * 3]), atol=1e-6)
+    assert clipped.all()
+    # the gradient of a token's loss reaches every token of its sequence (1/|y| each), none where clipped
+    lp = logp.clone().requires_grad_(True)
+    l, _, _ = g.grpo_token_loss(lp, old, torch.tensor([1.0, 1.0]), mask, 0.5, 0.3, "sequence")  # row 0 clipped
+    (l * mask).sum().backward()
+    r1 = 0.5 ** (1 / 3)  # row 1, unclipped: d/dlogp_t of -3 * exp(mean) = -exp(mean) (3 tokens, 1/3 each)
+    assert torch.allclose(lp.grad[1], torch.full((3,), -r1), atol=1e-6) and (lp.grad[0] == 0).all()
+
+
+def test_gspo_with_one_token_completions_is_grpo():
+    logp, old, adv, mask = torch.randn(5, 1), torch.randn(5, 1), torch.randn(5), torch.ones(5, 1)
+    tis, ref = torch.rand(5, 1) + 0.5, torch.randn(5, 1)
+    tok = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.28, "token", tis, ref, 0.1)
+    seq = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.28, "sequence", tis, ref, 0.1)
+    assert all(torch.equal(a, b) for a, b in zip(tok, seq))
+
+
+def test_ratio_level_takes_the_documented_names_from_the_command_line(tmp_path):
+    cfg = g.parse_config(["--ratio_level", "sequence", "--clip_low", "3e-4", "--clip_high", "4e-4", "--out_dir", str(tmp_path)])
+    g.check_config(cfg, 1)
+    logp, old, mask = torch.tensor([[0.0, -2.0]]), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2)
+    b = {"adv": torch.tensor([1.0]), "mask": mask, "server": old}
+    assert torch.equal(g.policy_loss(dataclasses.replace(cfg, tis_cap=0), b, logp, old, None)[0],  # one ratio, exp(0) = 1
+                       torch.tensor([[-1.0, -1.0]]))
+    with pytest.raises(g.UserError, match=re.escape("--ratio_level 'seq' is out of range: it must be token or sequence")):
+        g.check_config(g.parse_config(["--ratio_level", "seq", "--out_dir", str(tmp_path)]), 1)
+
+
+def test_gspo_with_grpos_clips_is_warned_once(tmp_path, capsys):
+    g.check_config(g.parse_config(["--ratio_level", "sequence", "--out_dir", str(tmp_path)]), 1)
+    assert capsys.readouterr().out.count("warning: GSPO (--ratio_level sequence) with --clip_low 0.2") == 1
+    g.check_config(g.parse_config(["--ratio_level", "sequence", "--clip_low", "3e-4", "--clip_high", "4e-4", "--out_dir",
+                                   str(tmp_path)]), 1)
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_importance_sampling_modes_hand_values():
+    old = torch.log(torch.tensor([[0.8, 0.3, 0.5], [0.2, 0.2, 0.9]]))
+    server = torch.log(torch.tensor([[0.2, 0.6, 0.5], [0.4, 0.2, 0.1]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # token ratios [4, 0.5, (pad)], [0.5, 1, 9]
+    w = lambda mode: g.tis_weights(old, server, 2.0, mask, mode)
+    assert torch.allclose(w("token_truncate")[:, :2], torch.tensor([[2.0, 0.5], [0.5, 1.0]]))
+    assert torch.allclose(w("token_mask"), torch.tensor([[0.0, 0.5, 1.0], [0.5, 1.0, 0.0]]))
+    # one ratio per sequence, the product of its tokens': 4 * 0.5 = 2 (the pad left out), 0.5 * 1 * 9 = 4.5
+    assert torch.allclose(w("sequence_truncate"), torch.tensor([[2.0] * 3, [2.0] * 3]))
+    assert torch.allclose(w("sequence_mask"), torch.tensor([[2.0] * 3, [0.0] * 3]))
+    assert torch.allclose(g.tis_weights(old, server, 2.0), w("token_truncate"))  # the default is TIS as before
+
+
+def test_importance_weights_are_computed_in_log_space_a_huge_sequence_ratio_weighs_0_not_nan():
+    """A sequence's summed log ratio past ~88.7 nats is exp = inf in float32, and inf * 0 = NaN would skip the whole
+    update: in log space it weighs 0 (mask) or the cap (truncate), in all four modes."""
+    huge = g.tis_weights(torch.zeros(2, 400), torch.full((2, 400), -0.25), 2.0, torch.ones(2, 400), "sequence_mask")
+    assert torch.equal(huge, torch.zeros(2, 400))  # 400 x 0.25 = 100 nats: over log 2
+    old = torch.zeros(2, 3)  # log ratios: [100, 0.25, 0] (sum 100.25) and [log 1.5, (pad), (pad)]
+    server = torch.tensor([[-100.0, -0.25, 0.0], [-math.log(1.5), -5.0, -5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    w = lambda mode: g.tis_weights(old, server, 2.0, mask, mode)
+    e = math.exp(0.25)
+    assert torch.allclose(w("token_truncate"), torch.tensor([[2.0, e, 1.0], [1.5, 1.0, 1.0]]))
+    assert torch.allclose(w("token_mask"), torch.tensor([[0.0, e, 1.0], [1.5, 1.0, 1.0]]))
+    assert torch.allclose(w("sequence_truncate"), torch.tensor([[2.0] * 3, [1.5] * 3]))
+    assert torch.allclose(w("sequence_mask"), torch.tensor([[0.0] * 3, [1.5] * 3]))
 
 
 def test_policy_loss_weighs_each_token_by_the_tis_mode_it_is_given():
@@ -2589,597 +3548,33 @@ def test_policy_loss_weighs_each_token_by_the_tis_mode_it_is_given():
         assert torch.allclose(loss, -x["adv"][:, None] * torch.tensor(w), atol=1e-6), (mode, loss)
 
 
-def test_the_old_policy_and_reference_logprobs_are_at_the_sampling_temperature(tiny_model):
-    """--mu 2 and --beta 0.1 at --temperature 0.7: the no-grad forwards before the first update score each
-    completion token as the server sampled it, log softmax(z / 0.7), z from plain transformers (fp32)."""
-    import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
-    plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+def test_is_truncated_frac_counts_the_tokens_the_tis_mode_cuts_and_empty_micro_batches_log_null():
+    """The share of tokens whose TIS weight the cap cut, under --tis_mode: a sequence mode cuts every token of a
+    sequence whose product of ratios passes the cap, whatever its tokens' own ratios. A micro-batch of empty
+    completions (no columns, or a mask of 0s) logs its means as null, and does not crash on an empty maximum."""
+    trainer = torch.zeros(2, 3)  # ratios: 1.5 x 3 (product 3.375 > 2, no token > 2), and 4, 0.25 (product 1), pad
+    server = torch.tensor([[-math.log(1.5)] * 3, [-math.log(4), math.log(4), 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    got = {}
     dist_init()
     try:
-        model, ref = sharded(tiny_model), sharded(tiny_model, frozen=True)
-        cfg = g.Config(mu=2, beta=0.1, temperature=0.7, group_size=4)
-        seqs = g.sequences(known_batch(), KnownTok(), 4, "cpu")
-        g.old_and_ref_logprobs(cfg, model, ref, seqs, g.micro_batches(seqs, 3, 0))
+        for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+            m = g.Metrics()
+            g.mismatch_stats(trainer, server, mask, 2.0, m, mode)
+            got[mode] = m.reduce("cpu")["is_truncated_frac"]
+        m = g.Metrics()
+        g.mismatch_stats(trainer, server, mask, 0, m, "sequence_mask")  # --tis_cap 0: no TIS, nothing cut
+        off = m.reduce("cpu")["is_truncated_frac"]
+        m = g.Metrics()
+        g.mismatch_stats(torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2, 0), 2.0, m, "sequence_mask")
+        g.mismatch_stats(torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2, 3), 2.0, m)
+        empty = m.reduce("cpu")
     finally:
+        import torch.distributed as dist
         dist.destroy_process_group()
-    gap = 0.0
-    for k, c in enumerate(COMPLETIONS):
-        p = PROMPTS[k // 4]
-        with torch.no_grad():
-            z = plain(torch.tensor([p + c])).logits[0, len(p) - 1: -1]
-        want = [torch.log_softmax(z / t, -1).gather(-1, torch.tensor(c)[:, None])[:, 0] for t in (0.7, 1.0)]
-        for name in ("old_lp", "ref_lp"):
-            assert seqs[name][k, : len(c)].tolist() == pytest.approx(want[0].tolist(), abs=0.01), (name, k)
-        gap = max(gap, (want[0] - want[1]).abs().max().item())
-    assert gap > 0.1  # (at temperature 1 they would be this far off)
-
-
-def test_the_kl_metric_counts_only_the_sequences_with_a_weight(tiny_model):
-    """--beta 0.1 against a reference that differs from the policy, group 1 filtered out (weight 0): the logged kl
-    is the mean of k3(π, π_ref) over the tokens of the sequences with a weight, each scored here on its own."""
-    import torch.distributed as dist
-    dist_init()
-    try:
-        model, ref = sharded(tiny_model), sharded(tiny_model, frozen=True, noise=0.05)
-        T = 0.8
-        k3 = []
-        for k, c in enumerate(COMPLETIONS):
-            d = alone(ref, PROMPTS[k // 4], c, T)[0] - alone(model, PROMPTS[k // 4], c, T)[0]
-            k3.append(torch.exp(d) - d - 1)
-        cfg = g.Config(beta=0.1, temperature=T, group_size=4, micro_batch=3, max_grad_norm=1e9)
-        weight = torch.tensor([1.0] * 4 + [0.0] * 4 + [1.0] * 4)
-        _, got = one_step(cfg, model, known_batch(), KnownTok(), lambda c, a: float(c == "good"), weight, ref=ref)
-    finally:
-        dist.destroy_process_group()
-    kept = [k for k in range(12) if weight[k]]
-    want = sum(k3[k].sum().item() for k in kept) / sum(len(COMPLETIONS[k]) for k in kept)
-    every = sum(x.sum().item() for x in k3) / sum(map(len, COMPLETIONS))
-    assert got["kl"] == pytest.approx(want, rel=5e-3) and abs(every - want) > 0.1 * want  # (bf16: packed vs alone)
-
-
-def test_entropy_with_mu_2_is_logged_from_the_first_pass_per_token(tiny_model):
-    """--mu 2: the logged entropy is that of the policy that sampled, before either update, per completion token
-    (each sequence scored here on its own), neither summed over the two passes nor mixed with the second's."""
-    import torch.distributed as dist
-    dist_init()
-    try:
-        model, T = sharded(tiny_model), 0.8
-        ents = [alone(model, PROMPTS[k // 4], c, T)[1] for k, c in enumerate(COMPLETIONS)]
-        cfg = g.Config(mu=2, temperature=T, group_size=4, micro_batch=3, max_grad_norm=1e9)
-        _, got = one_step(cfg, model, known_batch(), KnownTok(), lambda c, a: float(c == "good"))
-        after = [alone(model, PROMPTS[k // 4], c, T)[1] for k, c in enumerate(COMPLETIONS)]
-    finally:
-        dist.destroy_process_group()
-    n = sum(map(len, COMPLETIONS))
-    want, moved = sum(e.sum().item() for e in ents) / n, sum(e.sum().item() for e in after) / n
-    assert got["entropy"] == pytest.approx(want, rel=1e-5) and abs(moved - want) > 5e-4 * want  # (the updates moved it)
-
-
-def test_the_sync_check_at_a_temperature_counts_the_tokens_of_the_rescored_rows(tiny_model, server):
-    """--async at --temperature 0.7: the batch is one step old, so the server re-scores some of its rows with the
-    weights the trainer has (at temperature 1, as SGLang's prefill does) and the trainer scores them at temperature 1
-    too. check_mismatch_mean is the mean |Δ| over the tokens the server re-scored (as the stand-in counts them: rows
-    of 2 to 5 tokens, which the trainer's (B, C) scores pad to 5), and small: the same weights."""
-    import torch.distributed as dist
-    from types import SimpleNamespace
-    dist_init()
-    try:
-        model = sharded(tiny_model)
-        srv = g.Server.__new__(g.Server)  # the server's client, without its start-up checks
-        srv.cfg = g.Config(temperature=0.7, check_seqs=4, group_size=4, server_url=server.url)
-        srv.rt, srv.urls, srv.link = SimpleNamespace(rank=0, world=1, device=torch.device("cpu")), [server.url], None
-        server.version = "1"  # the weights after step 1; the batch was sampled from version 0
-        check, m = srv.check(known_batch(), 1, model, 0), g.Metrics()
-        check(g.sequences(known_batch(), KnownTok(), 4, "cpu"), m)
-        got = m.reduce("cpu")
-    finally:
-        dist.destroy_process_group()
-    (asked,) = server.rescores  # one request: prompt + completion of each re-scored row
-    rows = [k for k, c in enumerate(COMPLETIONS) if tuple(PROMPTS[k // 4] + c) in asked]
-    tokens = sum(len(COMPLETIONS[k]) for k in rows)
-    assert len(rows) == 4 and len({len(COMPLETIONS[k]) for k in rows}) == 4, rows  # (of 2, 3, 4 and 5 tokens)
-    assert m.sums["check_mismatch_mean#n"] == tokens and 0 < got["check_mismatch_mean"] < 0.01, (m.sums, tokens)
-    # the server's sampling log-probs are at 0.7 and its re-score at 1: their gap is no staleness, and is not logged
-    assert got["staleness_mean"] is None and "staleness_max" not in got, got
-
-
-def test_help_lists_every_flag_with_its_help_and_default():
-    code, out = run([sys.executable, os.path.join(HERE, "grpo_sglang.py"), "--help"], timeout=120)
-    assert code == 0 and "GRPO in one file" in out, out  # (a '%' in a help string once crashed argparse here)
-    squeezed = "".join(out.split())  # argparse wraps the help lines anywhere, hyphens included
-    for f in dataclasses.fields(g.Config):
-        assert "--" + f.name.rstrip("_") in out, f.name
-        assert "".join(f"{f.metadata['help']} (default: {f.default})".split()) in squeezed, f.name
-
-
-def test_a_bad_flag_is_one_clear_line_not_a_traceback(tiny_model, tmp_path):
-    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, "--temperature", "0"), timeout=120)
-    assert code == 1 and "--temperature 0.0 is out of range" in out
-    assert "Traceback" not in out and "no answer from the SGLang server" not in out  # before even the server
-
-
-@pytest.mark.parametrize("flags, says", [
-    ((), "no answer from the SGLang server"),                          # rank 0 alone finds it
-    (("--temperature", "0"), "--temperature 0.0 is out of range")])     # every rank finds it
-def test_one_error_said_once_under_torchrun_and_last(tiny_model, tmp_path, flags, says):
-    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, *flags, nproc=2), timeout=180)
-    assert code == 1
-    assert out.count(says) == 1, out
-    tail = "\n".join(l for l in out.strip().splitlines()[-6:])
-    assert says in tail, out
-
-
-# ---------------------------------------------------------------------------------------------
-# 7. resume and layouts: a resumed run is the run it resumes, each server is counted once
-
-def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it(tiny_model, tmp_path):
-    """--resume takes the saved config.json for every flag not given again (here --beta and --group_size); a flag given
-    again that changes what the run trains is one error listing each one with its saved and its given value, before
-    any server is asked; flags of how and where it runs (--steps, --micro_batch, --head_matmul) may change."""
-    s = StandIn(tiny_model)
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "1", "--beta", "0.1", "--group_size", "2",
-                                  "--entropy_coef", "0.01"))  # (an entropy bonus: step 1 moves, whatever the rewards)
-        assert code == 0, out
-        before = s.calls["/generate"]
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--resume", "--group_size", "4", "--lr",
-                                  "1e-3"), timeout=120)
-        assert code == 1 and out.count("error: --resume: these flags differ from the run in") == 1, out
-        assert "--group_size was 2, now 4; --lr was 0.03, now 0.001" in out and "Traceback" not in out, out
-        assert s.calls["/generate"] == before  # refused before any rollout
-        flags = train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--resume", "--micro_batch", "3", "--head_matmul",
-                          "fp32")
-        k = flags.index("--group_size")  # the resume command leaves --group_size out: 2 is restored
-        code, out = run(flags[:k] + flags[k + 2:])
-        assert code == 0 and "at step 1" in out, out
-        assert "batch: 2 prompts x 2 completions = 4 sequences per step" in out, out
-        m = [r for r in read_metrics(tmp_path) if "kl" in r]
-        assert [r["step"] for r in m] == [1, 2] and m[1]["kl"] > 1e-4  # --beta 0.1 restored, not the default 0
-        saved = json.load(open(tmp_path / "config.json"))
-        assert saved["beta"] == 0.1 and saved["group_size"] == 2 and saved["steps"] == 2 and saved["micro_batch"] == 3
-        assert saved["head_matmul"] == "fp32"
-    finally:
-        s.close()
-
-
-def test_resuming_a_checkpoint_of_another_architecture_is_one_error(tiny_model, tmp_path):
-    other = build_tiny(str(tmp_path / "three"), num_hidden_layers=3)
-    with pytest.raises(g.UserError, match=re.escape("is not a checkpoint of --model") + ".*num_hidden_layers 2 there, 3 "):
-        g.check_architecture(tiny_model, other)
-    g.check_architecture(tiny_model, tiny_model)
-
-
-def test_the_api_key_is_never_saved(tiny_model, server, tmp_path):
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", "--api_key", "sekret"))
-    assert code == 0, out
-    st = torch.load(os.path.join(g.latest_checkpoint(str(tmp_path)), "trainer_state.pt"), weights_only=True)
-    assert "sekret" not in open(tmp_path / "config.json").read() and st["config"]["api_key"] == ""
-
-
-@pytest.mark.parametrize("urls, says", [
-    ("http://127.0.0.1:{p},http://127.0.0.1:{p}", "--server_url lists http://127.0.0.1:{p} twice"),
-    ("http://127.0.0.1:{p},http://localhost:{p}/", "--server_url names one server twice, as http://127.0.0.1:{p} and "
-                                                   "http://localhost:{p}")])
-def test_one_server_under_two_names_is_refused(tiny_model, server, tmp_path, urls, says):
-    port = server.http.server_address[1]
-    code, out = run(train_cmd(tiny_model, urls.format(p=port), tmp_path), timeout=120)
-    assert code == 1 and out.count(says.format(p=port)) == 1 and "Traceback" not in out, out
-    assert "--server_gpu" not in out and not server.pushes
-
-
-def test_a_tensor_parallel_server_must_have_all_its_gpus_named(tiny_model, tmp_path):
-    code, out, _, s = run_against(tiny_model, tmp_path, {"tp": 2}, "--server_gpu", "3")
-    assert code == 1 and "--server_gpu gives the server at" in out and "1 GPU(s) (3), but it is tensor-parallel over 2" in out
-    assert "Traceback" not in out and not s.pushes, out
-
-
-def test_an_out_dir_that_cannot_be_written_is_refused_before_anything_loads(tmp_path):
-    with pytest.raises(g.UserError, match=re.escape("--out_dir '/proc' cannot be created or written")):
-        g.check_config(g.Config(out_dir="/proc"), 1)  # exists, and no one may write there (root included)
-    if os.geteuid():  # root writes into a read-only folder anyway
-        (tmp_path / "ro").mkdir(mode=0o555)
-        with pytest.raises(g.UserError, match="cannot be created or written: Permission denied"):
-            g.check_config(g.Config(out_dir=str(tmp_path / "ro")), 1)
-
-
-def test_prompts_that_are_all_too_long_say_so_not_the_fields(tiny_model, tmp_path):
-    cfg = g.Config(model=tiny_model, dataset="builtin", builtin_max_operand=2, max_prompt_tokens=3, out_dir=str(tmp_path))
-    with pytest.raises(g.UserError) as e:
-        g.load_data(cfg)
-    assert "prompt longer than max_prompt_tokens=3" in str(e.value) and "raise --max_prompt_tokens" in str(e.value)
-    assert "--prompt_field" not in str(e.value)
-
-
-@pytest.mark.parametrize("new_tokens, says", [
-    ("200", "--max_new_tokens 200 leaves no room for a prompt: the server's context is 128 tokens"),
-    ("125", 'no usable rows left for training (skipped: {"prompt longer than 2 tokens (the server\'s context)"')])
-def test_max_new_tokens_beyond_the_servers_context_is_said_before_the_model_loads(tiny_model, server, tmp_path, new_tokens,
-                                                                                    says):
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--max_new_tokens", new_tokens), timeout=120)
-    assert code == 1 and says in out and "Traceback" not in out and not server.pushes, out
-
-
-def test_a_broken_file_in_a_data_folder_is_named(tmp_path):
-    (tmp_path / "train.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')
-    (tmp_path / "test.jsonl").write_text('{"question": "What is 1 + 2?", "answer": "3"}\n{"question": "x" "answer": 1}\n')
-    with pytest.raises(g.UserError, match=re.escape("test.jsonl line 2 is not valid JSON")):
-        g.load_splits(g.Config(dataset=str(tmp_path)))
-
-
-def test_gspo_with_grpos_clips_is_warned_once(tmp_path, capsys):
-    g.check_config(g.parse_config(["--ratio_level", "sequence", "--out_dir", str(tmp_path)]), 1)
-    assert capsys.readouterr().out.count("warning: GSPO (--ratio_level sequence) with --clip_low 0.2") == 1
-    g.check_config(g.parse_config(["--ratio_level", "sequence", "--clip_low", "3e-4", "--clip_high", "4e-4", "--out_dir",
-                                   str(tmp_path)]), 1)
-    assert "warning" not in capsys.readouterr().out
-
-
-def test_ratio_level_takes_the_documented_names_from_the_command_line(tmp_path):
-    cfg = g.parse_config(["--ratio_level", "sequence", "--clip_low", "3e-4", "--clip_high", "4e-4", "--out_dir", str(tmp_path)])
-    g.check_config(cfg, 1)
-    logp, old, mask = torch.tensor([[0.0, -2.0]]), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2)
-    b = {"adv": torch.tensor([1.0]), "mask": mask, "server": old}
-    assert torch.equal(g.policy_loss(dataclasses.replace(cfg, tis_cap=0), b, logp, old, None)[0],  # one ratio, exp(0) = 1
-                       torch.tensor([[-1.0, -1.0]]))
-    with pytest.raises(g.UserError, match=re.escape("--ratio_level 'seq' is out of range: it must be token or sequence")):
-        g.check_config(g.parse_config(["--ratio_level", "seq", "--out_dir", str(tmp_path)]), 1)
-
-
-def test_one_nan_step_is_skipped_and_the_next_one_trains(tiny_model, tmp_path):
-    """The first step's rollout has NaN logprobs (its gradient is NaN and skipped); the gradient must not carry over."""
-    s = StandIn(tiny_model, nan_logprobs={1})
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--tis_cap", "2", "--max_nonfinite_steps",
-                                  "2", "--reward", "has_number", rewards=True))
-    finally:
-        s.close()
-    assert code == 0, out
-    m = [r for r in read_metrics(tmp_path) if "nonfinite_skips" in r]
-    assert [r["nonfinite_skips"] for r in m] == [1, 0, 0] and all(math.isfinite(r["grad_norm"]) for r in m[1:])
-    assert not torch.equal(s.pushes[1]["model.layers.0.mlp.up_proj.weight"], s.pushes[3]["model.layers.0.mlp.up_proj.weight"])
-
-
-def test_max_grad_norm_0_trains_without_clipping(tiny_model, server, tmp_path):
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--steps", "1", "--max_grad_norm", "0", "--reward",
-                              "has_number", rewards=True))
-    assert code == 0, out
-    w = "model.layers.0.mlp.up_proj.weight"
-    assert not torch.equal(server.pushes[0][w], server.pushes[1][w])  # 0 is "no clipping", not a zero gradient
-    assert [r["grad_norm"] for r in read_metrics(tmp_path) if "grad_norm" in r][0] > 0
-    with pytest.raises(g.UserError, match=re.escape("--max_grad_norm -1.0 is out of range: it must be max_grad_norm >= 0")):
-        g.check_config(g.Config(max_grad_norm=-1.0, out_dir=str(tmp_path / "x")), 1)
-
-
-def mixed_lengths_data(path, n=40):
-    """Questions of different token lengths (as GSM8K's), in the tiny model's vocabulary."""
-    q = lambda i: "What is " + " + ".join(["1"] * (1 + i % 7)) + " ?"
-    path.write_text("".join(json.dumps({"question": q(i), "answer": str(1 + i % 7)}) + "\n" for i in range(n)))
-    return str(path)
-
-
-def test_async_check_on_other_shapes_compares_each_sequence_with_itself(tiny_model, tmp_path):
-    """Two ranks, prompts of different lengths in one re-score request, micro-batches of 3 across groups of 4, and 7
-    re-scored rows a step over 2 ranks (4 each, rounded up): every re-scored row is compared with the trainer's logprobs
-    of that same sequence (kernel noise only, ~0 here)."""
-    s = StandIn(tiny_model)
-    try:
-        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--async", "--prompts_per_step", "4",
-                                  "--micro_batch", "3", "--check_seqs", "7", "--dataset",
-                                  mixed_lengths_data(tmp_path / "q.jsonl"), "--reward", "has_number", nproc=2, rewards=True),
-                        timeout=240)
-        assert code == 0, out
-        m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-        assert all(r["check_mismatch_mean"] < 0.01 for r in m) and all(r["staleness_mean"] > 0 for r in m[1:]), m
-        assert len(s.rescores) == 4 and [len(r) for r in s.rescores] == [4] * 4  # steps 2, 3: a request per rank
-        assert any(len({len(p) for p in req}) > 1 for req in s.rollouts)  # prompts of different lengths together
-    finally:
-        s.close()
-
-
-def test_async_a_server_that_drops_weights_is_named_when_some_rows_are_rescored(tiny_model, tmp_path):
-    a, b = StandIn(tiny_model), StandIn(tiny_model, drop_weights={"2", "3", "4", "5"}, checker=False)  # log-prob check
-    try:
-        code, out = run(train_cmd(tiny_model, f"{a.url},{b.url}", tmp_path, "--steps", "5", "--async", "--prompts_per_step",
-                                  "4", "--check_seqs", "2", "--server_gpu", "0,1", "--eval_every", "0", "--reward",
-                                  "has_number", nproc=2, rewards=True), timeout=240)
-    finally:
-        a.close()
-        b.close()
-    says = f"weight sync check failed at step 3: the server at {b.url} had the right version tag"
-    assert code == 1 and out.count(says) == 1, out
-
-
-def test_run_ends_every_process_of_a_run_that_times_out(tmp_path, monkeypatch):
-    """torchrun starts each worker in a session of its own: a timed-out run must not leave them running."""
-    import psutil
-    import time
-    (tmp_path / "pids").mkdir()
-    script = tmp_path / "hang.py"
-    script.write_text("import os, time\nopen(os.path.join(os.environ['PIDS'], str(os.getpid())), 'w').close()\n"
-                      "time.sleep(600)\n")
-    monkeypatch.setenv("PIDS", str(tmp_path / "pids"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={free_port()}", str(script)]
-    t0 = time.time()
-    with pytest.raises(subprocess.TimeoutExpired):
-        run(cmd, timeout=40)
-    pids = [int(p) for p in os.listdir(tmp_path / "pids")]
-    assert len(pids) == 2 and time.time() - t0 < 60, pids  # both workers had started
-    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-
-
-def test_a_step_whose_weights_are_all_0_skips_its_update(tiny_model, monkeypatch):
-    from torch.distributed.device_mesh import init_device_mesh
-    import torch.distributed as dist
-    dist_init()
-    try:
-        model = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False), init_device_mesh("cpu", (1,)), torch.bfloat16)
-        batch = {"rows": [{"ids": [4, 5], "answer": "1"}], "version": 0, "srv": [0] * 4,
-                 "outs": [([11 + k, 3], [-1.0, -1.0], "stop") for k in range(4)]}
-
-        class Tok:
-            def decode(self, ids, skip_special_tokens):
-                return str(ids[0])
-        steps = []
-        monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a: steps.append(1))
-        cfg = g.Config(group_size=4, micro_batch=2, mu=2)
-        _, got = one_step(cfg, model, batch, Tok(), lambda c, a: float(c == "11"), torch.zeros(4))
-        assert got["empty_batch_skips"] == 2 and not steps and got["loss"] == 0  # both updates skipped, nothing trained
-        _, got = one_step(cfg, model, batch, Tok(), lambda c, a: float(c == "11"))
-        assert got["empty_batch_skips"] == 0 and len(steps) == 2
-    finally:
-        dist.destroy_process_group()
-
-
-DROPS_ON_RANK_1 = """import os, sys
-sys.path.insert(0, {here!r})
-import grpo_sglang as g
-mbs = g.micro_batches  # the obvious filter, done wrong: rank 1 drops a micro-batch's rows
-g.micro_batches = lambda seqs, size, pad, **kw: mbs(seqs, size, pad, **kw)[: -1 if os.environ["RANK"] == "1" else None]
-try:
-    g.main(g.parse_config())
-except g.UserError as e:
-    g.exit_now(1, f"error: {{e}}")
-g.exit_now(0)
-"""
-
-
-ONE_RANKS_METRIC = """import os, sys
-sys.path.insert(0, {here!r})
-import grpo_sglang as g
-score = g.score  # a metric only rank 1 logs (a reward part only its samples have, say)
-def score_and_more(seqs, reward_fn, correct_fn, group_size, m):
-    if os.environ["RANK"] == "1":
-        m.mean("only_on_rank_1", 3.0, 2), m.max("max_on_rank_1", 5.0)
-    return score(seqs, reward_fn, correct_fn, group_size, m)
-g.score = score_and_more
-try:
-    g.main(g.parse_config())
-except g.UserError as e:
-    g.exit_now(1, f"error: {{e}}")
-g.exit_now(0)
-"""
-
-
-def test_a_metric_only_one_rank_logs_neither_hangs_nor_shifts_the_others(tiny_model, server, tmp_path):
-    script = tmp_path / "one_rank.py"
-    script.write_text(ONE_RANKS_METRIC.format(here=HERE))
-    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "1", nproc=2)
-    code, out = run([c if not c.endswith("grpo_sglang.py") else str(script) for c in cmd], timeout=180)
-    assert code == 0, out
-    m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r][0]
-    assert m["only_on_rank_1"] == 1.5 and m["max_on_rank_1"] == 5.0 and 0 <= m["accuracy"] <= 1
-
-
-def test_ranks_that_would_run_different_numbers_of_micro_batches_stop_with_one_error_not_a_hang(tiny_model, server,
-                                                                                               tmp_path):
-    script = tmp_path / "drops.py"
-    script.write_text(DROPS_ON_RANK_1.format(here=HERE))
-    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--micro_batch", "2", nproc=2)
-    code, out = run([c if not c.endswith("grpo_sglang.py") else str(script) for c in cmd], timeout=180)
-    says = "the ranks would run different numbers of micro-batches ([2, 1]), and FSDP would hang"
-    assert code == 1 and out.count(says) == 1 and "seqs['weight'] to 0" in out, out
-
-
-@pytest.mark.parametrize("flags, checker, says", [
-    (("--skip", "2"), True, "sampled with weights of version '1', but this rollout must come from version '2'"),
-    (("--skip", "2-6", "--tag_skipped"), True, "sent in the push of version 2: 20 of 20 "),
-    (("--half", "2"), True, "sent in the push of version 2: 10 of 20 tensors differ"),
-    (("--skip", "2-6", "--tag_skipped"), False, "weight sync check failed at step 3: the server at {url} had the")])
-def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, tmp_path, flags, checker, says):
-    """The tool's faults stop the run at the next step; --half: the 10 of 20 tensors it left out (all moved)."""
-    tool = os.path.join(HERE, "tools", "negative_control.py")
-    code, out, _, s = run_against(tiny_model, tmp_path, {"checker": checker}, "--steps", "6", tool=(tool, *flags))
-    assert code == 1 and says.format(url=s.url) in out and "negative control: the push of version 2" in out, out
-    assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]
-    assert held_differ(s, tmp_path)[0] == (10 if "--half" in flags else 20)  # the server's tensors, independently
-
-
-def test_the_profile_tool_profiles_the_steps_it_is_asked_for(tiny_model, server, tmp_path):
-    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "4", "--eval_every", "0")
-    tool = os.path.join(HERE, "tools", "profile_train.py")
-    code, out = run([cmd[0], tool, "--out", str(tmp_path / "prof"), "--profile_steps", "1-2", *cmd[2:]], timeout=180)
-    summary = json.load(open(tmp_path / "prof" / "summary.json"))
-    assert code == 0 and len(summary["train_wall_s_per_step"]) == 2 and summary["top_cpu_total_s_per_step"], out
-    assert "Self CPU" in (tmp_path / "prof" / "ops_by_cpu.txt").read_text()
-    assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2, 3, 4]
-
-
-def readme_recipes():
-    """The README's Hacking guide: {recipe: [(file, function, mode, anchor, code)]}, from the comment before each code
-    block (<!-- recipe NAME: FILE FUNCTION MODE "ANCHOR" -->), in the README's order."""
-    readme = open(os.path.join(HERE, "README.md")).read()
-    got = collections.defaultdict(list)
-    for name, file, fn, mode, anchor, code in re.findall(r'<!-- recipe (\w+): (\S+) (\S+) (\w+)(?: "([^\n]*)")? -->\n'
-                                                         r"```\w*\n(.*?)```", readme, re.S):
-        got[name].append((file, fn, mode, anchor, code))
-    return got
-
-
-def apply_recipe(edits, root):
-    """A recipe's edits, made as a reader makes them, in the copies of its files under root: each anchor must be in
-    the function the README names, once: else the README no longer says where the code goes."""
-    for file, fn, mode, anchor, code in edits:
-        if mode in ("file", "command"):
-            continue
-        path = os.path.join(root, file)
-        src = open(path).read()
-        if mode == "end":
-            src = src.rstrip("\n") + "\n\n\n" + code
-        else:
-            start = src.index(f"def {fn[:-2]}(")
-            end = src.find("\ndef ", start + 1) % (len(src) + 1)
-            at = src.find(anchor, start, end)
-            assert at >= 0 and src.count(anchor, start, end) == 1, (file, fn, anchor)
-            line = src.rindex("\n", 0, at) + 1  # the anchor's line
-            eol = src.index("\n", at) + 1
-            src = {"before": src[:line] + code + src[line:], "after": src[:eol] + code + src[eol:],
-                   "replace": src[:line] + code + src[eol:]}[mode]
-        open(path, "w").write(src)
-
-
-def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
-    """Every recipe of the README's Hacking guide, applied to a copy as written and run: the reward that sees the
-    sample (and the reward registry still passes), the filter (a step with no right answer skips its update), the
-    rank advantages and the extra loss term (hand values through the edited copy's own functions), the KL
-    moved into the reward (the reward that trains is not the parts' mix); then the dataset recipe's file and command."""
-    import importlib.util
-    recipes = readme_recipes()
-    assert list(recipes) == ["concise", "filter", "ranks", "loss", "kl_reward", "dataset"], list(recipes)
-    root = tmp_path / "copy"
-    root.mkdir()
-    for f in ("grpo_sglang.py", "reward_fns.py"):
-        shutil.copy(os.path.join(HERE, f), root / f)
-    for name in ("concise", "filter", "ranks", "loss", "kl_reward"):
-        apply_recipe(recipes[name], root)
-    load = lambda name, path: (lambda spec: (spec, importlib.util.module_from_spec(spec)))(
-        importlib.util.spec_from_file_location(name, path))
-    spec, rf = load("reward_fns_recipes", root / "reward_fns.py")
-    spec.loader.exec_module(rf)
-    check_registry(rf)
-    spec, copy = load("grpo_sglang_recipes", root / "grpo_sglang.py")
-    spec.loader.exec_module(copy)
-    adv = copy.rank_advantages(torch.tensor([0.0, 1.0, 1.0, 3.0, 2.0, 2.0, 2.0, 2.0]), 4)
-    assert torch.allclose(adv, torch.tensor([-5 / 12, -1 / 12, -1 / 12, 7 / 12, 0, 0, 0, 0]))  # beats 0, 1, 1, 3
-    lp, slp = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])  # advantage 0: only the new term is left
-    x = {"adv": torch.zeros(1), "mask": torch.ones(1, 2), "server_lp": slp}
-    loss = copy.policy_loss(copy.Config(tis_cap=0), x, lp, lp, torch.zeros(1, 2))[0]
-    assert torch.allclose(loss, 0.05 * (torch.exp(slp - lp) - (slp - lp) - 1))
-    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "2", "--beta", "0.5", "--reward",
-                    "arithmetic:1,concise:0.5", "--max_new_tokens", "30")
-    code, out = run([cmd[0], str(root / "grpo_sglang.py"), *cmd[2:]])
-    assert code == 0, out
-    m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
-    # the filter: a step with no right answer skips its update, one with a right answer trains on its group
-    assert len(m) == 2 and [r["empty_batch_skips"] for r in m] == [int(r["accuracy"] == 0) for r in m] == [0, 1], m
-    assert any(r["reward_concise"] != 0 for r in m) and not any(r["reward_warnings"] for r in m), m  # saw the sample
-    mix = [r["reward_arithmetic"] + 0.5 * r["reward_concise"] for r in m]  # each part logged, unweighted
-    assert all(abs(r["reward_mean"] - w) > 1e-6 for r, w in zip(m, mix)), m  # the reward that trained took the KL
-    (_, _, _, _, rows), (_, _, _, _, command) = recipes["dataset"]
-    rows = [json.loads(line) for line in rows.splitlines()]
-    assert set(rows[0]) == {"problem", "solution"}
-    with open(tmp_path / "my.jsonl", "w") as f:  # the README's two rows, and more like them: 10% are held out
-        f.writelines(json.dumps(r) + "\n" for r in rows + [{"problem": f"What is {k} + 1?", "solution": f"#### {k + 1}"}
-                                                          for k in range(18)])
-    flags = command.replace("\\\n", " ").split("grpo_sglang.py", 1)[1].split()
-    flags = [str(tmp_path / "my.jsonl") if f == "my.jsonl" else f for f in flags if f not in ("--colocate",)]
-    k = flags.index("--model")
-    cmd = train_cmd(tiny_model, server.url, tmp_path / "data_run", "--steps", "1")
-    code, out = run(cmd + flags[:k] + flags[k + 2:])
-    assert code == 0 and "eval prompts from " + str(tmp_path / "my.jsonl") in out, out
-
-
-def config_flags():
-    return {"--" + f.name.rstrip("_") for f in dataclasses.fields(g.Config)} | {
-        "--no-" + f.name.rstrip("_") for f in dataclasses.fields(g.Config) if type(f.default) is bool}
-
-
-def test_the_docs_commands_use_only_flags_the_script_has():
-    """Every flag after grpo_sglang.py in a command of the README or docs/ is one the script has (a renamed or removed
-    flag must not live on in the docs); and docs/reference.md lists every flag."""
-    docs = [os.path.join(HERE, "README.md")] + sorted(glob.glob(os.path.join(HERE, "docs", "*.md")))
-    flags, seen = config_flags(), 0
-    for path in docs:
-        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", open(path).read(), re.S):
-            for cmd in block.replace("\\\n", " ").splitlines():
-                if "grpo_sglang.py" not in cmd:
-                    continue
-                after = cmd.split("grpo_sglang.py", 1)[1].split("#")[0]
-                used = {t.split("=")[0] for t in after.split() if t.startswith("--")}
-                seen += 1
-                assert used <= flags | {"--help"}, (os.path.basename(path), cmd, sorted(used - flags))
-    assert seen >= 6, seen
-    reference = open(os.path.join(HERE, "docs", "reference.md")).read()
-    missing = [f for f in sorted(flags) if not f.startswith("--no-") and f"`{f}`" not in reference]
-    assert not missing, missing
-
-
-def test_the_readmes_size_claims_are_the_files():
-    """The README's "the first ~N lines of grpo_sglang.py (M in all)": N is where the fence is, within a few lines,
-    and M the file's length within 2%."""
-    readme = " ".join(open(os.path.join(HERE, "README.md")).read().split())
-    n, m = re.search(r"the first ~([\d,]+) lines of `grpo_sglang.py` \(([\d,]+) in all\)", readme).groups()
-    lines = open(os.path.join(HERE, "grpo_sglang.py")).read().splitlines()
-    fence = next(i for i, line in enumerate(lines, 1) if line.startswith("# ---- Plumbing below"))
-    assert abs(int(n.replace(",", "")) - fence) <= 5, (n, fence)
-    assert abs(int(m.replace(",", "")) - len(lines)) <= 0.02 * len(lines), (m, len(lines))
-
-
-def test_the_plot_tool_draws_a_runs_metrics_and_every_metric_is_in_the_glossary(tiny_model, server, tmp_path):
-    """tools/plot_metrics.py draws the learning curve of a run's metrics.jsonl (a stand-in run with most features on);
-    and every metric that run logs is explained in docs/metrics.md."""
-    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "2", "--beta", "0.1", "--mu", "2", "--async",
-                    "--reward", "arithmetic:1,format:0.1", "--overlong_buffer", "2", "--eval_every", "1")
-    code, out = run(cmd)
-    assert code == 0, out
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    code, out = run([sys.executable, os.path.join(HERE, "tools", "plot_metrics.py"), str(metrics), str(tmp_path / "c.png")])
-    assert code == 0 and (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", out
-    glossary = open(os.path.join(HERE, "docs", "metrics.md")).read()
-    names = {k for r in read_metrics(tmp_path / "run") for k in r}
-    names = {"reward_<part>" if k.startswith("reward_") and k != "reward_mean" else k for k in names}
-    missing = sorted(k for k in names if f"`{k}`" not in glossary)
-    assert not missing, missing
-
-
-# ---------------------------------------------------------------------------------------------
-# 8. the GRPO variants of TRL, verl and slime, each a flag: hand values against the formula written here
-
-def test_lr_schedule_hand_values():
-    f = lambda step, schedule, warmup=2, min_ratio=0.1: g.lr_factor(step, 12, warmup, schedule, min_ratio)
-    assert [f(s, "constant") for s in (0, 1, 2, 11)] == [0.5, 1.0, 1.0, 1.0]  # linear warmup over 2 steps, then flat
-    assert f(2, "cosine") == pytest.approx(1.0) and f(11, "cosine") == pytest.approx(0.1)  # decay to min_lr_ratio
-    assert f(6, "cosine") == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 9)))
-    assert f(6, "linear") == pytest.approx(0.1 + 0.9 * (1 - 4 / 9)) and f(0, "linear", 0) == pytest.approx(1.0)
-    opt, m = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), g.Metrics()
-    g.set_lr(opt, 0.25, m)
-    assert opt.param_groups[0]["lr"] == 0.25 and m.maxes["lr"] == 0.25
-
-
-def test_overlong_penalty_hand_values():
-    got = g.overlong_penalty(torch.tensor([50.0, 80, 90, 95, 100, 130]), 100, 20)
-    assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.5, -0.75, -1.0, -1.0]))  # DAPO eq. 13, L_max 100, L_cache 20
-
-
-def test_rloo_and_batch_std_advantages_hand_values():
-    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 1.0, 1.0])
-    rloo = g.group_advantages(r, 4, scale=False, rloo=True)  # r_i - the mean of the other three
-    assert torch.allclose(rloo, torch.tensor([1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3, 3 - 1, 1 - 5 / 3, 1 - 5 / 3, 1 - 5 / 3]))
-    batch = g.group_advantages(r, 4, std=torch.tensor(2.0), eps=0.0)  # TRL's scale_rewards='batch': one std for all
-    assert torch.allclose(batch, torch.tensor([0.25, -0.25, -0.25, 0.25, 0.75, -0.25, -0.25, -0.25]))
-
-
-def test_importance_sampling_modes_hand_values():
-    old = torch.log(torch.tensor([[0.8, 0.3, 0.5], [0.2, 0.2, 0.9]]))
-    server = torch.log(torch.tensor([[0.2, 0.6, 0.5], [0.4, 0.2, 0.1]]))
-    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # token ratios [4, 0.5, (pad)], [0.5, 1, 9]
-    w = lambda mode: g.tis_weights(old, server, 2.0, mask, mode)
-    assert torch.allclose(w("token_truncate")[:, :2], torch.tensor([[2.0, 0.5], [0.5, 1.0]]))
-    assert torch.allclose(w("token_mask"), torch.tensor([[0.0, 0.5, 1.0], [0.5, 1.0, 0.0]]))
-    # one ratio per sequence, the product of its tokens': 4 * 0.5 = 2 (the pad left out), 0.5 * 1 * 9 = 4.5
-    assert torch.allclose(w("sequence_truncate"), torch.tensor([[2.0] * 3, [2.0] * 3]))
-    assert torch.allclose(w("sequence_mask"), torch.tensor([[2.0] * 3, [0.0] * 3]))
-    assert torch.allclose(g.tis_weights(old, server, 2.0), w("token_truncate"))  # the default is TIS as before
+    assert got == {"token_truncate": 1 / 5, "token_mask": 1 / 5, "sequence_truncate": 3 / 5, "sequence_mask": 3 / 5}
+    assert off == 0
+    assert all(empty[k] is None for k in ("mismatch_mean", "mismatch_kl", "is_ratio_mean", "is_truncated_frac"))
 
 
 def test_cispo_hand_values_and_its_gradient_flows_through_clipped_tokens():
@@ -3217,65 +3612,6 @@ def test_filters_set_weights_and_shaping_adds_the_overlong_penalty():
     m = g.Metrics()
     g.shape_rewards(cfg, seqs, m)  # lengths 9, 10 over max - buffer = 6: -0.5 x 3/4, -0.5 x 1; 8: -0.5 x 2/4
     assert torch.allclose(seqs["reward"], torch.tensor([1.0, -0.5, 1 - 0.375, 1.0, 0.5, 0.5, 0.0, 0.25]))
-
-
-def test_importance_weights_are_computed_in_log_space_a_huge_sequence_ratio_weighs_0_not_nan():
-    """A sequence's summed log ratio past ~88.7 nats is exp = inf in float32, and inf * 0 = NaN would skip the whole
-    update: in log space it weighs 0 (mask) or the cap (truncate), in all four modes."""
-    huge = g.tis_weights(torch.zeros(2, 400), torch.full((2, 400), -0.25), 2.0, torch.ones(2, 400), "sequence_mask")
-    assert torch.equal(huge, torch.zeros(2, 400))  # 400 x 0.25 = 100 nats: over log 2
-    old = torch.zeros(2, 3)  # log ratios: [100, 0.25, 0] (sum 100.25) and [log 1.5, (pad), (pad)]
-    server = torch.tensor([[-100.0, -0.25, 0.0], [-math.log(1.5), -5.0, -5.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    w = lambda mode: g.tis_weights(old, server, 2.0, mask, mode)
-    e = math.exp(0.25)
-    assert torch.allclose(w("token_truncate"), torch.tensor([[2.0, e, 1.0], [1.5, 1.0, 1.0]]))
-    assert torch.allclose(w("token_mask"), torch.tensor([[0.0, e, 1.0], [1.5, 1.0, 1.0]]))
-    assert torch.allclose(w("sequence_truncate"), torch.tensor([[2.0] * 3, [1.5] * 3]))
-    assert torch.allclose(w("sequence_mask"), torch.tensor([[0.0] * 3, [1.5] * 3]))
-
-
-def test_batch_std_is_exact_for_rewards_far_from_0():
-    """--scale_rewards batch: float32 sums of squares lose the std's digits when the rewards are far from 0 (3.5e-4
-    relative at 100 + N(0, 1), 4.7e-2 at 1000 + {0, 1}); it must be torch's std, in float64."""
-    gen = torch.Generator().manual_seed(0)
-    dist_init()
-    try:
-        for r in (100 + torch.randn(64, generator=gen), 1000 + torch.randint(0, 2, (64,), generator=gen).float()):
-            want = r.double().std().item()  # unbiased, of the float32 values the trainer has
-            assert g.batch_std(r).item() == pytest.approx(want, rel=1e-6)
-    finally:
-        import torch.distributed as dist
-        dist.destroy_process_group()
-
-
-def test_is_truncated_frac_counts_the_tokens_the_tis_mode_cuts_and_empty_micro_batches_log_null():
-    """The share of tokens whose TIS weight the cap cut, under --tis_mode: a sequence mode cuts every token of a
-    sequence whose product of ratios passes the cap, whatever its tokens' own ratios. A micro-batch of empty
-    completions (no columns, or a mask of 0s) logs its means as null, and does not crash on an empty maximum."""
-    trainer = torch.zeros(2, 3)  # ratios: 1.5 x 3 (product 3.375 > 2, no token > 2), and 4, 0.25 (product 1), pad
-    server = torch.tensor([[-math.log(1.5)] * 3, [-math.log(4), math.log(4), 0.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    got = {}
-    dist_init()
-    try:
-        for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
-            m = g.Metrics()
-            g.mismatch_stats(trainer, server, mask, 2.0, m, mode)
-            got[mode] = m.reduce("cpu")["is_truncated_frac"]
-        m = g.Metrics()
-        g.mismatch_stats(trainer, server, mask, 0, m, "sequence_mask")  # --tis_cap 0: no TIS, nothing cut
-        off = m.reduce("cpu")["is_truncated_frac"]
-        m = g.Metrics()
-        g.mismatch_stats(torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2, 0), 2.0, m, "sequence_mask")
-        g.mismatch_stats(torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2, 3), 2.0, m)
-        empty = m.reduce("cpu")
-    finally:
-        import torch.distributed as dist
-        dist.destroy_process_group()
-    assert got == {"token_truncate": 1 / 5, "token_mask": 1 / 5, "sequence_truncate": 3 / 5, "sequence_mask": 3 / 5}
-    assert off == 0
-    assert all(empty[k] is None for k in ("mismatch_mean", "mismatch_kl", "is_ratio_mean", "is_truncated_frac"))
 
 
 def test_advantages_may_be_per_token_and_any_other_shape_is_one_clear_error():
@@ -3356,20 +3692,6 @@ def test_per_token_advantages_of_the_table_train_as_per_sequence_ones(tiny_model
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("spec, says", [
-    ("arithmetic:0", "'arithmetic:0': every weight is 0, so every reward would be 0"),
-    ("arithmetic:0,format:0.0", "'arithmetic:0,format:0.0': every weight is 0"),
-    ("arithmetic:nan", "'arithmetic:nan': the weight must be a finite number"),
-    ("format:0.1,arithmetic:inf", "'arithmetic:inf': the weight must be a finite number")])
-def test_reward_weights_must_be_finite_and_not_all_0(tiny_model, spec, says):
-    with pytest.raises(ValueError, match=re.escape(says)):
-        reward_fns.combine(spec, "arithmetic")
-    with pytest.raises(g.UserError, match=re.escape("--reward: " + says)):  # the trainer's message
-        g.load_data(g.Config(model=tiny_model, dataset="builtin", reward=spec))
-    reward = reward_fns.combine("arithmetic:1,format:0", "arithmetic")  # a 0 beside a weight is fine
-    assert reward({"text": "3", "answer": "3"}, {}) == (1.0, {"arithmetic": 1.0, "format": 0.0})
-
-
 @pytest.mark.parametrize("flags, says", [
     (["--lr_warmup_steps", "10", "--steps", "2"],  # the run would end in its warmup (0.2 x --lr at most)
      "--lr_warmup_steps 10 is out of range: it must be 0 <= lr_warmup_steps < steps (--steps is 2)"),
@@ -3383,94 +3705,6 @@ def test_a_warmup_as_long_as_the_run_and_an_overlong_buffer_past_the_limit_are_r
     cfg = g.parse_config(["--out_dir", str(tmp_path)] + flags)
     with pytest.raises(g.UserError, match=re.escape(says)) if says else contextlib.nullcontext():
         g.check_config(cfg, 1)
-
-
-def test_a_reward_part_is_its_mean_over_the_rows_that_have_it_however_the_rows_fall_on_ranks():
-    """A part some rows report and others not (a dict reward with a key only sometimes): its logged mean is over the
-    rows that report it, the same whether they share a rank or not. Metrics.reduce sums each name's total and count
-    over ranks (0 where a rank lacks it), so scoring each rank's rows into one Metrics is what the ranks log."""
-    class Tok:
-        def decode(self, ids, skip_special_tokens):
-            return "abcd"[ids[0]]
-    parts = {"a": {"bonus": 2.0, "base": 1.0}, "b": {"base": 0.0}, "c": {"base": 1.0}, "d": {"base": 1.0}}
-    reward = lambda s, warn: (sum(parts[s["text"]].values()), parts[s["text"]])
-    table = lambda ks: g.sequences({"rows": [{"ids": [9], "answer": "1"}], "srv": [0] * len(ks),
-                                    "outs": [([k], [-0.5], "stop") for k in ks]}, Tok(), len(ks), "cpu")
-    dist_init()
-    try:
-        logged = []
-        for ranks in ([[0, 1, 2, 3]], [[0, 1], [2, 3]], [[2, 3], [0, 1]]):  # one rank, or two (rank 0 with "a")
-            m = g.Metrics()
-            for ks in ranks:
-                g.score(table(ks), reward, lambda c, a: 0.0, len(ks), m)
-            got = m.reduce("cpu")
-            logged.append((got["reward_bonus"], got["reward_base"]))
-    finally:
-        import torch.distributed as dist
-        dist.destroy_process_group()
-    assert logged == [(2.0, 3 / 4)] * 3  # "bonus": row a's 2 over the one row that has it; "base": all four rows
-
-
-def test_a_question_held_out_for_evaluation_never_trains_even_as_a_duplicate_row(tiny_model, tmp_path, capsys):
-    """Held out means never trained on: a train row whose question is an eval row's (a dataset with duplicates, or
-    an eval split that repeats train rows) leaves the training rows and is counted with its reason."""
-    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
-    (tmp_path / "dups.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + rows))  # each row twice
-    cfg = g.Config(model=tiny_model, dataset=str(tmp_path / "dups.jsonl"), eval_size=200)
-    raw_train, raw_eval, _ = g.load_splits(cfg)  # 4 rows (10%) held out; their twins are among the 36 others
-    twins = sum(r["question"] in {e["question"] for e in raw_eval} for r in raw_train)
-    assert len(raw_eval) == 4 and twins >= 1
-    _, train, evals, _, _ = g.load_data(cfg)
-    assert len(evals) == 4 and len(train) == 36 - twins
-    assert not {r["question"] for r in train} & {r["question"] for r in evals}
-    assert (f"skipped {twins} rows ({{'question also held out for evaluation (a duplicate)': {twins}}})"
-            in capsys.readouterr().out)
-    folder = tmp_path / "splits"  # an eval split with 5 of the train split's questions
-    folder.mkdir()
-    for split, part in (("train", rows[:15]), ("test", rows[10:])):
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    _, train, evals, _, _ = g.load_data(g.Config(model=tiny_model, dataset=str(folder), eval_size=200))
-    assert [r["question"] for r in train] == [r["question"] for r in rows[:10]] and len(evals) == 10
-    assert "skipped 5 rows ({'question also held out for evaluation (a duplicate)': 5})" in capsys.readouterr().out
-
-
-def test_a_server_slower_than_request_timeout_is_called_busy_not_down(tiny_model):
-    """A server that takes the request but answers nothing within --request_timeout may be alive but busy: the
-    message says so and how to wait longer; one that refuses the connection is asked whether it is running."""
-    s = StandIn(tiny_model, stall_generate_after=0)  # every /generate sleeps 20 s before answering
-    cfg = g.Config(request_timeout=0.5, request_retries=0)
-    try:
-        with pytest.raises(g.UserError) as busy:
-            g.call(cfg, s.url, "/generate", {"input_ids": [[1, 2]]})
-    finally:
-        s.close()
-    assert f"no answer from the SGLang server at {s.url}/generate after 1 tries (ReadTimeout" in str(busy.value)
-    assert ("It answered nothing within 0.5 s: it may be alive but busy (see serve.log); raise --request_timeout"
-            in str(busy.value)) and "Is it running" not in str(busy.value)
-    with pytest.raises(g.UserError) as down:
-        g.call(cfg, f"http://127.0.0.1:{free_port()}", "/generate", {"input_ids": [[1, 2]]})
-    assert "(ConnectionError" in str(down.value) and "Is it running? Start it with: bash serve.sh" in str(down.value)
-    assert "busy" not in str(down.value)
-
-
-def test_a_dataset_too_small_to_hold_any_rows_out_says_so_and_what_to_do(tmp_path):
-    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(10)]
-    for n in (1, 9):
-        (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
-        with pytest.raises(g.UserError, match=re.escape(
-                f"--dataset {tmp_path / 'small.jsonl'} has {n} row(s): too few to hold any out for evaluation (the "
-                f"file has no splits; 10% are held out, so it needs at least 10). Add rows, or give it an eval split: "
-                f"a folder of train.jsonl and test.jsonl")):
-            g.load_splits(g.Config(dataset=str(tmp_path / "small.jsonl")))
-    (tmp_path / "small.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    train, evals, _ = g.load_splits(g.Config(dataset=str(tmp_path / "small.jsonl")))
-    assert len(train) == 9 and len(evals) == 1
-    (tmp_path / "folder").mkdir()
-    (tmp_path / "folder" / "train.jsonl").write_text(json.dumps(rows[0]) + "\n")
-    with pytest.raises(g.UserError, match=re.escape("has 1 row(s): too few to hold any out for evaluation (--eval_split"
-                                                    " ''; 10% are held out, so it needs at least 10). Add rows, or give"
-                                                    " it an eval split: --eval_split NAME")):
-        g.load_splits(g.Config(dataset=str(tmp_path / "folder"), eval_split=""))
 
 
 def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_model, tmp_path):
@@ -3494,54 +3728,139 @@ def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_mod
         s.close()
 
 
-def test_sync_check_replayed_on_the_recorded_gpu_runs():
-    """The stop rule (each rollout from exactly its version; trainer and server under the same weights within
-    --mismatch_max: the batch mismatch where a run logged nothing else, the re-scored check where it did) replayed
-    over every recorded GPU run: no correct push stops a run, and the negative controls stop exactly where they did
-    on the GPU (the weight hashes' at the very next step). The async run at lr 5e-5 is one the rule before the
-    re-scored check (the batch mismatch) stopped."""
-    import glob
-    limit = g.Config.mismatch_max
+# ---------------------------------------------------------------------------------------------
+# 13. docs and tools: the README's recipes and size claims, the docs' flags, the profile and plot tools, this index
 
-    def replay(path, old_rule=False):
-        """-> the first step that the rule stops, or None."""
-        rows = [r for r in map(json.loads, open(path)) if "reward_mean" in r]
-        saved = path.replace(".metrics.jsonl", ".config.json")  # the run's flags, where it kept them
-        said = re.search(r"rollouts: (a?sync)", open(path.replace(".metrics.jsonl", ".log")).read())  # its log
-        async_run = (json.load(open(saved))["async_"] if os.path.exists(saved) else said.group(1) == "async" if said
-                     else "async" in os.path.basename(path) or "nccl_hidden" in path)
-        for r in rows:
-            want = max(r["step"] - 2, 0) if async_run else r["step"] - 1
-            seen = r["mismatch_mean"] if old_rule else r.get("check_mismatch_mean", r["mismatch_mean"])
-            if r["sampled_from_version"] != want or (seen is not None and seen > limit):
-                return r["step"]
-        log = open(path.replace(".metrics.jsonl", ".log")).read()  # the step that stopped, never logged as a row
-        m = re.search(r"by ([\d.]+) nats on average", log)
-        if m and float(m.group(1)) > limit:
-            return rows[-1]["step"] + 1
-        m = re.search(r"with weights of version '(\d+)', but this (?:rollout|check) must come from version '(\d+)'", log)
-        if m:
-            return int(m.group(2)) + 1
-        m = re.search(r"holds other weights than the trainer sent in the push of version (\d+)", log)  # the hashes
-        return int(m.group(1)) + 1 if m else None
-    runs = glob.glob(os.path.join(HERE, "results", "**", "*.metrics.jsonl"), recursive=True)
-    good = [p for p in runs if not os.path.basename(p).startswith(("check_v2_", "neg_", "dropped_")) or "check_v2_main" in p]
-    assert len(good) >= 7, good  # 300 steps, lr 5e-5 async, the three seeds of the curve, lr 1e-5 and 1e-6
-    for path in good:
-        assert replay(path) is None, path
-    check = os.path.join(HERE, "results", "h200", "check_v2")
-    assert replay(os.path.join(check, "check_v2_skip_one.metrics.jsonl")) == 7  # push after step 6 skipped
-    assert replay(os.path.join(check, "check_v2_stop_syncing.metrics.jsonl")) == 5  # no push after step 4
-    assert replay(os.path.join(check, "check_v2_dropped_tagged.metrics.jsonl")) == 18  # tag kept, weights dropped
-    main = [r["mismatch_mean"] for r in map(json.loads, open(os.path.join(check, "check_v2_main.metrics.jsonl"))) if "mismatch_mean" in r]
-    assert len(main) == 300 and max(main) < limit / 3  # the limit is over 3x the worst correct step of 300
-    ca = os.path.join(HERE, "results", "x2", "check_async")  # async, lr 5e-5: the same controls, and the old rule's false alarm
-    assert [replay(os.path.join(ca, f"neg_async_{n}.metrics.jsonl")) for n in ("skip_one", "stop_syncing", "dropped_tagged")] == [7, 5, 6]
-    assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl")) is None
-    assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl"), old_rule=True) == 4
-    trust = os.path.join(HERE, "results", "h200", "trust")  # the weight hashes: the push after step 11 dropped
-    assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
+def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
+    """Every recipe of the README's Hacking guide, applied to a copy as written and run: the reward that sees the
+    sample (and the reward registry still passes), the filter (a step with no right answer skips its update), the
+    rank advantages and the extra loss term (hand values through the edited copy's own functions), the KL
+    moved into the reward (the reward that trains is not the parts' mix); then the dataset recipe's file and command."""
+    import importlib.util
+    recipes = readme_recipes()
+    assert list(recipes) == ["concise", "filter", "ranks", "loss", "kl_reward", "dataset"], list(recipes)
+    root = tmp_path / "copy"
+    root.mkdir()
+    for f in ("grpo_sglang.py", "reward_fns.py"):
+        shutil.copy(os.path.join(HERE, f), root / f)
+    for name in ("concise", "filter", "ranks", "loss", "kl_reward"):
+        apply_recipe(recipes[name], root)
+    load = lambda name, path: (lambda spec: (spec, importlib.util.module_from_spec(spec)))(
+        importlib.util.spec_from_file_location(name, path))
+    spec, rf = load("reward_fns_recipes", root / "reward_fns.py")
+    spec.loader.exec_module(rf)
+    check_registry(rf)
+    spec, copy = load("grpo_sglang_recipes", root / "grpo_sglang.py")
+    spec.loader.exec_module(copy)
+    adv = copy.rank_advantages(torch.tensor([0.0, 1.0, 1.0, 3.0, 2.0, 2.0, 2.0, 2.0]), 4)
+    assert torch.allclose(adv, torch.tensor([-5 / 12, -1 / 12, -1 / 12, 7 / 12, 0, 0, 0, 0]))  # beats 0, 1, 1, 3
+    lp, slp = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])  # advantage 0: only the new term is left
+    x = {"adv": torch.zeros(1), "mask": torch.ones(1, 2), "server_lp": slp}
+    loss = copy.policy_loss(copy.Config(tis_cap=0), x, lp, lp, torch.zeros(1, 2))[0]
+    assert torch.allclose(loss, 0.05 * (torch.exp(slp - lp) - (slp - lp) - 1))
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "2", "--beta", "0.5", "--reward",
+                    "arithmetic:1,concise:0.5", "--max_new_tokens", "30")
+    code, out = run([cmd[0], str(root / "grpo_sglang.py"), *cmd[2:]])
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
+    # the filter: a step with no right answer skips its update, one with a right answer trains on its group
+    assert len(m) == 2 and [r["empty_batch_skips"] for r in m] == [int(r["accuracy"] == 0) for r in m] == [0, 1], m
+    assert any(r["reward_concise"] != 0 for r in m) and not any(r["reward_warnings"] for r in m), m  # saw the sample
+    mix = [r["reward_arithmetic"] + 0.5 * r["reward_concise"] for r in m]  # each part logged, unweighted
+    assert all(abs(r["reward_mean"] - w) > 1e-6 for r, w in zip(m, mix)), m  # the reward that trained took the KL
+    (_, _, _, _, rows), (_, _, _, _, command) = recipes["dataset"]
+    rows = [json.loads(line) for line in rows.splitlines()]
+    assert set(rows[0]) == {"problem", "solution"}
+    with open(tmp_path / "my.jsonl", "w") as f:  # the README's two rows, and more like them: 10% are held out
+        f.writelines(json.dumps(r) + "\n" for r in rows + [{"problem": f"What is {k} + 1?", "solution": f"#### {k + 1}"}
+                                                          for k in range(18)])
+    flags = command.replace("\\\n", " ").split("grpo_sglang.py", 1)[1].split()
+    flags = [str(tmp_path / "my.jsonl") if f == "my.jsonl" else f for f in flags if f not in ("--colocate",)]
+    k = flags.index("--model")
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "data_run", "--steps", "1")
+    code, out = run(cmd + flags[:k] + flags[k + 2:])
+    assert code == 0 and "eval prompts from " + str(tmp_path / "my.jsonl") in out, out
 
+
+def test_the_docs_commands_use_only_flags_the_script_has():
+    """Every flag after grpo_sglang.py in a command of the README or docs/ is one the script has (a renamed or removed
+    flag must not live on in the docs); and docs/reference.md lists every flag."""
+    docs = [os.path.join(HERE, "README.md")] + sorted(glob.glob(os.path.join(HERE, "docs", "*.md")))
+    flags, seen = config_flags(), 0
+    for path in docs:
+        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", open(path).read(), re.S):
+            for cmd in block.replace("\\\n", " ").splitlines():
+                if "grpo_sglang.py" not in cmd:
+                    continue
+                after = cmd.split("grpo_sglang.py", 1)[1].split("#")[0]
+                used = {t.split("=")[0] for t in after.split() if t.startswith("--")}
+                seen += 1
+                assert used <= flags | {"--help"}, (os.path.basename(path), cmd, sorted(used - flags))
+    assert seen >= 6, seen
+    reference = open(os.path.join(HERE, "docs", "reference.md")).read()
+    missing = [f for f in sorted(flags) if not f.startswith("--no-") and f"`{f}`" not in reference]
+    assert not missing, missing
+
+
+def test_the_readmes_size_claims_are_the_files():
+    """The README's "the first ~N lines of grpo_sglang.py (M in all)": N is where the fence is, within a few lines,
+    and M the file's length within 2%."""
+    readme = " ".join(open(os.path.join(HERE, "README.md")).read().split())
+    n, m = re.search(r"the first ~([\d,]+) lines of `grpo_sglang.py` \(([\d,]+) in all\)", readme).groups()
+    lines = open(os.path.join(HERE, "grpo_sglang.py")).read().splitlines()
+    fence = next(i for i, line in enumerate(lines, 1) if line.startswith("# ---- Plumbing below"))
+    assert abs(int(n.replace(",", "")) - fence) <= 5, (n, fence)
+    assert abs(int(m.replace(",", "")) - len(lines)) <= 0.02 * len(lines), (m, len(lines))
+
+
+def test_the_profile_tool_profiles_the_steps_it_is_asked_for(tiny_model, server, tmp_path):
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "4", "--eval_every", "0")
+    tool = os.path.join(HERE, "tools", "profile_train.py")
+    code, out = run([cmd[0], tool, "--out", str(tmp_path / "prof"), "--profile_steps", "1-2", *cmd[2:]], timeout=180)
+    summary = json.load(open(tmp_path / "prof" / "summary.json"))
+    assert code == 0 and len(summary["train_wall_s_per_step"]) == 2 and summary["top_cpu_total_s_per_step"], out
+    assert "Self CPU" in (tmp_path / "prof" / "ops_by_cpu.txt").read_text()
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2, 3, 4]
+
+
+def test_the_plot_tool_draws_a_runs_metrics_and_every_metric_is_in_the_glossary(tiny_model, server, tmp_path):
+    """tools/plot_metrics.py draws the learning curve of a run's metrics.jsonl (a stand-in run with most features on);
+    and every metric that run logs is explained in docs/metrics.md."""
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "2", "--beta", "0.1", "--mu", "2", "--async",
+                    "--reward", "arithmetic:1,format:0.1", "--overlong_buffer", "2", "--eval_every", "1")
+    code, out = run(cmd)
+    assert code == 0, out
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    code, out = run([sys.executable, os.path.join(HERE, "tools", "plot_metrics.py"), str(metrics), str(tmp_path / "c.png")])
+    assert code == 0 and (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", out
+    glossary = open(os.path.join(HERE, "docs", "metrics.md")).read()
+    names = {k for r in read_metrics(tmp_path / "run") for k in r}
+    names = {"reward_<part>" if k.startswith("reward_") and k != "reward_mean" else k for k in names}
+    missing = sorted(k for k in names if f"`{k}`" not in glossary)
+    assert not missing, missing
+
+
+def test_the_index_names_every_section_and_every_story_function():
+    """The docstring's index is the `# N. title` headers (numbered once, in order, every test under one); its map
+    names each function above grpo_sglang.py's fence, only functions the script has, and -k words of real tests."""
+    import ast
+    found = sections()
+    assert [n for n, _, _ in found] == list(range(1, len(found) + 1)), [n for n, _, _ in found]
+    assert re.findall(r"^ ?(\d+)\. (.+)$", __doc__, re.M) == [(str(n), t) for n, t, _ in found]
+    tests = [t for t in globals() if t.startswith("test_")]
+    assert sorted(t for _, _, ts in found for t in ts) == sorted(tests)  # no test outside a section, none twice
+    mapped = {f: words.split(" or ") for fs, words in re.findall(r"^  ([\w, ]+) -> (.+)$", __doc__, re.M)
+              for f in fs.split(", ")}
+    src = open(os.path.join(HERE, "grpo_sglang.py")).read()
+    fence = next(i for i, line in enumerate(src.splitlines(), 1) if line.startswith("# ---- Plumbing below"))
+    story = [n.name for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.lineno < fence]
+    assert [f for f in story if f not in mapped] == [], "the docstring's map lacks these functions of the story"
+    assert [f for f in mapped if not hasattr(g, f)] == [], "the map names what grpo_sglang.py does not have"
+    assert [w for ws in mapped.values() for w in ws if not any(w in t for t in tests)] == [], "-k words of no test"
+
+
+# ---------------------------------------------------------------------------------------------
+# 14. serve.sh: its settings, layouts and ports, and its start and stop
 
 def test_serve_sh_binds_loopback_passes_api_key_waits_and_stops(tmp_path):
     """serve.sh against a fake `python` that records its arguments and answers like a server."""
@@ -3605,72 +3924,6 @@ def test_serve_sh_reports_a_server_that_dies_at_start(tmp_path):
                PIDFILE=str(tmp_path / "serve.pid"), TIMEOUT="30")
     p = subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "exited during start-up" in p.stderr and "CUDA error: no GPU" in p.stderr
-
-
-SERVE_SH_SETTINGS = ("MODEL", "GPU", "TP", "SERVERS", "HOST", "PORT", "MEM_FRACTION", "ATTENTION_BACKEND", "DTYPE",
-                     "SEED", "FP32_LM_HEAD", "SGLANG_API_KEY", "EXTRA_ARGS", "TIMEOUT", "LOG", "PIDFILE", "PYTHON")
-ANSWERS = """import http.server, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), H).serve_forever()
-"""  # a server that answers on its --port at once (fails there if the port is taken)
-
-
-def _fake_sglang(tmp_path, server=None):
-    """A fake `python` for serve.sh: `-m sglang.launch_server ARGS` appends its CUDA_VISIBLE_DEVICES and ARGS to
-    tmp_path/starts, then runs `server` (Python, given ARGS) or, without one, exits 1 at once (a server that dies at
-    start); anything else runs in this Python. -> its path."""
-    if server:
-        (tmp_path / "server.py").write_text(server)
-    fake = tmp_path / "fakepython"
-    fake.write_text(f"""#!/usr/bin/env bash
-if [ "$1" = "-m" ]; then
-  printf '%s\\0' "$CUDA_VISIBLE_DEVICES" "$@" >> {tmp_path}/starts && echo >> {tmp_path}/starts
-  {f'exec {sys.executable} {tmp_path}/server.py "$@"' if server else 'exit 1'}
-fi
-exec {sys.executable} "$@"
-""")
-    fake.chmod(0o755)
-    return fake
-
-
-def _starts(tmp_path):
-    """-> [[CUDA_VISIBLE_DEVICES, *the arguments], one per server serve.sh started]."""
-    f = tmp_path / "starts"
-    return [s.split("\0") for s in f.read_text().split("\0\n")[:-1]] if f.exists() else []
-
-
-def _run_serve_sh(tmp_path, *args, popen=False, **settings):
-    """bash serve.sh ARGS with these settings only (none of the caller's), against tmp_path's fakepython ->
-    (the finished run, or the running one with popen, its environment)."""
-    env = {k: v for k, v in os.environ.items() if k not in SERVE_SH_SETTINGS}
-    env.update(PYTHON=str(tmp_path / "fakepython"), LOG=str(tmp_path / "serve.log"), TIMEOUT="30",
-               PIDFILE=str(tmp_path / "serve.pid"))
-    env.update(settings)
-    cmd = ["bash", os.path.join(HERE, "serve.sh"), *args]
-    if popen:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), env
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90), env
-
-
-def _two_free_ports():
-    """-> p, with ports p and p + 1 both free."""
-    while True:
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", (p := free_port()) + 1))
-                return p
-            except OSError:
-                pass
-
-
-def _alive(pid):
-    """-> whether process pid runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.parametrize("settings, says", [
@@ -3801,29 +4054,6 @@ def test_serve_sh_gives_up_after_timeout_and_stops_its_server(tmp_path):
     assert p.stderr.count("[serve.sh]") == 1 and not left and not (tmp_path / "serve.pid").exists()
 
 
-# What SGLang gets from serve.sh: the defaults (D), and each setting changed on its own (D edited by hand). Every case
-# but the first runs on a free port; the first on the default 30000.
-D = ("-m sglang.launch_server --model-path Qwen/Qwen2.5-0.5B-Instruct --host 127.0.0.1 --port 30000 "
-     "--mem-fraction-static 0.85 --dtype bfloat16 --random-seed 0 --enable-fp32-lm-head")
-SERVE_SH_ARGS = [  # (settings, serve.sh's own arguments, CUDA_VISIBLE_DEVICES, SGLang's arguments)
-    ({}, [], "3", D),
-    ({"MODEL": "/models/my model"}, [], "3", D.replace("Qwen/Qwen2.5-0.5B-Instruct", "'/models/my model'")),
-    ({"GPU": "1"}, [], "1", D),
-    ({"GPU": "1,2", "TP": "2"}, [], "1,2", D.replace("--random-seed 0", "--random-seed 0 --tp-size 2")),
-    ({"HOST": "0.0.0.0"}, [], "3", D.replace("--host 127.0.0.1", "--host 0.0.0.0")),
-    ({"MEM_FRACTION": "0.5"}, [], "3", D.replace("--mem-fraction-static 0.85", "--mem-fraction-static 0.5")),
-    ({"ATTENTION_BACKEND": "triton"}, [], "3", D + " --attention-backend triton"),
-    ({"DTYPE": "float16"}, [], "3", D.replace("--dtype bfloat16", "--dtype float16")),
-    ({"FP32_LM_HEAD": "0"}, [], "3", D.replace(" --enable-fp32-lm-head", "")),
-    ({"SEED": "7"}, [], "3", D.replace("--random-seed 0", "--random-seed 7")),
-    ({"SGLANG_API_KEY": "sekret"}, [], "3", D + " --api-key sekret"),
-    ({"EXTRA_ARGS": "--context-length 4096 --sampling-backend pytorch"}, [], "3",
-     D + " --context-length 4096 --sampling-backend pytorch"),
-    ({"EXTRA_ARGS": "--context-length 4096"}, ["--", "--chunked-prefill-size", "512"], "3",
-     D + " --context-length 4096 --chunked-prefill-size 512"),
-]
-
-
 @pytest.mark.parametrize("settings, args, cuda, sglang", SERVE_SH_ARGS)
 def test_serve_sh_passes_each_setting_to_sglang_exactly(tmp_path, settings, args, cuda, sglang):
     """The exact arguments (and GPUs) SGLang starts with, for the defaults and for each setting on its own: a
@@ -3841,29 +4071,6 @@ def test_serve_sh_passes_each_setting_to_sglang_exactly(tmp_path, settings, args
     assert _starts(tmp_path) == [[cuda] + want]
 
 
-def _sglang_flags():
-    """-> {flag: whether it takes a value} of the installed SGLang's launch_server, read from the source of its
-    ServerArgs (not imported: SGLang is installed here without its dependencies): a field f is --f-with-dashes (or
-    its Arg's cli_name) and its Arg's aliases, a bool takes no value (add_cli_args_from_dataclass's rules)."""
-    import ast
-    import importlib.util
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("needs SGLang installed (CI has it, without its dependencies)")
-    src = os.path.join(os.path.dirname(importlib.util.find_spec("sglang").origin), "srt", "server_args.py")
-    cls = next(n for n in ast.parse(open(src).read()).body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
-    flags = {}
-    for f in cls.body:
-        if isinstance(f, ast.AnnAssign) and isinstance(f.annotation, ast.Subscript) and isinstance(
-                f.annotation.slice, ast.Tuple):  # name: A[type, "help" or Arg(...)]
-            kind, meta = f.annotation.slice.elts[:2]
-            arg = {k.arg: ast.literal_eval(k.value) for k in getattr(meta, "keywords", [])
-                   if k.arg in ("cli_name", "aliases", "no_cli")}
-            if not arg.get("no_cli"):
-                names = [arg.get("cli_name") or "--" + f.target.id.replace("_", "-")] + arg.get("aliases", [])
-                flags.update(dict.fromkeys(names, ast.unparse(kind) not in ("bool", "Optional[bool]")))
-    return flags
-
-
 def test_serve_sh_flags_are_sglangs_own():
     """Every flag of SERVE_SH_ARGS (so every flag serve.sh passes, the test above shows) is one of SGLang's
     (0.5.16's ServerArgs), a value after each that takes one and none after a switch."""
@@ -3877,44 +4084,6 @@ def test_serve_sh_flags_are_sglangs_own():
             assert flag in flags, f"{flag} is not an SGLang flag ({sglang})"
             if flags[flag]:
                 assert argv and not argv.pop(0).startswith("--"), f"{flag} wants a value ({sglang})"
-
-
-def _serve_sh(tmp_path, **settings):
-    """serve.sh with these settings (and none of the caller's own) against a fake `python` that appends each server's
-    CUDA_VISIBLE_DEVICES, arguments and start time to argv and answers on its port -> (the finished run, its
-    environment)."""
-    fake = tmp_path / "fakepython"
-    fake.write_text(f"""#!/usr/bin/env bash
-if [ "$1" = "-m" ]; then
-  echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES $@ at $(date +%s.%N)" >> {tmp_path}/argv
-  port=$(echo "$@" | sed -E 's/.*--port ([0-9]+).*/\\1/')
-  exec {sys.executable} -c "import http.server as h, time
-time.sleep(1)
-class H(h.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-h.HTTPServer(('127.0.0.1', $port), H).serve_forever()"
-fi
-exec {sys.executable} "$@"
-""")
-    fake.chmod(0o755)
-    port = free_port()
-    while True:  # two free ports in a row
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-                break
-            except OSError:
-                port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("GPU", "TP", "SERVERS", "MEM_FRACTION", "EXTRA_ARGS")}
-    env.update(PYTHON=str(fake), PORT=str(port), LOG=str(tmp_path / "serve.log"), PIDFILE=str(tmp_path / "serve.pid"),
-               TIMEOUT="30", **settings)
-    return subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True,
-                          timeout=90), env
-
-
-def _serve_sh_stop(env):
-    subprocess.run(["bash", os.path.join(HERE, "serve.sh"), "stop"], env=env, capture_output=True, timeout=90)
 
 
 @pytest.mark.parametrize("settings, says", [
@@ -3967,46 +4136,10 @@ def test_serve_sh_shares_gpus_evenly_and_splits_the_default_memory(tmp_path, set
     assert not (tmp_path / "serve.pid").exists()
 
 
-def test_no_pickle_is_ever_read_from_the_network():
-    """We only serialize for the server; nothing the network sends us is unpickled."""
-    src = open(os.path.join(HERE, "grpo_sglang.py")).read()
-    import re
-    for forbidden in ("pickle.load", "deserialize(", "weights_only=False", "unpickle"):
-        assert forbidden not in src, forbidden
-    assert not re.search(r"(?<![\w.])(eval|exec)\(", src)
-
-
 # ---------------------------------------------------------------------------------------------
-# 7. against the real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only).
+# 15. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
 #    GRPO_TEST_MODEL (or the GPU kit's KIT_MODEL_DIR) names a small model; serve.sh is started on the
 #    last GPU (or reused if GRPO_TEST_PIDFILE's server is already up), the trainer runs on GPU 0.
-
-def _have_gpu_and_sglang():
-    import importlib.util
-    # find_spec of a submodule imports its parent: ask for the package first (a GPU machine without SGLang)
-    return (torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None
-            and importlib.util.find_spec("sglang.launch_server") is not None)
-
-
-gpu = pytest.mark.skipif(not _have_gpu_and_sglang(), reason="needs a GPU and SGLang")
-
-
-@pytest.fixture(scope="module")
-def real_server():
-    model = os.environ.get("GRPO_TEST_MODEL") or os.environ.get("KIT_MODEL_DIR")
-    if not model:
-        pytest.skip("set GRPO_TEST_MODEL to a small model the server can load")
-    n = torch.cuda.device_count()
-    srv = {"model": model, "gpu": n - 1, "colocate": n == 1, "port": os.environ.get("GRPO_TEST_PORT", "30010")}
-    env = dict(os.environ, MODEL=model, GPU=str(srv["gpu"]), PORT=srv["port"], MEM_FRACTION="0.3",
-               PIDFILE=os.environ.get("GRPO_TEST_PIDFILE", "/tmp/grpo_gpu_test.pid"), LOG="/tmp/grpo_gpu_test_serve.log")
-    already = subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True, timeout=900)
-    assert already.returncode == 0, already.stdout + already.stderr
-    srv["url"] = f"http://127.0.0.1:{srv['port']}"
-    yield srv
-    if "already running" not in already.stdout:
-        subprocess.run(["bash", os.path.join(HERE, "serve.sh"), "stop"], env=env, timeout=120)
-
 
 @gpu
 @pytest.mark.parametrize("sync", ["tensor", "nccl"])
@@ -4084,3 +4217,11 @@ def test_gpu_real_several_servers_hold_exactly_the_trainers_weights_on_every_ran
         print(url, pushed, loaded)
         assert len(pushed) == (2 if layout == "tp2_colocated" else 1) and pushed == loaded[0], (url, pushed, loaded)
         assert all(a != b for a, b in zip(pushed, loaded[1])), "the weights did not move: the test proves nothing"
+
+
+if __name__ == "__main__":  # python test_smoke.py N [pytest's flags]: section N's tests, each by its node id
+    tests = [t for n, _, ts in sections() if sys.argv[1:2] == [str(n)] for t in ts]
+    if not tests:
+        sys.exit(f"usage: python test_smoke.py N [pytest's flags], N a section of 1-{len(sections())} (see the index)")
+    ids = [f"{__file__}::{t}" for t in tests]
+    sys.exit(subprocess.call([sys.executable, "-m", "pytest", "-q", *sys.argv[2:], *ids]))
