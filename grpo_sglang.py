@@ -10,9 +10,8 @@ GRPO in one file, with rollouts from an SGLang server.
 
 Each step: the ranks send their prompts to the SGLang server (`/generate`: token ids in, token ids + logprobs out),
 score the completions (the old policy's and the reference's no-grad forwards), reward them, turn the rewards into
-group-relative advantages and a weight per sequence, take `mu` optimizer steps on the clipped GRPO loss and push the
-new weights to the server. Read it top to bottom: Config, the GRPO math, data, one step, main(); the plumbing below
-the fence you should not need to read to change GRPO (the README's "Hacking guide" says where to change what).
+group-relative advantages and a weight per sequence, take `mu` optimizer steps on the clipped GRPO loss and push the new
+weights to the server. Read it top to bottom: Config, the GRPO math, data, one step, main(); below the fence: plumbing.
 
 The GRPO choices this file makes (each a flag; the README has the peers' names for them):
   advantages   (r - mean(group)) / std(group): the std of the batch or none (Dr. GRPO) by --scale_rewards, a
@@ -26,10 +25,9 @@ The GRPO choices this file makes (each a flag; the README has the peers' names f
                for the server's kernels and, with --async, for the one step of staleness (decoupled PPO)
   --async      (default) one step off-policy: train step s on a batch sampled from θ_{s-1} while the server samples
                step s+1's from θ_s, never pushed mid-generation (--no-async: on-policy)
-Every push is tagged with a version and every rollout must come from it, or we stop; every step checks the server's
-hashes of its tensors against ours of what we sent and compares trainer and server logprobs on the same tokens under
-the same weights (--async: a few sequences the server re-scores), so a server that does not hold what it was sent
-stops the run even if its tag is right. The loss value is not a progress signal in GRPO: watch the reward.
+Every push is tagged with a version and every rollout must come from it, or we stop; every step compares the server's
+tensor hashes with ours (where it has them) and trainer and server logprobs on the same tokens and weights (--async:
+re-scored): a server without what it was sent stops the run. GRPO's loss is no progress signal: watch the reward.
 """
 import concurrent.futures
 import contextlib
@@ -152,14 +150,12 @@ class Config:
     wandb_project: str = arg("grpo_sglang", "wandb project")
 
 
-# ----------------------------------------------------------------------------------------
-# GRPO math: small pure functions (tested in test_smoke.py). This is the part to edit.
+# ---- GRPO math: small pure functions (tested in test_smoke.py). This is the part to edit. --------
 
 def group_advantages(rewards, group_size, scale=True, eps=1e-4, rloo=False, std=None):
-    """(N,) rewards, groups of consecutive G -> (N,) advantages. GRPO: A = (r - mean) / std of the group (or `std`,
-    the batch's: TRL's scale_rewards='batch'). RLOO: the baseline is the mean of the group's others, r - mean scaled
-    by G / (G - 1) (Ahmadian et al. 2024; verl's rloo). A group whose rewards are all equal carries no signal: its
-    advantages are exactly 0 (a float std of eight 0.1s is 8e-9, not 0)."""
+    """(N,) rewards, groups of consecutive G -> (N,) advantages. GRPO: (r - mean) / std of the group (or `std`, the
+    batch's: TRL's scale_rewards='batch'). RLOO: r minus the others' mean, (r - mean) G / (G - 1) (Ahmadian et al. 2024;
+    verl's rloo). A group of equal rewards has advantages exactly 0 (a float std of eight 0.1s is 8e-9)."""
     r = rewards.view(-1, group_size)  # (N/G, G)
     adv = (r - r.mean(dim=1, keepdim=True)) * (group_size / (group_size - 1) if rloo else 1)
     if scale:  # Dr. GRPO drops this: it up-weights groups that are nearly all right or all wrong
@@ -196,9 +192,8 @@ def kl_k3(logp, ref_logp):
 
 
 def log_ratio(logp, old_logp, mask, level="token"):
-    """(B, T) log-probs now and before this step's updates, (B, T) completion mask -> (B, T) log π/π_old.
-    token: per token (PPO, GRPO). sequence: the mean over each completion's tokens, one ratio for all of them
-    (GSPO, Zheng et al. 2025: the geometric mean of the token ratios; TRL's importance_sampling_level)."""
+    """(B, T) log-probs now and before the updates, (B, T) mask -> (B, T) log π/π_old: per token (GRPO), or each
+    completion's mean (GSPO, Zheng et al. 2025; TRL's importance_sampling_level), its token ratios' geometric mean."""
     d = logp - old_logp
     if level == "sequence":
         d = ((d * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(d)
@@ -214,10 +209,9 @@ def clipped_surrogate(ratio, adv, clip_low, clip_high):
 
 
 def tis_weights(old_logp, server_logp, cap, mask=None, mode="token_truncate"):
-    """(B, T) -> (B, T). Importance weight pi_trainer / pi_server for the gap between the policy that sampled (the
-    server's kernels; one step older with --async) and the trainer's before this step's updates (Yao et al. 2025,
-    "TIS"; AReaL's decoupled PPO). token_*: per token; sequence_*: one per sequence, the product over its tokens.
-    *_truncate: min(ratio, cap); *_mask: the ratio, or 0 where it is over the cap (TRL's four IS modes)."""
+    """(B, T) -> (B, T). Importance weight π_trainer / π_server between the sampler (the server's kernels; one step
+    older with --async) and the trainer before this step's updates (Yao et al. 2025, "TIS"; AReaL's decoupled PPO).
+    token_*: per token; sequence_*: per sequence (the product). *_truncate: min(ratio, cap); *_mask: 0 over the cap."""
     d = old_logp - server_logp if mask is None else (old_logp - server_logp) * mask
     d = d.sum(1, keepdim=True) if mode.startswith("sequence") else d  # the log ratio, per token or per sequence
     w = torch.exp(d.clamp(max=math.log(cap)))  # in log space: 400 tokens x 0.25 nats is exp(100) = inf, inf * 0 NaN
@@ -226,8 +220,7 @@ def tis_weights(old_logp, server_logp, cap, mask=None, mode="token_truncate"):
 
 def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token", tis=None, ref_logp=None, beta=0.0,
                     loss_type="grpo"):
-    """(B, T) log-probs now and before this step's updates, (B,) or (B, T) advantages, (B, T) completion mask ->
-    per-token loss (B, T), where clipping was active (B, T), per-token KL to the reference (B, T) or None.
+    """(B, T) log π and log π_old, (B,) or (B, T) advantages, (B, T) mask -> (B, T) loss, clipped, KL (or None).
     loss = -min(ρA, clip(ρ)A)·w + β·k3(π, π_ref), ρ = π / π_old (see log_ratio), w: TIS weight (1 if None)
     CISPO (MiniMax-M1, ScaleRL; TRL's loss_type='cispo'): -sg(min(ρ, 1 + clip_high)) A log π: the weight is clipped
     and carries no gradient, so every token keeps its log π gradient, clipped or not."""
@@ -246,10 +239,8 @@ def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token
 
 
 def aggregate(x, mask, weight, mode, norm):
-    """(B, T) per-token values, (B,) sequence weights -> scalar. `norm` counts the WHOLE batch (all micro-batches and
-    ranks; see loss_norm), so summing the results over micro-batches and ranks gives the batch loss.
-      seq      mean over each sequence's tokens, then the weighted mean over sequences (original GRPO; long
-               answers get less weight per token)
+    """(B, T) values, (B,) weights -> scalar / `norm`, the WHOLE batch's count (loss_norm): sums give the batch loss.
+      seq      each sequence's token mean, then the weighted mean over sequences (GRPO; long answers' tokens weigh less)
       token    weighted sum over all tokens / weighted token count (DAPO)
       constant weighted sum over all tokens / (weighted sequence count * max_new_tokens) (Dr. GRPO: no length bias)"""
     if mode == "seq":
@@ -262,8 +253,7 @@ def loss_norm(mode, seqs, tokens, max_new_tokens):
     return {"seq": seqs, "token": tokens, "constant": seqs * max_new_tokens}[mode]
 
 
-# ----------------------------------------------------------------------------------------
-# Data: a built-in task, a local JSON/JSONL file, or any HF dataset with question/answer columns.
+# ---- Data: a built-in task, a local JSON/JSONL file, or any HF dataset with question/answer columns.
 
 def builtin_rows(max_operand, seed=1234):
     """'What is a + b?' for all a, b in 0..max_operand, shuffled: SmolLM2-135M starts at ~35% greedy."""
@@ -273,8 +263,7 @@ def builtin_rows(max_operand, seed=1234):
 
 
 def prompts_for_step(n_rows, step, per_step, seed):
-    """Row indices used at `step`: a fresh shuffle every epoch, so the data position is just the step number and a
-    run resumed at step s sees exactly the prompts it would have seen."""
+    """Row indices of `step`: a fresh shuffle every epoch, so a run resumed at step s sees the prompts it would have."""
     idx = []
     for k in range(step * per_step, (step + 1) * per_step):
         epoch, i = divmod(k, n_rows)
@@ -283,8 +272,7 @@ def prompts_for_step(n_rows, step, per_step, seed):
     return idx
 
 
-# ----------------------------------------------------------------------------------------
-# One training step, in the order the math reads: the step's sequences, the no-grad forwards (the old
+# ---- One training step, in the order the math reads: the step's sequences, the no-grad forwards (the old
 # policy, the reference), rewards, advantages and a weight per sequence, then mu optimizer steps on the loss.
 
 def sequences(batch, tok, group_size, device):
@@ -308,18 +296,15 @@ def sequences(batch, tok, group_size, device):
 
 
 def samples(seqs):
-    """The table's rows as dicts, per-token values cut to each row's length: what a reward function sees. The
-    per-sequence numbers come to the CPU once (one copy each, not one GPU sync per row)."""
+    """The table's rows as dicts, what a reward function sees: per-token values cut to length; one CPU copy a column."""
     cols = {k: v.tolist() if torch.is_tensor(v) and v.dim() == 1 else v for k, v in seqs.items()}
     return [{k: v[i, : len(seqs["completion"][i])] if torch.is_tensor(v) else v[i] for k, v in cols.items()}
             for i in range(len(seqs["completion"]))]
 
 
 def micro_batches(seqs, size, pad_id):
-    """The rows in micro-batches, sorted by length, each of at most as many tokens as `size` of the step's longest
-    sequences (a micro-batch of a few short ones would leave the GPU idle; memory goes with tokens), as many on every
-    rank (token_parts), each packed (pack_batch) into rows as long as its own longest sequence: little of the compute
-    is padding. -> [{rows (B,), ids, pos (R, L), ..., C}]"""
+    """The rows, sorted by length, in micro-batches of at most `size` x the longest sequence's tokens (memory goes with
+    tokens), as many on every rank (token_parts), each packed (pack_batch). -> [{rows (B,), ids, pos (R, L), ..., C}]"""
     n = [len(p) + len(c) for p, c in zip(seqs["prompt"], seqs["completion"])]
     order = sorted(range(len(n)), key=lambda i: n[i])
     out = []
@@ -338,8 +323,7 @@ def rows_of(seqs, b):
 
 @torch.no_grad()
 def old_and_ref_logprobs(cfg, model, ref, seqs, mbs):
-    """The no-grad forwards, before any update, into the table: the old policy's log-probs (only when mu > 1; at
-    mu = 1 the old policy is the one we train, and its first forward gives them) and the reference's (beta > 0)."""
+    """No-grad forwards into the table: old_lp (mu > 1; at 1 train's first forward gives it), ref_lp (beta > 0)."""
     for name, net in (("old_lp", model if cfg.mu > 1 else None), ("ref_lp", ref)):
         if net is not None:
             seqs[name] = torch.zeros_like(seqs["mask"])
@@ -348,9 +332,8 @@ def old_and_ref_logprobs(cfg, model, ref, seqs, mbs):
 
 
 def score(seqs, reward_fn, correct_fn, group_size, m):
-    """Each sequence's reward (reward_fn -> its total and named parts, each logged) and whether the task's check calls
-    it correct (what accuracy counts, whatever the reward) -> seqs["reward"], seqs["correct"] (N,); the warnings of
-    rewards that raised or returned no number (they count 0)."""
+    """Each sequence's reward (reward_fn: its total and named parts, each logged) and whether the task's check calls it
+    correct (what accuracy counts) -> seqs["reward"], seqs["correct"] (N,); the warnings (they count 0)."""
     warn = Counter()
     got = [reward_fn(row, warn) for row in samples(seqs)]  # [(reward, {part: value})]
     dev, N = seqs["mask"].device, len(got)
@@ -377,16 +360,14 @@ def shape_rewards(cfg, seqs, m):
 
 
 def advantages(cfg, rewards):
-    """(N,) rewards -> (N,) advantages, by the flags: GRPO's or RLOO's baseline, scaled by the std of the group, of
-    the batch (over all ranks), or not at all."""
+    """(N,) rewards -> (N,) advantages: GRPO's or RLOO's baseline, scaled by the std of the group, the batch or none."""
     std = batch_std(rewards) if cfg.scale_rewards == "batch" else None
     return group_advantages(rewards, cfg.group_size, cfg.scale_rewards != "none", rloo=cfg.adv_estimator == "rloo",
                             std=std)
 
 
 def weights(cfg, seqs):
-    """(N,) a weight per sequence for the loss and its normalisers: 0 filters a sequence out. The rows stay (every
-    rank must run as many micro-batches); a step whose weights are all 0 skips its update."""
+    """(N,) a weight per sequence in the loss and its normalisers; 0 filters one out (its row stays: batch_counts)."""
     w = torch.ones_like(seqs["reward"])
     if cfg.mask_truncated:  # TRL's mask_truncated_completions: a cut answer's ending says nothing of its reward
         w = w * (seqs["truncated"] == 0)
@@ -396,10 +377,9 @@ def weights(cfg, seqs):
 
 
 def completion_logprobs(model, b, temperature):
-    """Micro-batch b (pack_batch) -> (B, C) log π(token | what precedes it) of its completion tokens under `model`, and
-    (B, C) the entropy of the distribution each was drawn from: with z the logits at the position before a token,
-    log_softmax(z / temperature)[token] and -Σ p log p. The LM head computes just these, for the completion tokens
-    only, a chunk at a time (head_logprobs, below the fence): the (B, C, V) logits never exist."""
+    """Micro-batch b -> (B, C) log π(token | what precedes it) of its completion tokens under `model`, and (B, C) the
+    entropy of the distribution each was drawn from: with z the logits before a token, log_softmax(z/temperature)[token]
+    and -Σ p log p. The LM head computes just these (head_logprobs): the (B, C, V) logits never exist."""
     return head_logprobs(model, b, temperature)
 
 
@@ -413,9 +393,8 @@ def policy_loss(cfg, x, logp, old, ent):
 
 
 def train(cfg, model, opt, seqs, mbs, world, check, m):
-    """cfg.mu optimizer steps on this rank's micro-batches. The first forward gives the trainer's log-probs under the
-    weights the server holds (lp0; at mu = 1 also the old policy's), and check(seqs, m) then compares them with the
-    server's before any weight moves (it stops the run if they differ). A step whose weights are all 0 is skipped."""
+    """cfg.mu optimizer steps on this rank's micro-batches; before the first, check(seqs, m) compares the first
+    forward's log-probs (lp0, under the weights the server holds) with the server's; all weights 0: no update."""
     m.mean("reward_mean", seqs["reward"].sum(), len(seqs["reward"]))  # the reward that trains, shaping included
     n_seqs, n_tokens = batch_counts(seqs, mbs)  # over all ranks, weighted; every rank must run as many micro-batches
     norm = loss_norm(cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
@@ -450,8 +429,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
     m.max("nonfinite_skips", skipped), m.max("empty_batch_skips", cfg.mu if n_seqs == 0 else 0)
 
 
-# ----------------------------------------------------------------------------------------
-# The loop.
+# ---- The loop. -----------------------------------------------------------------------------------
 
 def main(cfg):
     rt = setup(cfg)                 # flags, ranks, GPUs, process group: checked before anything heavy
@@ -509,19 +487,14 @@ def main(cfg):
 
 
 # ======================================================================================================
-# ---- Plumbing below: the SGLang server, weight sync, FSDP, checkpoints, logging. You should not need
-# ---- to read it to change GRPO. main() is called at the very bottom.
+# ---- Plumbing below (server, weight sync, FSDP, checkpoints, logs), not needed to change GRPO; the end calls main().
 # ======================================================================================================
 
 def pack_batch(samples, pad_id, device):
-    """[{prompt, completion}] -> the sequences end to end in rows as long as the longest one (first fit, longest
-    first), so that little of the compute is padding. position_ids restart at 0 for each sequence (and for each pad
-    token), which transformers reads as packed sequences: attention stays within each. Rows that need padding anyway
-    are padded to a multiple of 8 (with --compile, other lengths cost a graph of their own: inductor guards on the
-    alignment of attention's inputs); full rows stay as they are (no pad, no mask: SDPA's fastest kernel). The head
-    scores completion tokens only: position src[j] (of the flattened rows) predicts token tgt[j], whose log-prob goes
-    to (row, column) dst[:, j] of the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n), mask (B, C), C,
-    tokens}"""
+    """[{prompt, completion}] -> the sequences end to end (first fit, longest first) in rows as long as the longest,
+    position_ids restarting at 0 for each (transformers keeps attention within each); a row with pads is padded to a
+    multiple of 8 (--compile: fewer graphs). src[j] of the flat rows predicts tgt[j], its log-prob at dst[:, j] of
+    the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n), mask (B, C), C, tokens}"""
     lens = [len(s["prompt"]) + len(s["completion"]) for s in samples]
     L, C = max(lens), max(len(s["completion"]) for s in samples)
     ids, pos, src, tgt, dst = [], [], [], [], []
@@ -558,9 +531,7 @@ def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):
 
 
 class Metrics:
-    """A step's named metrics: m.sum(name, x), m.mean(name, total, count) (the mean of what `total` sums, e.g. over
-    tokens) or m.max(name, x), over micro-batches, updates and ranks; a new name needs no other edit. Values may be
-    0-d tensors on the GPU: nothing waits for them until reduce()."""
+    """Step metrics (m.sum(k, x), m.mean(k, total, count), m.max(k, x)) over batches and ranks, synced by reduce()."""
     def __init__(self):
         self.sums, self.maxes = defaultdict(float), {}
 
@@ -576,8 +547,7 @@ class Metrics:
                                                                            torch.as_tensor(x).to(self.maxes[name]))
 
     def reduce(self, device):
-        """All ranks -> {name: value} (a mean over nothing: None); the names are agreed first, so that a rank
-        without one cannot hang the others."""
+        """All ranks -> {name: value} (a mean over nothing: None); names agreed first, so none can hang."""
         names = [None] * dist.get_world_size()
         dist.all_gather_object(names, (sorted(self.sums), sorted(self.maxes)))
         sums, maxes = (sorted(set().union(*(n[j] for n in names))) for j in (0, 1))
@@ -588,9 +558,7 @@ class Metrics:
 
 
 def mismatch_stats(trainer_lp, server_lp, mask, cap, m, mode="token_truncate"):
-    """(B, T) logprobs of the sampled tokens under the trainer and under the server that sampled them, into the
-    metrics m: |Δ|, k3 estimate of KL(server || trainer), the importance ratio π_trainer / π_server per token, and
-    the share of tokens whose TIS weight (`mode`, see tis_weights) the cap cuts. The numbers TRL, verl and slime log."""
+    """(B, T) trainer and sampler logprobs of the sampled tokens -> m: |Δ|, k3 KL, IS ratio, share over the TIS cap."""
     d, n = (trainer_lp - server_lp) * mask, mask.sum()
     ratio = torch.exp(d) * mask
     m.mean("mismatch_mean", d.abs().sum(), n), m.mean("is_ratio_mean", ratio.sum(), n)
@@ -607,16 +575,14 @@ def step_metrics(cfg, step, batch, m, clock, t_run, nbytes, rt):
     rollout = batch["span"][1] - batch["span"][0]
     return {"step": step, "sampled_from_version": batch["version"], **m, "time_rollout": rollout,
             **{f"time_{k}": v for k, v in clock.time.items()}, "time_step": clock.t - clock.t0, "sync_bytes": nbytes,
-            "rollout_tokens_per_s": m["completion_len_mean"] * cfg.group_size *
-            cfg.prompts_per_step / max(rollout, 1e-9), "span_step": rel((clock.t0, clock.t)),
-            "span_rollout": rel(batch["span"]), "span_train": rel(clock.spans["train"]),
-            "span_sync": rel(clock.spans["sync"]),
+            "rollout_tokens_per_s": m["completion_len_mean"] * cfg.group_size * cfg.prompts_per_step /
+            max(rollout, 1e-9), "span_step": rel((clock.t0, clock.t)), "span_rollout": rel(batch["span"]),
+            "span_train": rel(clock.spans["train"]), "span_sync": rel(clock.spans["sync"]),
             "peak_mem_gb": torch.cuda.max_memory_allocated(rt.device) / 1e9 if rt.device.type == "cuda" else 0.0}
 
 
 class Clock:
-    """lap(name) ends the phase that began at the previous lap; a name that comes back adds up its time, and its
-    span runs from its first start to its last end."""
+    """lap(name) ends the phase begun at the last lap; a name that comes back adds up, its span first to last."""
     def __init__(self):
         self.t0 = self.t = time.time()
         self.spans, self.time = {}, defaultdict(float)
@@ -638,9 +604,7 @@ class MetricsLog:
         print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from θ_{s-1} while the "
                                "server samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
         if self.master:
-            # config.json, and metrics.jsonl for appending, each written whole and then renamed (a full disk leaves
-            # the old one whole). A resumed run first drops the rows after its checkpoint (and the evaluation it
-            # repeats) and a row cut short (a full disk, a kill), so that the file holds each step once.
+            # a resumed run drops the rows after its checkpoint, the eval it repeats and a row cut short (a kill)
             self.path = path = os.path.join(cfg.out_dir, "metrics.jsonl")
             rows = [json.loads(s) for s in open(path) if s.strip() and s[-1] == "\n"] if os.path.exists(path) else []
             keep = [r for r in rows if r["step"] < start or (r["step"] == start and "eval_accuracy" not in r)]
@@ -716,8 +680,7 @@ def print0(*a):
         print(*a, flush=True)
 
 
-# ----------------------------------------------------------------------------------------
-# Setup: flags, ranks, GPUs, data, models.
+# ---- Setup: flags, ranks, GPUs, data, models. ----------------------------------------------------
 
 def parse_config(argv=None):
     """The command line -> Config, which remembers the flags given (`--resume` restores the others)."""
@@ -740,14 +703,13 @@ def parse_config(argv=None):
 
 # Flags a resumed run may change: how and where it runs, not what it trains (docs/reference.md, "Resume").
 RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
-             "device", "micro_batch", "head_matmul", "grad_checkpointing", "compile",
-             "max_nonfinite_steps", "server_url", "api_key", "server_gpu", "colocate", "request_timeout",
-             "request_retries", "sync", "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
+             "device", "micro_batch", "head_matmul", "grad_checkpointing", "compile", "max_nonfinite_steps",
+             "server_url", "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync",
+             "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
 
 
 def restore_config(cfg):
-    """--resume: the flags of the run in --out_dir (its config.json) for every flag not given again. A flag given
-    again may differ only if it is in RESUMABLE; any other difference is one error that lists them all."""
+    """--resume: config.json's flags for those not given; a given one may differ only if RESUMABLE (else one error)."""
     path = os.path.join(cfg.out_dir, "config.json")
     if not os.path.exists(path):
         return
@@ -781,8 +743,7 @@ class UserError(Exception):
 
 
 def check_config(cfg, world):
-    """Every flag's range (its `ok` in Config), before anything heavy: one message naming the flag, its value and
-    what is allowed; then the rules between flags. -> the servers."""
+    """Each flag's `ok` (an error: the flag, its value, what is allowed), then rules between flags -> the servers."""
     for f in dataclasses.fields(cfg):
         ok, v = f.metadata.get("ok"), getattr(cfg, f.name)
         if ok is not None and not (v in ok if isinstance(ok, tuple) else obeys(v, ok, cfg)):
@@ -850,8 +811,7 @@ def parse_servers(cfg):
 
 
 def setup(cfg):
-    """Ranks, flags, the GPU layout and the process group, all checked before anything heavy is loaded.
-    -> rank, world, master, device, mesh, the servers and how weights reach them (sync, why, server_idx), ckpt, lock."""
+    """Flags, ranks, GPU layout and process group, all checked before anything heavy. -> rt (SimpleNamespace)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     model = os.path.realpath(cfg.out_dir) == os.path.realpath(cfg.model)
@@ -872,10 +832,7 @@ def setup(cfg):
                                          torch.cuda.device_count())
         device = torch.device("cuda", dev_idx)
         torch.cuda.set_device(device)
-        # PyTorch's cuDNN attention (its first choice for masked attention on an H200) builds a plan per shape
-        # (pytorch#155958), and packed micro-batches bring a new one almost every step; its backward also gives NaN
-        # at lengths of 64 mod 128 (pytorch#196678; docs/log.md). Memory-efficient attention takes the
-        # same masks.
+        # cuDNN attention: a plan per shape (new ones every step, packed); backward NaN at 64 mod 128 (pytorch#196678)
         torch.backends.cuda.enable_cudnn_sdp(False)
     else:
         device, server_idx = torch.device("cpu"), ["cpu"] * len(servers)
@@ -883,9 +840,7 @@ def setup(cfg):
     sync, why = pick_sync(cfg, servers, server_idx, visible)
     if sync == "nccl":  # SGLang's server runs NCCL with cuMem off unless told otherwise: both ends must agree
         os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
-    # plain `python grpo_sglang.py`: a world of one, whose store needs no port (two such runs on one host, or a port
-    # taken meanwhile, would collide on one). No device_id: a default group bound to a device makes torch build every
-    # later NCCL group by splitting it, and the weight-update group must instead meet the server (the server waited).
+    # `python grpo_sglang.py`: a portless store; no device_id, else later NCCL groups split off it and miss the server
     alone = {} if "RANK" in os.environ else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
     dist.init_process_group("nccl" if use_cuda else "gloo", **alone)
     from torch.distributed.device_mesh import init_device_mesh
@@ -922,9 +877,7 @@ def load_splits(cfg):
 
 
 def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None, held=()):
-    """Format and tokenize each question once: `fmt` 'chat' uses the tokenizer's chat template, 'plain' is
-    'question\ninstruction\n' (base models). Unusable rows, and those whose question is `held` out (duplicates of
-    an eval row: never trained on), are counted in `skipped`, never fatal."""
+    """Rows -> [{ids, answer, question}] by `fmt`, tokenized; unusable or `held` rows are counted in `skipped`."""
     out, limit = [], max_len or cfg.max_prompt_tokens
     for r in rows:
         q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
@@ -954,13 +907,11 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None, held=
 
 INSTRUCTIONS = {
     "gsm8k": "Solve the problem step by step, then give the final answer on its own line as '#### <number>'.",
-    "arithmetic": "Answer with the number only.",
-}
+    "arithmetic": "Answer with the number only."}
 
 
 def load_data(cfg, context=None):
-    """-> tokenizer, train and eval prompts (formatted and tokenized once), the reward function and the task's
-    correctness check (what accuracy counts). `context`: the server's context length (prompt + completion)."""
+    """-> tokenizer, train and eval prompts (tokenized), reward_fn, the task's check; context: the server's length."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(cfg.model)
     fmt = ("chat" if tok.chat_template else "plain") if cfg.prompt_format == "auto" else cfg.prompt_format
@@ -1049,8 +1000,7 @@ def read_rows(path):
 
 
 def load_models(cfg, rt):
-    """-> the policy (fp32 master weights, sharded with FSDP2), the reference (only when beta > 0), AdamW, and the
-    step to start from (a checkpoint's, with --resume)."""
+    """-> the policy (fp32 master weights, FSDP2), the reference (beta > 0), AdamW, the step to start from (resume)."""
     import transformers.masking_utils
     from transformers import AutoModelForCausalLM, __version__
     if not hasattr(transformers.masking_utils, "find_packed_sequence_indices"):  # what pack_batch's rows need
@@ -1066,8 +1016,7 @@ def load_models(cfg, rt):
         ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16, attn_implementation="sdpa")
         ref = ref.to(rt.device).eval()
         ref = shard(ref, rt.mesh, torch.bfloat16, cfg.head_matmul, cfg.compile, frozen=True).requires_grad_(False)
-    # fused: one kernel and no temporaries; the default (foreach) Adam allocates a copy of a moment per step,
-    # which for a 7B model on one H200 is the difference between fitting and an OOM at the first step
+    # fused: one kernel, no temporaries (foreach AdamW copies a moment per step: a 7B model's OOM on one H200)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             fused=rt.device.type == "cuda")
     start = load_checkpoint(rt.ckpt, model, opt) if rt.ckpt else 0
@@ -1091,12 +1040,10 @@ def check_architecture(ckpt, model):
                         f"Resume with the model it was trained from, or start a new run in another --out_dir.")
 
 
-# ----------------------------------------------------------------------------------------
-# The SGLang server, through its public HTTP API only.
+# ---- The SGLang server, through its public HTTP API only. ----------------------------------------
 
 class Server:
-    """The SGLang servers: rollouts, the sync check and weight pushes. Every wait on a server has a timeout
-    (--request_timeout) that ends in one clear message that names it, never a hang."""
+    """The SGLang servers: rollouts, the sync check, weight pushes; every wait has a timeout and one clear message."""
 
     def __init__(self, cfg, rt):
         self.cfg, self.rt, self.urls = cfg, rt, [u for u, _ in rt.servers]
@@ -1118,10 +1065,8 @@ class Server:
                + (f" (tensor parallel: {tp})" if max(tp) > 1 else "") + f"; weight sync: {rt.sync} ({rt.why}{where})")
 
     def rollout(self, rows, version, greedy=False):
-        """group_size completions of each prompt row (one, greedy, to evaluate), which must come from θ_version.
-        Prompt j of this rank's share goes to server (rank * len(rows) + j) % servers: a pure function of the step,
-        and a group never straddles two servers. -> the batch: rows, outs = [(completion ids, the server's logprobs
-        of them, finish reason)], srv (each completion's server), version, span."""
+        """group_size completions per prompt row (greedy: one) from θ_version, prompt j on server (rank * len(rows) +
+        j) % servers -> {rows, outs: [(ids, server logprobs, finish reason)], srv, version, span}"""
         cfg, t0, n = self.cfg, time.time(), 1 if greedy else self.cfg.group_size
         sp = {"max_new_tokens": cfg.max_new_tokens, "temperature": 0.0 if greedy else cfg.temperature,
               "top_p": cfg.top_p, "top_k": cfg.top_k}
@@ -1141,10 +1086,8 @@ class Server:
         return {"rows": rows, "outs": outs, "srv": srv, "version": version, "span": (t0, time.time())}
 
     def check(self, batch, version, model, pad_id):
-        """-> check(seqs, m), which train() calls before its first update: the sync check of training on `batch` with
-        θ_version, for every server. It compares trainer and server logprobs on the same tokens under the same
-        weights: the batch's own if it was sampled from θ_version; else (--async: the batch is one step older) those
-        of a few of its sequences (rows of the table), which their server re-scores with θ_version now, meanwhile."""
+        """-> check(seqs, m), which train() calls before its first update: trainer vs server logprobs under θ_version
+        on the batch's own tokens if sampled from it, else (--async) on a few rows their server re-scores now."""
         cfg, srv, outs = self.cfg, batch["srv"], batch["outs"]
         if batch["version"] == version:
             def check_batch(seqs, m):
@@ -1173,9 +1116,7 @@ class Server:
         return check_rescored
 
     def verdict(self, version, stats, srv, m):
-        """stats: per sequence (|Δ| sum, tokens, |Δ| max[, stale sum, stale max]) of trainer vs server `srv[i]` under
-        θ_version. Stop (every rank) unless every server holds the tensors it was sent (where it hashes them) and
-        agrees with the trainer to within kernel noise; the numbers go into the metrics m."""
+        """stats (|Δ| sum, tokens, |Δ| max[, stale sum, max]) per sequence of srv[i]: stop unless both checks pass."""
         on_all_ranks(self.weights_verdict, m)
         per = torch.zeros(len(self.urls), 2, dtype=torch.float64)
         for st, k in zip(stats, srv):
@@ -1200,8 +1141,7 @@ class Server:
         return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
 
     def weights_verdict(self, m):
-        """Rank 0: does each server hold, tensor by tensor, what the last push sent (its hashes against ours)? After the
-        first push it holds exactly our weights: only the tensors we hash as it does are compared from then on."""
+        """Rank 0: each server's hashes of what it holds vs ours of the last push (tensors the first push bore out)."""
         t0, link = time.time(), self.link
         for srv in link["servers"] if link else []:
             sums = srv.pop("sums", None)
@@ -1211,8 +1151,7 @@ class Server:
                 srv["recipes"], srv["checked"] = {k: r for k, r in srv["recipes"].items() if k not in differ}, True
                 print0(f"weight check: {len(srv['recipes'])} of {len(srv['names'])} tensors of the server at "
                        f"{srv['url']} compared after every push" + ("" if srv["recipes"] else
-                                                                    f" (/weights_checker: HTTP {srv['checker']}): only "
-                                                                    f"the log-prob check remains"))
+                       f" (/weights_checker: HTTP {srv['checker']}): only the log-prob check remains"))
             elif differ:
                 raise UserError(f"weight sync check failed: the server at {srv['url']} holds other weights than the "
                                 f"trainer sent in the push of version {link['version']}: {len(differ)} of "
@@ -1230,9 +1169,7 @@ class Server:
 
 
 def rescored_stats(trainer, now, then):
-    """One re-scored sequence: trainer (C,) vs the server now (same weights: kernel noise only, whatever the lr),
-    and the server when it sampled, one step older, vs now (the pure staleness; None: not known) -> (|Δ| sum,
-    tokens, max[, stale sum, max])."""
+    """A re-scored sequence -> verdict's stats: trainer (C,) vs the server now (noise) [, the server then vs now]."""
     now = trainer.new_tensor(now)
     d = (trainer[: len(now)] - now).abs()
     if then is None:
@@ -1275,8 +1212,7 @@ def auth(cfg):
 
 
 def check_server(cfg, url):
-    """Before anything heavy: is the server up, and does it serve our model? -> whether it has /begin_weight_update,
-    its tensor-parallel size, the port it reports listening on, and its context length (None if it does not say)."""
+    """Before anything heavy: is the server up, serving our model? -> {begin_end, tp, context, port, checker, names}"""
     call(cfg, url, "/health", timeout=10, retries=1)
     info = call(cfg, url, "/model_info", timeout=30)
     if not isinstance(info, dict):
@@ -1292,8 +1228,7 @@ def check_server(cfg, url):
         context = call(cfg, url, "/v1/models", timeout=30, retries=0)["data"][0].get("max_model_len")
     except (UserError, KeyError, IndexError, TypeError):
         context = None
-    # SGLang >= 0.5.21 refuses weight updates outside a /begin_weight_update ... /end_weight_update
-    # session; 0.5.16 has neither route. A GET on a POST-only route answers 405 where it exists.
+    # SGLang >= 0.5.21 updates weights only within /begin_weight_update .. /end_weight_update (a GET there: 405)
     try:
         r = requests.get(url + "/begin_weight_update", headers=auth(cfg), timeout=cfg.request_timeout)
         sums = requests.post(url + "/weights_checker", json={"action": "checksum"}, headers=auth(cfg),
@@ -1306,9 +1241,7 @@ def check_server(cfg, url):
 
 
 def check_servers_once(cfg, rt, info):
-    """Each server counted once: two names of one server (127.0.0.1 and localhost, or this host's name) would get
-    every push twice. The same server: the same address and port, or both on this host and listening on the same
-    port (as each reports it). A tensor-parallel server on this host must have all its GPUs in --server_gpu."""
+    """No server named twice (it would get every push twice); a TP server here needs all its GPUs in --server_gpu."""
     where = [address(u) for u, _ in rt.servers]
     for j, ((host, port), s) in enumerate(zip(where, info)):
         for i in range(j):
@@ -1339,8 +1272,7 @@ def on_this_host(host):
 
 
 def generate(cfg, url, input_ids, version, did, what, **req):
-    """One batched /generate (the server schedules all of it, and every rank's, together) -> its answers. Every
-    answer must come from weights `version` (the tag of the last push), or we stop: a push was lost."""
+    """One batched /generate -> its answers, each from weights `version` (the last push's tag) or we stop."""
     out = call(cfg, url, "/generate", {"input_ids": input_ids, "return_logprob": True, **req})
     if not isinstance(out, list) or len(out) != len(input_ids):
         raise UserError(f"/generate returned {type(out).__name__} of unexpected size (wanted {len(input_ids)} items)")
@@ -1355,11 +1287,8 @@ def generate(cfg, url, input_ids, version, did, what, **req):
 
 
 def rescore(cfg, url, seqs, version):
-    """[(prompt ids, completion ids)] -> the server's logprobs of each completion under its current weights,
-    which must be `version`: a prefill only (max_new_tokens 0). SGLang's input logprobs are those of the
-    raw logits (temperature 1) and start with None for the token at logprob_start_len: we start one early.
-    Their token ids say that they line up with the tokens sent; SGLang reports ids >= vocab_size - 1 as 0
-    (it clips image-token hashes so), and a random-weight model, sampling every id, does sample the last one."""
+    """[(prompt, completion ids)] -> the server's logprobs of each completion under `version` (a prefill at T = 1, one
+    token early: the first is None); its token ids must be ours (SGLang says 0 for ids >= vocab_size - 1)."""
     out = generate(cfg, url, [p + c for p, c in seqs], version, "re-scored the batch", "this check",
                    sampling_params={"max_new_tokens": 0}, logprob_start_len=[len(p) - 1 for p, _ in seqs])
     lps = [o["meta_info"]["input_token_logprobs"][-len(c):] for o, (_, c) in zip(out, seqs)]
@@ -1374,8 +1303,7 @@ def rescore(cfg, url, seqs, version):
 
 
 def check_rows(srv, k):
-    """About k of a rank's rows (srv: each row's server) for the re-score check, evenly spaced over each server's
-    rows, and at least one of each server's: a server that drops weights must be among the re-scored."""
+    """About k of a rank's rows (srv: their servers), evenly spaced, at least one per server: each server is checked."""
     per, rows = -(-k // len(set(srv))), []
     for server in sorted(set(srv)):
         idx = [i for i, s in enumerate(srv) if s == server]
@@ -1387,8 +1315,7 @@ POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64)  # requests (to eve
 
 
 def waited(future, timeout=None, what=None, hint=None):
-    """future.result(), its UserError raised here (with `hint` on a line of its own), and a timeout that ends in a
-    clear message, never a hang."""
+    """future.result(), its UserError with `hint` on a line of its own, and a timeout: a clear message, no hang."""
     try:
         return future.result(timeout)
     except concurrent.futures.TimeoutError:
@@ -1399,8 +1326,7 @@ def waited(future, timeout=None, what=None, hint=None):
 
 
 def on_all_ranks(fn, *args):
-    """fn(*args) on this rank; a UserError on ANY rank is raised on every rank, so none of them is
-    left waiting in a collective for a rank that stopped."""
+    """fn(*args) here; a UserError on ANY rank is raised on every rank: none waits in a collective forever."""
     try:
         out, err = fn(*args), None
     except UserError as e:
@@ -1412,19 +1338,14 @@ def on_all_ranks(fn, *args):
     return out
 
 
-# ----------------------------------------------------------------------------------------
-# Weight sync. Two ways to get rank 0's weights into the server after every optimizer step:
-#   tensor  The server process sees only its own GPU, so a CUDA-IPC handle of a tensor on a training
-#           GPU is useless to it. Rank 0 (which sees every GPU under torchrun) copies the weights into
-#           flat buckets that live ON THE SERVER'S GPU and sends their IPC handles, serialized with
-#           SGLang's own helpers (which name the device by UUID: the server's cuda:0 is our cuda:3).
-#   nccl    Rank 0 and the server form a 2-rank process group; rank 0 broadcasts each bucket while
-#           the server's /update_weights_from_distributed request receives it. Works across hosts.
+# ---- Weight sync: rank 0's weights into the servers after every optimizer step, one of two ways.
+#   tensor  A server sees only its own GPU, so rank 0 (which sees all under torchrun) copies the weights into flat
+#           buckets ON THE SERVER'S GPU and sends their CUDA-IPC handles (SGLang's serializer names a GPU by UUID).
+#   nccl    Rank 0 and each server's TP ranks form a process group: rank 0 broadcasts each bucket while the server's
+#           /update_weights_from_distributed request receives it. Works across hosts.
 
 def gpu_layout(servers, colocate, local_rank, local_world, visible, n_devices):
-    """-> (this rank's CUDA index, for each server its first GPU as this process indexes it, or None if hidden).
-    `visible` is CUDA_VISIBLE_DEVICES (None if unset). With --colocate one server shares rank 0's GPU (whatever
-    --server_gpu says), several may share training GPUs. Raises UserError on impossible layouts."""
+    """-> (this rank's CUDA index, each server's first GPU in our numbering or None); --colocate: GPUs may be shared."""
     if local_world > n_devices:
         raise UserError(f"{local_world} training ranks but only {n_devices} visible GPUs")
     if colocate and len(servers) == 1:
@@ -1477,9 +1398,7 @@ def local_address(host):
 
 
 def weight_buckets(model, limit, keep):
-    """All ranks: -> iterator of (bucket, last?); a bucket is [(name, full tensor)] of about `limit`
-    bytes in bf16. Gathering a sharded parameter is a collective, so every rank walks all of them;
-    only a rank with `keep` holds on to the full tensors."""
+    """All ranks: -> (bucket [(name, full tensor)] of ~`limit` bf16 bytes, last?); a `keep` rank holds the tensors."""
     from torch.distributed.tensor import DTensor
     params, one_rank = list(model.named_parameters()), dist.get_world_size() == 1
     bucket, size = [], 0
@@ -1496,8 +1415,7 @@ def weight_buckets(model, limit, keep):
 
 
 def pack(named, device):
-    """[(name, tensor)] -> SGLang's FlattenedTensorBucket of them, as (its flat uint8 buffer, its metadata): every
-    tensor as bf16, back to back, on `device`. (Its two copies of the bucket live only while it concatenates.)"""
+    """[(name, tensor)] -> SGLang's FlattenedTensorBucket (flat uint8 buffer, metadata) of them in bf16 on `device`."""
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
     bucket = FlattenedTensorBucket(named_tensors=[(name, t.to(device, torch.bfloat16)) for name, t in named])
     flat = bucket.get_flattened_tensor()
@@ -1508,12 +1426,8 @@ def pack(named, device):
 
 
 def send_bucket(cfg, link, flat, meta, last, version):
-    """POST one bucket's update to every server; the last one flushes their prefix caches and sets the version tag.
-    -> wait(). tensor: a copy of the bucket on each server's GPU (a server sees its own GPUs only), its CUDA-IPC
-    handle (SGLang's serializer) for each TP rank; `flat` must stay alive until the servers have answered.
-    nccl: every server posts its receive when the request reaches it, so all requests are in flight before our
-    broadcasts (one per server's group) are waited on (a blocking request first would deadlock); the broadcasts run
-    on a side thread and all are waited on with --request_timeout: a dead server is an error, never an NCCL hang."""
+    """POST one bucket to each server (the last flushes prefix caches, sets the version tag) -> wait(); `flat` lives
+    till then. nccl: every request is in flight before the broadcasts (side thread) are waited on, or a deadlock."""
     req = {"load_format": "flattened_bucket", "flush_cache": last, "weight_version": version if last else None}
     flats, sent, hint = {}, None, None
     if link["kind"] == "tensor":
@@ -1521,8 +1435,7 @@ def send_bucket(cfg, link, flat, meta, last, version):
             flats[d] = flat.to(d)  # the same tensor where it already is
             if flat.is_cuda:
                 torch.cuda.synchronize(d)
-        # one serialization for each receiving rank: each counts one reference to the shared memory, which that
-        # rank's rebuild releases (one payload read by three ranks released it three times: seen with stand-ins)
+        # one serialization per receiving rank: each holds one reference to the shared memory, which its rebuild drops
         posts = [POOL.submit(call, cfg, s["url"], "/update_weights_from_tensor", {
             **req, "serialized_named_tensors": [serialize_bucket(flats[s["device"]], meta) for _ in range(s["tp"])]})
                  for s in link["servers"]]
@@ -1554,18 +1467,15 @@ def checksums(answer):
 
 
 def recipes(server, trainer):
-    """The server's tensors [(rank, name)], the trainer's names -> {(rank, name): the trainer tensors whose bytes it
-    should hold}: the one of its name, else, concatenated, those of its leaf (weight, bias) under its parent module
-    that no server tensor names, in our order (SGLang's qkv_proj: q, k, v; gate_up_proj). A guess: weights_verdict
-    keeps those the first push bears out (not tensor-parallel shards, say)."""
+    """Server tensors [(rank, name)], our names -> {(rank, name): our tensors it should hold}: its namesake, else its
+    parent's leaves no server tensor names, concatenated (qkv_proj: q, k, v): a guess weights_verdict checks."""
     names, up = {n for _, n in server}, lambda n: n.count(".") > 1 and (n.rsplit(".", 2)[0], n.rsplit(".", 1)[1])
     fused = lambda s: tuple(t for t in trainer if t not in names and up(t) == up(s))
     return {(r, s): (s,) if s in trainer else fused(s) for r, s in server if s in trainer or up(s) and fused(s)}
 
 
 def tensor_hash(t):
-    """SGLang's hash of a tensor's bytes (its /weights_checker's): on the GPU its Triton kernel (which reads 4-byte
-    words: bytes that start mid-word are copied first), on the CPU the first 8 bytes of their sha256, in hex."""
+    """SGLang's /weights_checker hash: its GPU Triton kernel (4-byte words: mid-word starts copied), else sha256."""
     if t.is_cuda:
         from sglang.kernels.ops.memory.gpu_tensor_hash import gpu_tensor_hash
         with torch.cuda.device(t.device):
@@ -1574,9 +1484,7 @@ def tensor_hash(t):
 
 
 def hash_sent(link, flat, meta, held):
-    """Rank 0, as it packs a bucket (flat: uint8, meta: each tensor's place in it): the hash of each server tensor's
-    recipe into link["hashes"] once all its parts are packed. held: the bytes of parts of recipes not complete yet
-    -> those still wanted, copied: a bucket need not outlive its send."""
+    """Rank 0, per bucket (+ `held` parts): each recipe's hash once its parts are in -> the parts still wanted."""
     t0, done = time.time(), link["hashes"]
     held = {**held, **{m.name: flat[m.start_idx: m.end_idx] for m in meta}}
     todo = {r for srv in link["servers"] for r in srv["recipes"].values()} - done.keys()
@@ -1602,10 +1510,7 @@ def broadcast(flat, group):
 
 
 def connect_nccl(cfg, device, servers):
-    """Rank 0: one group with each server (us rank 0, its TP ranks 1..tp), built with SGLang's own helper and the
-    same group name on both sides. Not one group for all servers: NCCL refuses two ranks of a group on one GPU, and
-    servers that share a GPU (or rank 0's) are a layout we use. Everyone blocks until all have joined, so the
-    requests run on side threads. -> the link: its servers, each with its group."""
+    """Rank 0: a group per server (us rank 0, its TP ranks 1..tp); not one for all: NCCL refuses two ranks on a GPU."""
     from datetime import timedelta
     from sglang.srt.utils import init_custom_process_group
     from torch.distributed.elastic.utils.distributed import get_free_port
@@ -1633,11 +1538,9 @@ def connect_nccl(cfg, device, servers):
 
 
 def push_weights(cfg, model, link, version):
-    """All ranks gather each full parameter; rank 0 (the one with a `link`) packs them into flat bf16
-    buckets and sends them, bucket k in flight while it gathers and packs bucket k+1. With NCCL and
-    several ranks, each send completes before the next gather: interleaving FSDP's collectives with
-    the sends deadlocked TRL. The last bucket flushes the server's prefix cache (cached prompts hold
-    activations of the old weights) and tags the weights `version`. -> bytes sent (rank 0)."""
+    """All ranks gather each full parameter; rank 0 (the `link`) packs and sends bf16 buckets, bucket k in flight while
+    it gathers k+1 (NCCL and several ranks: each send ends before the next gather; FSDP's collectives beside the sends
+    deadlocked TRL). The last flushes the prefix caches (old weights' KV) and tags `version`. -> bytes sent (rank 0)"""
     serial = link and link["kind"] == "nccl" and dist.get_world_size() > 1
     for srv in link["servers"] if link else []:
         if "recipes" not in srv:  # the first push: which bytes of it each server tensor should hash to
@@ -1663,14 +1566,10 @@ def push_weights(cfg, model, link, version):
     return sent
 
 
-# ----------------------------------------------------------------------------------------
-# The trainer's model: FSDP2, the LM head, checkpoints.
+# ---- The trainer's model: FSDP2, the LM head, checkpoints. ---------------------------------------
 
 def load_policy(path, device, grad_checkpointing):
-    """fp32 master weights in training mode, which transformers' gradient checkpointing needs. Every
-    dropout is set to 0 in the config first: the server samples without dropout, and the trainer must
-    score the same function (with dropout, ratio != 1 at mu = 1 and the mismatch check sees noise). Attention: SDPA,
-    which reads the packed sequences of a row from its position ids (a block-diagonal mask where the row has pads)."""
+    """fp32 master weights in training mode, dropout 0: the server samples without it (else ratio != 1 at mu = 1)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(path)
     for k, v in config.to_dict().items():
@@ -1687,13 +1586,9 @@ def load_policy(path, device, grad_checkpointing):
 
 class HeadLogprobs(torch.autograd.Function):
     """(N, H) final hidden states, (V, H) LM head weight, (N,) targets -> (N,) log p(target) and (N,) the entropy of
-    softmax(z), z = cap(x W^T) / temperature, in fp32, ~2^27 logits at a time (`chunk` rows; backward: all rows, a
-    slice of the vocabulary): the (N, V) fp32 logits never exist at once, and backward recomputes each slice's logits
-    (one more head matmul) rather than keeping them (the idea of Liger's fused linear cross-entropy). cap: Gemma's
-    soft-capping, cap * tanh(logits / cap). mm (--head_matmul): 'bf16', the logits from x and W rounded to bf16 (as
-    the server holds them) with fp32 products and sums, and the gradient's two matmuls in bf16, as in every block's
-    backward; 'fp32': exact fp32 throughout. A pass over 2^27 fp32 logits costs about as much as a
-    small matmul: the code counts them."""
+    softmax(z), z = cap(x W^T) / temperature, in fp32, ~2^27 logits at a time: the (N, V) logits never exist; backward
+    recomputes them (Liger's fused linear cross-entropy). cap: Gemma's soft-cap. mm (--head_matmul): 'bf16', x and W
+    rounded to bf16 (as the server holds them), fp32 products and sums, bf16 gradient matmuls; 'fp32': exact."""
     @staticmethod
     def forward(ctx, x, w, targets, temperature, cap, mm, chunk):
         lp, ent, lse = (torch.empty(len(x), device=x.device) for _ in range(3))
@@ -1727,10 +1622,9 @@ class HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
-        """d log p_target / dz = onehot - p;  d entropy / dz = -p (log p + entropy). A slice of the vocabulary at a
-        time, all rows: each slice's rows of dW are written once (no (V, H) sum per chunk of rows), over matmuls
-        whose inner size is the row count. With the log-probs' gradient alone and no soft-cap (the usual case)
-        d loss / dz = row (p - onehot), row = -g_lp / T: the row factor goes on the (N, H) side of the matmuls."""
+        """d log p_target / dz = onehot - p;  d entropy / dz = -p (log p + entropy). A vocabulary slice at a time, all
+        rows: each slice's rows of dW are written once (no (V, H) sum per chunk of rows). With only the log-probs'
+        gradient and no soft-cap, d loss / dz = row (p - onehot), row = -g_lp / T: on the (N, H) side."""
         x, w, targets, lse, ent = ctx.saved_tensors
         temperature, cap, mm, chunk = ctx.args
         short = g_ent is None and not cap
@@ -1739,11 +1633,9 @@ class HeadLogprobs(torch.autograd.Function):
         xr = (x.float() * row).to(dt)
         xl = x.bfloat16() if mm == "bf16" else x  # the logits' input, cast once (as the forward casts W once)
         acc = torch.zeros(x.shape, device=x.device)  # Σ over slices of gz @ W, (N, H)
-        # in w's dtype, each slice cast as it is written (and W's slices cast as they are read): a bf16 (V, H) copy
-        # beside the fp32 one costs 1.1 GB at 7B's head
+        # in w's dtype, each slice cast as written (W's as read): a bf16 (V, H) copy would cost 1.1 GB at 7B's head
         dw = torch.empty(w.shape, device=w.device, dtype=w.dtype) if ctx.needs_input_grad[1] else None
-        # as many logits as a forward chunk, and W's slice (cast to dt as read) at most 2^26 values: with few rows, as
-        # 7B's 8 x ~170 tokens, a slice would be most of W, ~1.5 GB live at a 7B step's peak (docs/log.md)
+        # as many logits as a forward chunk, W's slice at most 2^26 values (with few rows, as at 7B, else most of W)
         cols = max(1, min(chunk * len(w) // max(1, len(x)), 2**26 // w.shape[1]))
         for c in (slice(s, s + cols) for s in range(0, len(w), cols)):
             wc = w[c].bfloat16() if mm == "bf16" else w[c]  # bf16: one cast, for the logits and the gradient
@@ -1770,9 +1662,7 @@ class HeadLogprobs(torch.autograd.Function):
 
 
 def head_logprobs(model, b, temperature):
-    """completion_logprobs' forward: the packed rows of micro-batch b through `model`, whose head (install_head) is
-    told which positions predict which tokens and returns their (B, C) log-probs in place of logits, and the entropies
-    beside them. No KV cache: it would only cost time and memory here."""
+    """b's packed rows through `model`: its head (install_head) gives the (B, C) log-probs of b's tokens, entropies."""
     head = model.get_output_embeddings()
     head.job = (b["src"], b["tgt"], b["dst"], b["mask"].shape, temperature)
     lp = model(input_ids=b["ids"], position_ids=b["pos"], use_cache=False).logits  # (B, C) log-probs, not logits
@@ -1780,8 +1670,7 @@ def head_logprobs(model, b, temperature):
 
 
 def install_head(model, head_matmul="fp32"):
-    """The LM head computes the log-probs of the tokens that head_logprobs asks for (head.job) and their
-    entropy, with HeadLogprobs, instead of the (B, C, V) logits; asked nothing, it returns the logits."""
+    """The LM head computes head_logprobs' job (head.job) by HeadLogprobs, not the (B, C, V) logits; else: logits."""
     head, cap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
     if type(head) is not torch.nn.Linear or head.bias is not None:
         raise UserError(f"{type(model).__name__}'s LM head is a {type(head).__name__} (with its bias, if any): the "
@@ -1800,11 +1689,8 @@ def install_head(model, head_matmul="fp32"):
 
 
 def fuse_rms_norms(model):
-    """Llama's RMSNorm (x / rms(x) * weight, in fp32; Qwen's, Mistral's, ...) through torch's fused kernel: one kernel
-    each way for the ~8 passes over the activations of transformers' forward and ~12 of its backward (one norm before
-    attention, one before the MLP, in every block). The result is rounded to the input's dtype once, after the weight,
-    as SGLang's kernel does (transformers rounds before the weight too). A norm that computes something else (Gemma's
-    x * (1 + weight)) keeps its forward: each is compared with the fused one on a probe first."""
+    """Each RMSNorm (x / rms(x) * weight, fp32) through torch's fused kernel (one each way, for ~8 passes forward, ~12
+    backward), rounded once after the weight as SGLang; one that differs (Gemma's) fails a probe."""
     fused = lambda m, x: torch.nn.functional.rms_norm(x, m.weight.shape, m.weight.to(x.dtype), m.fused_eps)
     for m in model.modules():
         w, eps = getattr(m, "weight", None), getattr(m, "variance_epsilon", getattr(m, "eps", None))
@@ -1818,24 +1704,12 @@ def fuse_rms_norms(model):
 
 def shard(model, mesh, param_dtype, head_matmul="fp32", compile_blocks=False, frozen=False, unit_params=1e8,
           keep_params=2e9):
-    """FSDP2: consecutive transformer blocks in units of about `unit_params` parameters (one block each for 7B;
-    SmolLM2's 30 in two, 29 + 1: FSDP's hooks cost CPU time per unit), computing in bf16; fp32 master weights, grads.
-    A model under `keep_params` keeps its gathered bf16 weights from forward to backward (2 bytes a parameter), and
-    over an update's micro-batches (accumulate_grads), rather than gathering them again; a `frozen` one (the
-    reference: nothing changes its weights) keeps them from step to step. SmolLM2's train phase on an H200:
-    0.29 -> 0.21 s, both kept (docs/log.md).
-    `compile_blocks`: torch.compile each block's forward (dynamic shapes: packed rows change every step).
-    The root unit (embeddings, final norm, LM head) computes in fp32: bf16 logits are rounded in
-    steps of 0.125 at |logit| ~ 20, and our first H200 run showed trainer/server logprob gaps of exactly
-    0.125 and 0.25 (serve.sh starts SGLang with --enable-fp32-lm-head to match; MiniMax-M1 did the same).
-    Some final norms (Gemma's) return their input's dtype, bf16 from the last block, so the head casts
-    its input to fp32 itself: one cast where it matters, rather than fp32 activations between blocks.
-    `head_matmul` (HeadLogprobs): 'bf16', the head's logits from the bf16 weights the server's head reads, with the
-    gradient's matmuls in bf16; in exact fp32 ('fp32') the head was the largest single cost of a 1.5B step."""
+    """FSDP2: transformer blocks in units of ~`unit_params` parameters (hooks cost CPU per unit), bf16 compute. Under
+    `keep_params`, gathered weights stay from forward to backward and over an update's micro-batches (`frozen`: step to
+    step): ~0.29 -> 0.21 s a SmolLM2 train phase. The root runs in fp32: bf16 logits step by 0.125 at |logit| ~ 20."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.utils._pytree import tree_map
-    # a block's inputs in bf16, and always as views: FSDP hands the first block of a unit a view of its input and the
-    # others not, and --compile would compile two graphs for the one block (~20 s each on an H200)
+    # a block's inputs in bf16, always views (FSDP gives a unit's first block a view: --compile would build 2 graphs)
     to_compute = lambda t: t.to(param_dtype).view_as(t) if torch.is_tensor(t) and t.is_floating_point() else t
     block = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     fuse_rms_norms(model)
@@ -1844,11 +1718,10 @@ def shard(model, mesh, param_dtype, head_matmul="fp32", compile_blocks=False, fr
         if sum(p.numel() for b in units[-1] for p in b.parameters()) >= unit_params:
             units.append([])
         units[-1].append(m)
-        # FSDP casts a block's inputs to bf16, but not when checkpointing re-runs the block in backward:
-        # the root's fp32 rotary cos/sin then met bf16 values in attention (an H200 run, transformers 5.12)
+        # cast here too: FSDP does not when checkpointing re-runs a block (fp32 rotary cos/sin met bf16 values)
         m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)
         if compile_blocks:
-            m.forward = torch.compile(m.forward, dynamic=True)
+            m.forward = torch.compile(m.forward, dynamic=True)  # packed rows change shape every step
     for unit in units if units[0] else []:
         fully_shard(unit, mesh=mesh, mp_policy=block, reshard_after_forward=not keep)
     install_head(model, head_matmul)
@@ -1860,17 +1733,14 @@ def shard(model, mesh, param_dtype, head_matmul="fp32", compile_blocks=False, fr
 
 
 def accumulate_grads(model, last):
-    """FSDP over an update's micro-batches: gradients are reduced after the last one only, and a model that keeps its
-    gathered weights from forward to backward (shard()) keeps them until then: one all-gather per update rather than
-    one per micro-batch. After the last they are given back: the optimizer steps the sharded ones."""
+    """FSDP: gradients reduced, kept gathered weights (shard) given back, after an update's last micro-batch only."""
     model.set_requires_gradient_sync(last)
     if model.keeps_gathered:
         model.set_reshard_after_backward(last)
 
 
 def reshard_after_no_grad(model, args, out):
-    """After a no-grad forward, every FSDP unit gives its gathered weights back (backward does it after the others):
-    else parameters() would list the gathered copies (an optimizer made then would step weights nobody reads)."""
+    """After a no-grad forward each FSDP unit gives back its gathered weights: else parameters() lists the copies."""
     if not torch.is_grad_enabled():
         from torch.distributed.fsdp import FSDPModule
         for m in model.modules():
@@ -1888,8 +1758,7 @@ def save_checkpoint(cfg, model, opt, tok, step):
     n_params = sum(t.numel() for t in msd.values())
 
     def write():  # rank 0
-        # Write a new folder, then point 'latest' at it with one atomic rename, then drop the old
-        # one: a crash (even kill -9) at any moment leaves the previous checkpoint usable.
+        # a new folder, then 'latest' at it (one atomic rename), then drop the old: a crash (kill -9) leaves one whole
         import shutil
         d = os.path.join(cfg.out_dir, f"step_{step}")
         shutil.rmtree(d, ignore_errors=True)
@@ -1900,7 +1769,7 @@ def save_checkpoint(cfg, model, opt, tok, step):
                        os.path.join(d, "trainer_state.pt"))
             old = latest_checkpoint(cfg.out_dir)
             write_whole(os.path.join(cfg.out_dir, "latest"), f"step_{step}")
-        except Exception as e:  # a full disk (seen with a 7B model), a quota, permissions: say so, clean up
+        except Exception as e:  # a full disk, a quota, permissions: say so, clean up
             shutil.rmtree(d, ignore_errors=True)
             raise UserError(f"could not write the checkpoint {d} ({type(e).__name__}: {str(e)[:200]}). Is the disk "
                             f"full? A checkpoint holds fp32 weights and Adam's two moments, ~{12 * n_params / 1e9:.1f} "
@@ -1912,8 +1781,7 @@ def save_checkpoint(cfg, model, opt, tok, step):
 
 
 def load_checkpoint(ckpt_dir, model, opt):
-    """Optimizer state and this rank's RNG states from save_checkpoint's folder (the weights were loaded
-    with the model). -> the step to continue from."""
+    """Optimizer and this rank's RNG states from save_checkpoint's folder (weights: with the model). -> the step."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     st = torch.load(os.path.join(ckpt_dir, "trainer_state.pt"), weights_only=True)
     set_optimizer_state_dict(model, opt, st["optimizer"], options=StateDictOptions(full_state_dict=True))
@@ -1933,8 +1801,7 @@ def run_files(out_dir):
 
 
 def lock_out_dir(out_dir):
-    """Rank 0 holds an exclusive lock on out_dir for the run's life (the OS drops it when the process ends, even
-    on kill -9): a second trainer there, fresh or resumed, would mix its checkpoints and metrics with this one's."""
+    """Rank 0 locks out_dir while it runs (freed at exit, even kill -9): a second trainer there would mix files in."""
     import fcntl
     f = open(os.path.join(out_dir, ".lock"), "a+")
     try:
@@ -1961,9 +1828,7 @@ def latest_checkpoint(out_dir):
 
 
 def checkpoint_to_resume(out_dir, world=1, resume=True):
-    """-> the checkpoint to start from: the one out_dir/latest names (--resume), or None in a folder without a run.
-    A fresh run in a run's folder is an error; so is a resume of a run without 'latest', or of a checkpoint that is
-    gone, half-copied, unreadable (read cheaply: headers, no tensor) or of another number of ranks."""
+    """-> the checkpoint out_dir/latest names (--resume) or None (no run there); anything else: one error with a fix."""
     d, latest, why, there = latest_checkpoint(out_dir), os.path.join(out_dir, "latest"), None, run_files(out_dir)
     complete = lambda c: all(os.path.exists(os.path.join(c, f)) for f in ("config.json", "trainer_state.pt"))
     if there and not resume:  # it would overwrite that run's checkpoints and mix the two in metrics.jsonl
@@ -2007,8 +1872,7 @@ def all_reduce_named(values, op, device):
 
 
 def per_token(adv, like):
-    """(B,) advantages, one per sequence, or (B, T), one per token -> broadcastable to `like` (B, T). Any other
-    shape would broadcast into nonsense ((N, C) ones, as (N, 1, C), times (N, C) ratios: (N, N, C)): one error."""
+    """(B,) or (B, T) advantages -> broadcastable to `like` (B, T); other shapes: one error, not (N, N, C) nonsense."""
     if adv.shape not in (like.shape[:1], like.shape):
         raise UserError(f"advantages of shape {tuple(adv.shape)} for {like.shape[0]} sequences of {like.shape[1]} "
                         f"tokens: they must be ({like.shape[0]},), one per sequence, or {tuple(like.shape)}, per token")
@@ -2016,8 +1880,7 @@ def per_token(adv, like):
 
 
 def batch_std(x):
-    """All ranks: (N,) this rank's values -> the unbiased std of the whole batch's (TRL's scale_rewards='batch'), in
-    float64 around the batch's mean: float32 sums of squares of rewards far from 0 (1000 + {0, 1}) lose the digits."""
+    """All ranks: (N,) -> the batch's unbiased std in float64 about its mean (float32 loses 1000 + {0, 1}'s digits)."""
     n_sum = torch.stack([torch.tensor(float(len(x)), device=x.device), x.double().sum()])
     dist.all_reduce(n_sum)
     ss = (x.double() - n_sum[1] / n_sum[0]).square().sum()  # then the squares of the deviations from it
@@ -2026,8 +1889,7 @@ def batch_std(x):
 
 
 def clip_grads(params, max_norm):
-    """All ranks: torch's clip_grad_norm_ on FSDP's sharded gradients, without DTensor's dispatch per tensor (~20 ms
-    a step for SmolLM2's 272): this rank's shards' squared norms, one all-reduce, one scale. -> the total norm."""
+    """All ranks: clip_grad_norm_ on FSDP's shards without DTensor's per-tensor dispatch (~20 ms a SmolLM2 step)."""
     grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
     total = torch.stack(torch._foreach_norm(grads)).double().square().sum()
     dist.all_reduce(total)
@@ -2043,9 +1905,7 @@ def set_lr(opt, lr, m):
 
 
 def token_parts(lengths, budget, device):
-    """Sorted sequence lengths -> consecutive parts (ranges of indices) of at most `budget` tokens (a longer sequence:
-    alone), as many on every rank: FSDP's collectives run once per micro-batch, so a rank that needs fewer parts than
-    another splits its largest in two until it has as many (each still within the budget)."""
+    """Sorted lengths -> index ranges of <= `budget` tokens, as many on every rank (FSDP: collectives per batch)."""
     cuts, total = [0], 0
     for i, n in enumerate(lengths):
         if total + n > budget and i > cuts[-1]:
@@ -2064,9 +1924,7 @@ def token_parts(lengths, budget, device):
 
 
 def batch_counts(seqs, mbs):
-    """All ranks: -> the batch's weighted sequence and token counts over all ranks (the loss normalisers). First,
-    every rank must run as many micro-batches: FSDP's collectives would otherwise wait forever for the rank with
-    fewer (a filter that drops rows instead of setting their weight to 0 does that). One clear error instead."""
+    """All ranks: -> the batch's weighted sequence and token counts; ranks with unequal micro-batches: an error."""
     got = [None] * dist.get_world_size()
     w = seqs["weight"]
     dist.all_gather_object(got, (len(mbs), float(w.sum()), float((w * seqs["length"]).sum())))
@@ -2078,9 +1936,7 @@ def batch_counts(seqs, mbs):
 
 
 def exit_now(code, message=None):
-    """Exit with `code`, the message said once: under torchrun in each rank's error file, where torchrun shows
-    the first rank to fail (rank 0: the others wait 3 s) as the root cause. os._exit: no destructor of a process
-    group, or of a thread still waiting for a dead server, can hang or abort the exit."""
+    """Exit with `code`, the message said once (torchrun: each rank's error file, rank 0 first); os._exit: no hang."""
     rank, error_file = int(os.environ.get("RANK", 0)), os.environ.get("TORCHELASTIC_ERROR_FILE")
     if message and error_file:
         time.sleep(3 if rank else 0)  # a rank alone with its error still says it, after the wait
