@@ -3734,16 +3734,16 @@ def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_mod
 def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     """Every recipe of the README's Hacking guide, applied to a copy as written and run: the reward that sees the
     sample (and the reward registry still passes), the filter (a step with no right answer skips its update), the
-    rank advantages and the extra loss term (hand values through the edited copy's own functions), the KL
-    moved into the reward (the reward that trains is not the parts' mix); then the dataset recipe's file and command."""
+    rank advantages and the extra loss term (hand values through the edited copy's own functions); then the dataset
+    recipe's file and command."""
     import importlib.util
     recipes = readme_recipes()
-    assert list(recipes) == ["concise", "filter", "ranks", "loss", "kl_reward", "dataset"], list(recipes)
+    assert list(recipes) == ["concise", "filter", "ranks", "loss", "dataset"], list(recipes)
     root = tmp_path / "copy"
     root.mkdir()
     for f in ("grpo_sglang.py", "reward_fns.py"):
         shutil.copy(os.path.join(HERE, f), root / f)
-    for name in ("concise", "filter", "ranks", "loss", "kl_reward"):
+    for name in ("concise", "filter", "ranks", "loss"):
         apply_recipe(recipes[name], root)
     load = lambda name, path: (lambda spec: (spec, importlib.util.module_from_spec(spec)))(
         importlib.util.spec_from_file_location(name, path))
@@ -3758,8 +3758,8 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     x = {"adv": torch.zeros(1), "mask": torch.ones(1, 2), "server_lp": slp}
     loss = copy.policy_loss(copy.Config(tis_cap=0), x, lp, lp, torch.zeros(1, 2))[0]
     assert torch.allclose(loss, 0.05 * (torch.exp(slp - lp) - (slp - lp) - 1))
-    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "2", "--beta", "0.5", "--reward",
-                    "arithmetic:1,concise:0.5", "--max_new_tokens", "30")
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "2", "--reward", "arithmetic:1,concise:0.5",
+                    "--max_new_tokens", "30")
     code, out = run([cmd[0], str(root / "grpo_sglang.py"), *cmd[2:]])
     assert code == 0, out
     m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
@@ -3767,7 +3767,7 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     assert len(m) == 2 and [r["empty_batch_skips"] for r in m] == [int(r["accuracy"] == 0) for r in m] == [0, 1], m
     assert any(r["reward_concise"] != 0 for r in m) and not any(r["reward_warnings"] for r in m), m  # saw the sample
     mix = [r["reward_arithmetic"] + 0.5 * r["reward_concise"] for r in m]  # each part logged, unweighted
-    assert all(abs(r["reward_mean"] - w) > 1e-6 for r, w in zip(m, mix)), m  # the reward that trained took the KL
+    assert [r["reward_mean"] for r in m] == pytest.approx(mix), m  # the reward that trained: the weighted mix
     (_, _, _, _, rows), (_, _, _, _, command) = recipes["dataset"]
     rows = [json.loads(line) for line in rows.splitlines()]
     assert set(rows[0]) == {"problem", "solution"}
@@ -3788,7 +3788,8 @@ def test_the_docs_commands_use_only_flags_the_script_has():
     docs = [os.path.join(HERE, "README.md")] + sorted(glob.glob(os.path.join(HERE, "docs", "*.md")))
     flags, seen = config_flags(), 0
     for path in docs:
-        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", open(path).read(), re.S):
+        fences = re.findall(r"^```(\w*)\n(.*?)^```", open(path).read(), re.S | re.M)  # (language, text), in order
+        for block in (text for lang, text in fences if lang in ("", "bash", "sh")):
             for cmd in block.replace("\\\n", " ").splitlines():
                 if "grpo_sglang.py" not in cmd:
                     continue
@@ -3800,6 +3801,10 @@ def test_the_docs_commands_use_only_flags_the_script_has():
     reference = open(os.path.join(HERE, "docs", "reference.md")).read()
     missing = [f for f in sorted(flags) if not f.startswith("--no-") and f"`{f}`" not in reference]
     assert not missing, missing
+    sys.path.insert(0, os.path.join(HERE, "tools"))
+    import flags_md  # the flag tables are Config's, as tools/flags_md.py writes them: a new help line shows there
+    table = reference.split("<!-- flags: begin", 1)[1].split("-->", 1)[1].split("<!-- flags: end -->")[0]
+    assert table.strip() == flags_md.tables().strip(), "docs/reference.md's flag tables: python3 tools/flags_md.py"
 
 
 def test_the_readmes_size_claims_are_the_files():

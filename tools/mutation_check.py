@@ -246,8 +246,8 @@ M = [  # (name, file, old, new, -k expression)
   '            if update == 0:\n',
   'entropy_with_mu_2'),
  ("re-scored check counts the trainer's padded row", 'grpo_sglang.py',
-  'return d.sum().item(), len(now), d.max().item()',
-  'return d.sum().item(), len(trainer), d.max().item()',
+  '    if then is None:\n        return d.sum().item(), len(now), d.max().item()',
+  '    if then is None:\n        return d.sum().item(), len(trainer), d.max().item()',
   'counts_the_tokens_of_the_rescored'),
  ('TIS in linear space (inf * 0 = NaN for a huge sequence ratio)', 'grpo_sglang.py', 'w * (d <= math.log(cap))', 'torch.exp(d) * (d <= math.log(cap))', 'log_space'),
  ('batch std: float32 sums of squares (one pass)', 'grpo_sglang.py', 'ss = (x.double() - n_sum[1] / n_sum[0]).square().sum()', 'ss = (x * x).sum() - x.sum() ** 2 / len(x)', 'batch_std_is_exact'),
@@ -303,6 +303,15 @@ M = [  # (name, file, old, new, -k expression)
  ('staleness logged at another temperature', 'grpo_sglang.py',
   'then = lambda i: outs[i][1] if cfg.temperature == 1 else None', 'then = lambda i: outs[i][1]',
   'at_a_temperature_counts or async_check_compares'),
+ ('index: a story function missing from the map', 'test_smoke.py', '  lr_factor -> lr_schedule\n', '', 'the_index_names'),
+ ('index: a section numbered twice', 'test_smoke.py', '# 8. the sync check', '# 7. the sync check', 'the_index_names'),
+ ('docs: a README command with a flag the script lacks', 'README.md', '--beta 0.04 --steps 100 --eval_every 50',
+  '--beta 0.04 --steps 100 --eval_every 50 --attention sdpa', 'docs_commands'),
+ ("docs: reference.md's flag tables not Config's", 'grpo_sglang.py', '"completion length limit, always sent to the server"',
+  '"the completion length limit, always sent to the server"', 'docs_commands'),
+ ("docs: a recipe's anchor gone", 'grpo_sglang.py', '        seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)',
+  '        seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,) per sequence', 'recipes_run'),
+ ('docs: the README\'s size claim off', 'README.md', 'is the first ~', 'is the first ~4', 'size_claims'),
 ]
 full = "--full" in sys.argv
 only = [a for a in sys.argv[1:] if a != "--full"]
