@@ -3056,6 +3056,8 @@ def test_kill_9_then_resume_continues_exactly(tiny_model, tmp_path):
         ck = g.latest_checkpoint(str(tmp_path / "k"))
         step = torch.load(os.path.join(ck, "trainer_state.pt"), weights_only=True)["step"]
         assert 2 <= step < 4, "the kill landed outside the run"
+        while s.in_flight["/generate"] and time.time() < deadline:  # a request of the killed run still being answered
+            time.sleep(0.05)
         n_before, served_before = len(s.rollouts), len(s.generations)
         code, out = run(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--resume"))
         assert code == 0, out
