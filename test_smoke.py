@@ -2233,11 +2233,13 @@ def test_script_trains_and_server_gets_the_weights(tiny_model, server, tmp_path,
 @pytest.mark.parametrize("arch", ["llama_untied", "qwen2", "qwen3", "gemma3"])
 def test_architectures_train_and_push(arch, tmp_path):
     """Beyond Llama (the fixture): forward/backward through shard(), every weight pushed and loaded by
-    name, two steps against the stand-in. Gemma's final norm returns bf16 into the fp32 LM head."""
+    name, two steps against the stand-in. Gemma's final norm returns bf16 into the fp32 LM head (with
+    --head_matmul fp32, whose logits take the head's input as it comes: it must be cast first)."""
     model_dir = build_tiny(str(tmp_path / "model"), arch)
     s = StandIn(model_dir)
     try:
-        code, out = run(train_cmd(model_dir, s.url, tmp_path / "run", "--steps", "2"))
+        head = ["--head_matmul", "fp32"] if arch == "gemma3" else []
+        code, out = run(train_cmd(model_dir, s.url, tmp_path / "run", "--steps", "2", *head))
         assert code == 0, out
         assert_server_has(s.pushes[-1], ckpt_weights(tmp_path / "run"))
         m = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
