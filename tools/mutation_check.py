@@ -310,7 +310,7 @@ M = [  # (name, file, old, new, -k expression)
  ("docs: reference.md's flag tables not Config's", 'grpo_sglang.py', '"completion length limit, always sent to the server"',
   '"the completion length limit, always sent to the server"', 'docs_commands'),
  ("docs: a recipe's anchor gone", 'grpo_sglang.py', '        seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)',
-  '        seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,) per sequence', 'recipes_run'),
+  '        seqs["adv"] = advantages(cfg, rewards=seqs["reward"])  # (N,)', 'recipes_run'),
  ('docs: the README\'s size claim off', 'README.md', 'is the first ~', 'is the first ~4', 'size_claims'),
 ]
 full = "--full" in sys.argv
