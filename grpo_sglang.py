@@ -98,6 +98,12 @@ class Config:
     overlong_penalty: float = arg(1.0, "the penalty at max_new_tokens (it falls linearly from 0 to -this)", "v >= 0")
     filter_flat_groups: bool = arg(False, "DAPO's dynamic sampling, no resampling: groups with equal rewards weigh 0")
     async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
+    # LoRA: the base frozen in bf16, only the adapters train (fp32); the server gets W + (alpha / rank) B A
+    lora_rank: int = arg(0, "LoRA adapters of this rank on --lora_targets, the rest frozen (0: full fine-tune)",
+                         "v >= 0")
+    lora_alpha: float = arg(32.0, "LoRA's alpha: an adapter adds (alpha / rank) B A to its weight", "v > 0")
+    lora_targets: str = arg("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "the Linears that get "
+                            "adapters, by name: attention and MLP projections of Llama, Qwen2/3, Gemma 3")
     # model and data
     model: str = arg("Qwen/Qwen2.5-0.5B-Instruct", "HF model name or local path; the server must serve the same")
     dataset: str = arg("openai/gsm8k", "HF dataset name, a local folder or .json/.jsonl file, or 'builtin' (offline)")
@@ -253,6 +259,51 @@ def loss_norm(mode, seqs, tokens, max_new_tokens):
     return {"seq": seqs, "token": tokens, "constant": seqs * max_new_tokens}[mode]
 
 
+# ---- LoRA (--lora_rank; Hu et al. 2021): W x + (alpha / r) B A x in each target Linear, W frozen, A and B trained.
+
+def add_lora(model, rank, alpha, targets, seed=0):
+    """Adapters on the Linears named in `targets`: A (r, in) random as peft's, B (out, r) zeros, so at the start the
+    model computes what it did. Every other parameter is frozen (no gradient, no optimizer state). -> the model"""
+    model.requires_grad_(False)
+    gen, found = torch.Generator().manual_seed(seed), []  # the same adapters on every rank and at any world size
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets:
+            a = torch.empty(rank, m.in_features).uniform_(-1, 1, generator=gen) / math.sqrt(m.in_features)
+            m.lora_A = torch.nn.Parameter(a.to(m.weight.device))  # fp32: the master weights that train
+            m.lora_B = torch.nn.Parameter(torch.zeros(m.out_features, rank, device=m.weight.device))
+            m.lora_scale, m.lora_on, m.forward = alpha / rank, True, lora_forward.__get__(m)
+            found.append(name)
+    if not found:
+        have = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise UserError(f"--lora_targets {','.join(targets)}: {type(model).__name__} has no Linear of these names; "
+                        f"its Linears are named {','.join(have)}")
+    return model
+
+
+def lora_forward(m, x):
+    """(..., in) -> (..., out): x W^T + s (x A^T) B^T; B A is never formed (r is small)."""
+    y = torch.nn.functional.linear(x, m.weight, m.bias)
+    return y + m.lora_scale * (x @ m.lora_A.T) @ m.lora_B.T if m.lora_on else y
+
+
+def merged_weight(w, a, b, scale):
+    """What the server serves for an adapted Linear: W + s B A, summed in fp32, rounded to bf16 once."""
+    return torch.addmm(w.float(), b.float(), a.float(), alpha=scale).bfloat16()
+
+
+@contextlib.contextmanager
+def adapters_off(model, off=True):
+    """--lora_rank with --beta: the reference model is the policy with its adapters off: the frozen base."""
+    adapted = [m for m in model.modules() if hasattr(m, "lora_A")] if off else []
+    for m in adapted:
+        m.lora_on = False
+    try:
+        yield
+    finally:
+        for m in adapted:
+            m.lora_on = True
+
+
 # ---- Data: a built-in task, a local JSON/JSONL file, or any HF dataset with question/answer columns.
 
 def builtin_rows(max_operand, seed=1234):
@@ -323,12 +374,14 @@ def rows_of(seqs, b):
 
 @torch.no_grad()
 def old_and_ref_logprobs(cfg, model, ref, seqs, mbs):
-    """No-grad forwards into the table: old_lp (mu > 1; at 1 train's first forward gives it), ref_lp (beta > 0)."""
+    """No-grad forwards into the table: old_lp (mu > 1; at 1 train's first forward gives it), ref_lp (beta > 0;
+    with --lora_rank the reference is the policy with its adapters off)."""
     for name, net in (("old_lp", model if cfg.mu > 1 else None), ("ref_lp", ref)):
         if net is not None:
             seqs[name] = torch.zeros_like(seqs["mask"])
-            for b in mbs:
-                seqs[name][b["rows"], : b["C"]] = completion_logprobs(net, b, cfg.temperature)[0]
+            with adapters_off(net, name == "ref_lp"):
+                for b in mbs:
+                    seqs[name][b["rows"], : b["C"]] = completion_logprobs(net, b, cfg.temperature)[0]
 
 
 def score(seqs, reward_fn, correct_fn, group_size, m):
@@ -1000,7 +1053,8 @@ def read_rows(path):
 
 
 def load_models(cfg, rt):
-    """-> the policy (fp32 master weights, FSDP2), the reference (beta > 0), AdamW, the step to start from (resume)."""
+    """-> the policy (fp32 master weights, FSDP2; --lora_rank: a bf16 base and fp32 adapters), the reference (beta >
+    0), AdamW over what trains, the step to start from (resume)."""
     import transformers.masking_utils
     from transformers import AutoModelForCausalLM, __version__
     if not hasattr(transformers.masking_utils, "find_packed_sequence_indices"):  # what pack_batch's rows need
@@ -1009,16 +1063,21 @@ def load_models(cfg, rt):
         print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
     if rt.ckpt:
         check_architecture(rt.ckpt, cfg.model)
-    model = load_policy(rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing)
+    lora = cfg.lora_rank > 0  # a LoRA checkpoint holds the adapters only: the base comes from --model
+    model = load_policy(cfg.model if lora else rt.ckpt or cfg.model, rt.device, cfg.grad_checkpointing,
+                        torch.bfloat16 if lora else torch.float32)
+    if lora:
+        add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(","), cfg.seed)
+        rt.ckpt and load_adapters(rt.ckpt, model)
     model = shard(model, rt.mesh, torch.bfloat16, cfg.head_matmul, cfg.compile)
-    ref = None
-    if cfg.beta > 0:
+    ref = model if lora and cfg.beta > 0 else None  # (its adapters off: old_and_ref_logprobs)
+    if cfg.beta > 0 and not lora:
         ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16, attn_implementation="sdpa")
         ref = ref.to(rt.device).eval()
         ref = shard(ref, rt.mesh, torch.bfloat16, cfg.head_matmul, cfg.compile, frozen=True).requires_grad_(False)
     # fused: one kernel, no temporaries (foreach AdamW copies a moment per step: a 7B model's OOM on one H200)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            fused=rt.device.type == "cuda")
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay, fused=rt.device.type == "cuda")
     start = load_checkpoint(rt.ckpt, model, opt) if rt.ckpt else 0
     if rt.ckpt:
         print0(f"resumed from {rt.ckpt} at step {start}")
@@ -1397,15 +1456,24 @@ def local_address(host):
         return "127.0.0.1"
 
 
+def served(model):
+    """-> [(name, parameter)] of the tensors the server holds: all but LoRA's adapters (merged into their weight)."""
+    return [(n, p) for n, p in model.named_parameters() if not n.endswith((".lora_A", ".lora_B"))]
+
+
 def weight_buckets(model, limit, keep):
-    """All ranks: -> (bucket [(name, full tensor)] of ~`limit` bf16 bytes, last?); a `keep` rank holds the tensors."""
+    """All ranks: -> (bucket [(name, full tensor)] of ~`limit` bf16 bytes, last?); a `keep` rank holds the tensors.
+    An adapted Linear's weight goes merged with its adapters (merged_weight), as the server is to serve it."""
     from torch.distributed.tensor import DTensor
-    params, one_rank = list(model.named_parameters()), dist.get_world_size() == 1
+    params, one_rank = served(model), dist.get_world_size() == 1
+    gather = lambda t: (t.to_local() if one_rank else t.full_tensor()) if isinstance(t, DTensor) else t
+    adapted = {n + ".weight": m for n, m in model.named_modules() if hasattr(m, "lora_A")}
     bucket, size = [], 0
     for i, (name, p) in enumerate(params):
-        full = p.data
-        if isinstance(full, DTensor):
-            full = full.to_local() if one_rank else full.full_tensor()
+        full = gather(p.data)
+        if name in adapted:
+            m = adapted[name]
+            full = merged_weight(full, gather(m.lora_A.data), gather(m.lora_B.data), m.lora_scale)
         size += full.numel() * 2
         bucket += [(name, full)] if keep else []
         last = i == len(params) - 1
@@ -1544,7 +1612,7 @@ def push_weights(cfg, model, link, version):
     serial = link and link["kind"] == "nccl" and dist.get_world_size() > 1
     for srv in link["servers"] if link else []:
         if "recipes" not in srv:  # the first push: which bytes of it each server tensor should hash to
-            srv["recipes"] = recipes(srv["names"], [n for n, _ in model.named_parameters()])
+            srv["recipes"] = recipes(srv["names"], [n for n, _ in served(model)])
         if srv["begin_end"]:
             call(cfg, srv["url"], "/begin_weight_update", {"selector": "all"})
     sent, in_flight, held = 0, None, {}
@@ -1568,14 +1636,15 @@ def push_weights(cfg, model, link, version):
 
 # ---- The trainer's model: FSDP2, the LM head, checkpoints. ---------------------------------------
 
-def load_policy(path, device, grad_checkpointing):
-    """fp32 master weights in training mode, dropout 0: the server samples without it (else ratio != 1 at mu = 1)."""
+def load_policy(path, device, grad_checkpointing, dtype=torch.float32):
+    """fp32 master weights (LoRA: a bf16 base) in training mode, dropout 0: the server samples without it (else
+    ratio != 1 at mu = 1)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(path)
     for k, v in config.to_dict().items():
         if isinstance(v, float) and ("dropout" in k or "pdrop" in k):
             setattr(config, k, 0.0)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
                                                  attn_implementation="sdpa").to(device).train()
     if grad_checkpointing:
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)(  # newer name first
@@ -1750,7 +1819,7 @@ def reshard_after_no_grad(model, args, out):
 
 def save_checkpoint(cfg, model, opt, tok, step):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)  # LoRA: the adapters
     msd, osd = get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, opt, options=opts)
     rng = [None] * dist.get_world_size()
     dist.all_gather_object(rng, {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -1763,7 +1832,11 @@ def save_checkpoint(cfg, model, opt, tok, step):
         d = os.path.join(cfg.out_dir, f"step_{step}")
         shutil.rmtree(d, ignore_errors=True)
         try:
-            model.save_pretrained(d, state_dict=msd)
+            if cfg.lora_rank:  # the adapters as peft writes them, and the base's config.json (check_architecture)
+                save_adapters(d, msd, cfg)
+                model.config.save_pretrained(d)
+            else:
+                model.save_pretrained(d, state_dict=msd)
             tok.save_pretrained(d)
             torch.save({"optimizer": osd, "step": step, "rng": rng, "config": saved_config(cfg)},
                        os.path.join(d, "trainer_state.pt"))
@@ -1791,6 +1864,50 @@ def load_checkpoint(ckpt_dir, model, opt):
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
     return st["step"]
+
+
+def save_adapters(d, adapters, cfg):
+    """--lora_rank: {name.lora_A/B: tensor} -> d/adapter_model.safetensors and adapter_config.json in peft's layout."""
+    from safetensors.torch import save_file
+    os.makedirs(d, exist_ok=True)
+    save_file({f"base_model.model.{n}.weight": t.contiguous() for n, t in adapters.items()  # (a tied head is not
+               if n.endswith((".lora_A", ".lora_B"))},  # frozen to ignore_frozen_params: not a parameter of its own)
+              os.path.join(d, "adapter_model.safetensors"))
+    write_whole(os.path.join(d, "adapter_config.json"), json.dumps(
+        {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": cfg.model, "r": cfg.lora_rank,
+         "lora_alpha": cfg.lora_alpha, "target_modules": cfg.lora_targets.split(","), "lora_dropout": 0.0,
+         "bias": "none"}, indent=1))
+
+
+def load_adapters(ckpt, model):
+    """save_adapters' file -> the model's adapters (before shard), which must be the same ones."""
+    from safetensors.torch import load_file
+    got = load_file(os.path.join(ckpt, "adapter_model.safetensors"))
+    mine = {f"base_model.model.{n}.weight": p for n, p in model.named_parameters() if n.endswith(("lora_A", "lora_B"))}
+    bad = [k for k in mine.keys() | got.keys() if k not in got or k not in mine or got[k].shape != mine[k].shape]
+    if bad:
+        raise UserError(f"{ckpt}/adapter_model.safetensors does not hold this model's adapters ({len(bad)} differ, "
+                        f"e.g. {bad[0]}): resume with the --model, --lora_rank and --lora_targets it was trained with")
+    with torch.no_grad():
+        for k, p in mine.items():
+            p.copy_(got[k])
+
+
+def export_merged(ckpt, out):
+    """A LoRA checkpoint -> `out`, a plain HF model folder (bf16, each adapter merged into its weight) that serve.sh
+    serves: python -c "import grpo_sglang as g; g.export_merged('runs/grpo/step_100', 'runs/merged')" """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if os.path.exists(out) and os.listdir(out):
+        raise UserError(f"{out} exists and is not empty: export into a new folder")
+    c = json.load(open(os.path.join(ckpt, "adapter_config.json")))
+    model = AutoModelForCausalLM.from_pretrained(c["base_model_name_or_path"], dtype=torch.bfloat16)
+    add_lora(model, c["r"], c["lora_alpha"], c["target_modules"])
+    load_adapters(ckpt, model)
+    for m in [m for m in model.modules() if hasattr(m, "lora_A")]:
+        m.weight.data = merged_weight(m.weight, m.lora_A, m.lora_B, m.lora_scale)
+        del m.lora_A, m.lora_B, m.forward  # a plain Linear again
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
 
 
 def run_files(out_dir):

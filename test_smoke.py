@@ -17,7 +17,8 @@ part; then the tests, in these sections (each a header `# N. title` below):
 12. the GRPO variants of TRL, verl and slime, each a flag: hand values against the formula written here
 13. docs and tools: the README's recipes and size claims, the docs' flags, the profile and plot tools, this index
 14. serve.sh: its settings, layouts and ports, and its start and stop
-15. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
+15. LoRA: adapters that start at 0, their gradients, the merged push, the base as reference, checkpoints and resume
+16. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
 
 Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serve.sh setting) is tested in that
 topic's section; section 10 holds the faults of no one topic.
@@ -50,6 +51,7 @@ its fence) and of its main plumbing -> the -k words that select the tests that c
   policy_loss -> policy_loss or ratio_level or entropy_bonus
   train -> train_step_is_the_grpo_objective or weights_are_all_0 or kl_metric_counts or entropy_with_mu_2
   main -> script_trains_and_server_gets_the_weights or one_rank_and_two_ranks or a_step_on_a_known_reward
+  add_lora, lora_forward, merged_weight, adapters_off -> lora
   HeadLogprobs, install_head -> head_logprobs
   pack_batch -> packed_batch
   fuse_rms_norms -> fused_rms_norm
@@ -983,7 +985,7 @@ def _serve_sh_stop(env):
     subprocess.run(["bash", os.path.join(HERE, "serve.sh"), "stop"], env=env, capture_output=True, timeout=90)
 
 
-# -- a real SGLang server on a GPU (section 15)
+# -- a real SGLang server on a GPU (section 16)
 
 def _have_gpu_and_sglang():
     import importlib.util
@@ -4146,7 +4148,242 @@ def test_serve_sh_shares_gpus_evenly_and_splits_the_default_memory(tmp_path, set
 
 
 # ---------------------------------------------------------------------------------------------
-# 15. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
+# 15. LoRA: adapters that start at 0, their gradients, the merged push, the base as reference, checkpoints and resume
+
+LORA = ("--lora_rank", "4", "--lora_alpha", "8")  # scale alpha / rank = 2
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_policy(path, world=1, b_std=0.0, dtype=torch.bfloat16):
+    """The trainer's LoRA policy (add_lora, then shard) on CPU ranks; b_std: B drawn at random (not 0, its start);
+    dtype: the base's, and the blocks' compute (bf16 as the trainer's, or fp32 to compare with autograd's numbers)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    model = g.add_lora(g.load_policy(path, torch.device("cpu"), False, dtype), 4, 8.0, TARGETS, seed=3)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for m in [m for m in model.modules() if hasattr(m, "lora_B")] if b_std else []:
+            m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=gen) * b_std)
+    return g.shard(model, init_device_mesh("cpu", (world,)), dtype)
+
+
+def adapters_of(ckpt):
+    """A LoRA checkpoint's adapters -> {module name: (A, B)} (peft's names read back by hand)."""
+    from safetensors.torch import load_file
+    got = load_file(os.path.join(ckpt, "adapter_model.safetensors"))
+    pre, mods = "base_model.model.", {k[len("base_model.model."):].rsplit(".lora_", 1)[0] for k in got}
+    return {m: (got[f"{pre}{m}.lora_A.weight"], got[f"{pre}{m}.lora_B.weight"]) for m in mods}
+
+
+def merged_by_hand(base, adapters, scale):
+    """{HF name: bf16 tensor} the server should hold: W + scale * B @ A for each adapted Linear, else W, summed in
+    float64 from W in bf16 (the base the trainer holds), rounded to bf16."""
+    out = {n: t.to(torch.bfloat16) for n, t in base.items()}
+    for m, (a, b) in adapters.items():
+        out[m + ".weight"] = (out[m + ".weight"].double() + scale * b.double() @ a.double()).to(torch.bfloat16)
+    return out
+
+
+def within_a_bf16_step(got, want):
+    """bf16 tensors equal, or (a sum rounded in fp32 first) one step of bf16 apart where they differ."""
+    return bool(((got.double() - want.double()).abs() <= want.double().abs() * 2**-7).all())
+
+
+def test_lora_at_init_leaves_the_logprobs_unchanged(tiny_model):
+    """B starts at 0: the adapted model's log-probs (and entropies) are the base model's, bit for bit; only the
+    adapters train: every other parameter is frozen, A is not 0."""
+    dist_init()
+    try:
+        batch = g.pack_batch([{"prompt": p, "completion": c} for p, c in zip(PROMPTS, COMPLETIONS)], 0, "cpu")
+        from torch.distributed.device_mesh import init_device_mesh
+        base = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False, torch.bfloat16),
+                       init_device_mesh("cpu", (1,)), torch.bfloat16)
+        lora = lora_policy(tiny_model)
+        with torch.no_grad():
+            want, got = g.completion_logprobs(base, batch, 0.7), g.completion_logprobs(lora, batch, 0.7)
+        assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+        trains = sorted(n for n, p in lora.named_parameters() if p.requires_grad)
+        assert trains == sorted(f"model.layers.{i}.{part}.{t}.lora_{x}" for i in range(2) for x in "AB"
+                                for part, t in [("self_attn", t) for t in TARGETS[:4]] + [("mlp", t) for t in TARGETS[4:]])
+        assert all(p.dtype == torch.float32 for n, p in lora.named_parameters() if p.requires_grad)
+        assert all(p.dtype == torch.bfloat16 for n, p in lora.named_parameters() if not p.requires_grad)
+        assert all(p.full_tensor().abs().sum() > 0 for n, p in lora.named_parameters() if n.endswith("lora_A"))
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
+GRADS_SCRIPT = r'''
+import os, sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import grpo_sglang as g, test_smoke as t
+dist.init_process_group("gloo")
+r, w = dist.get_rank(), dist.get_world_size()
+model = t.lora_policy(sys.argv[2], world=w, b_std=0.3, dtype=torch.float32)  # fp32: autograd's numbers to compare
+rows = [{"prompt": p, "completion": c} for p, c in zip(t.PROMPTS * 4, t.COMPLETIONS)]
+coef = torch.randn(len(rows), 5, generator=torch.Generator().manual_seed(1))  # a loss: any weights of the log-probs
+mine = list(range(r, len(rows), w))
+b = g.pack_batch([rows[i] for i in mine], 0, "cpu")
+lp = g.completion_logprobs(model, b, 0.7)[0]
+((coef[mine, : lp.shape[1]] * lp * b["mask"]).sum() * w).backward()  # as train(): FSDP averages over ranks
+grads = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.requires_grad}
+if r == 0:
+    torch.save({"grads": grads, "coef": coef}, sys.argv[3])
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_lora_gradients_equal_autograd_through_the_merged_weights(tiny_model, tmp_path, nproc):
+    """The adapters' gradients, from the trainer's forward and backward (sharded on 1 or 2 ranks, each its half of the
+    rows), equal autograd's through the merged weights W + s B A of a plain model scoring all rows at once."""
+    from torch.func import functional_call
+    from transformers import AutoModelForCausalLM
+    script = tmp_path / "grads.py"
+    script.write_text(GRADS_SCRIPT)
+    code, out = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                     f"--master_port={free_port()}", str(script), HERE, tiny_model, str(tmp_path / "g.pt")])
+    assert code == 0, out
+    got = torch.load(tmp_path / "g.pt")
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64)
+    adapted = g.add_lora(g.load_policy(tiny_model, torch.device("cpu"), False), 4, 8.0, TARGETS, seed=3)
+    gen, leaves = torch.Generator().manual_seed(5), {}
+    for n, m in adapted.named_modules():  # the same A (seed 3) and B (drawn as lora_policy draws it)
+        if hasattr(m, "lora_B"):
+            leaves[n] = (m.lora_A.detach().double().requires_grad_(),
+                         (torch.randn(m.lora_B.shape, generator=gen) * 0.3).double().requires_grad_())
+    weights = {n + ".weight": dict(plain.named_parameters())[n + ".weight"] + 2.0 * b @ a for n, (a, b) in leaves.items()}
+    loss = 0
+    for i, (p, c) in enumerate(zip(PROMPTS * 4, COMPLETIONS)):
+        logits = functional_call(plain, weights, (torch.tensor([p + c]),)).logits[0, len(p) - 1: -1] / 0.7
+        lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(c)[:, None])[:, 0]
+        loss = loss + (got["coef"][i, : len(c)].double() * lp).sum()
+    loss.backward()
+    for n, (a, b) in leaves.items():
+        for x, leaf in (("A", a), ("B", b)):
+            mine = got["grads"][f"{n}.lora_{x}"].double()
+            assert (mine - leaf.grad).norm() <= 1e-4 * leaf.grad.norm(), (n, x)
+
+
+def test_lora_reference_is_the_base_with_its_adapters_off(tiny_model):
+    """--lora_rank with --beta: ref_lp is the base model's log-probs (no second model), old_lp the adapted one's."""
+    from types import SimpleNamespace
+    dist_init()
+    try:
+        lora = lora_policy(tiny_model, b_std=0.3)
+        from torch.distributed.device_mesh import init_device_mesh
+        base = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False, torch.bfloat16),
+                       init_device_mesh("cpu", (1,)), torch.bfloat16)
+        seqs = g.sequences(known_batch(), KnownTok(), 4, "cpu")
+        mbs = g.micro_batches(seqs, 4, 0)
+        g.old_and_ref_logprobs(SimpleNamespace(mu=2, temperature=0.7), lora, lora, seqs, mbs)
+        want = {}
+        for name, net in (("ref_lp", base), ("old_lp", lora)):
+            want[name] = torch.zeros_like(seqs["mask"])
+            for b in mbs:
+                with torch.no_grad():
+                    want[name][b["rows"], : b["C"]] = g.completion_logprobs(net, b, 0.7)[0]
+        assert torch.equal(seqs["ref_lp"], want["ref_lp"]) and torch.equal(seqs["old_lp"], want["old_lp"])
+        assert not torch.allclose(seqs["ref_lp"], seqs["old_lp"])  # B != 0: the adapters change the policy
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_lora_run_pushes_the_merged_weights_and_checkpoints_only_the_adapters(tiny_model, server, tmp_path, nproc):
+    """After each step the server holds W + (alpha / r) B A for every adapted Linear (B, A: the checkpoint's) and the
+    base's other tensors; the checkpoint holds the adapters (peft's layout), not the model; AdamW has state for the
+    adapters only; --beta needs no second model."""
+    from transformers import AutoModelForCausalLM
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, *LORA, "--beta", "0.1", "--reward", "has_number",
+                              nproc=nproc, rewards=True))
+    assert code == 0, out
+    base = {n: p.detach() for n, p in AutoModelForCausalLM.from_pretrained(tiny_model).named_parameters()}
+    ckpt = g.latest_checkpoint(str(tmp_path))
+    want = merged_by_hand(base, adapters_of(ckpt), 2.0)
+    assert set(server.pushes[-1]) == set(want) and len(server.pushes) == 3
+    assert all(within_a_bf16_step(server.pushes[-1][n], t) for n, t in want.items())
+    moved = [n for n in want if not torch.equal(want[n], base[n].to(torch.bfloat16))]
+    assert len(moved) == 14 and all(any(t in n for t in TARGETS) for n in moved)  # the adapters trained
+    assert sorted(os.listdir(ckpt)) == ["adapter_config.json", "adapter_model.safetensors", "chat_template.jinja",
+                                        "config.json", "tokenizer.json", "tokenizer_config.json", "trainer_state.pt"]
+    c = json.load(open(os.path.join(ckpt, "adapter_config.json")))
+    assert (c["r"], c["lora_alpha"], c["target_modules"], c["peft_type"]) == (4, 8.0, TARGETS, "LORA")
+    state = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=True)["optimizer"]["state"]
+    assert sorted(state) == sorted(f"{m}.lora_{x}" for m in adapters_of(ckpt) for x in "AB")
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert len(m) == 2 and m[-1]["kl"] > 0 and all(r["weights_checked"] == 20 for r in m)
+
+
+def test_lora_resumed_run_is_the_run_it_resumes(tiny_model, tmp_path):
+    """A LoRA run stopped dead after its step-2 checkpoint and resumed ends with the adapters, the pushes and the
+    metrics of the run that never stopped."""
+    got = {}
+    for key in ("ref", "resumed"):
+        s = StandIn(tiny_model)
+        try:
+            flags = (*LORA, "--steps", "4", "--save_every", "2", "--reward", "has_number", "--eval_every", "0")
+            run_here(tiny_model, s.url, tmp_path / key, *flags, kill_after=2 if key == "resumed" else None)
+            if key == "resumed":
+                run_here(tiny_model, s.url, tmp_path / key, *flags, "--resume")
+        finally:
+            s.close()
+        got[key] = (adapters_of(g.latest_checkpoint(str(tmp_path / key))), s.pushes[-1],
+                    [r for r in read_metrics(tmp_path / key) if "loss" in r])
+    (a_ref, push_ref, m_ref), (a_res, push_res, m_res) = got["ref"], got["resumed"]
+    assert a_ref.keys() == a_res.keys() and all(torch.equal(a_ref[k][i], a_res[k][i]) for k in a_ref for i in (0, 1))
+    assert all(torch.equal(push_ref[n], push_res[n]) for n in push_ref)
+    keys = ("step", "loss", "reward_mean", "grad_norm", "kl", "entropy")
+    assert [[r[k] for k in keys] for r in m_ref] == [[r[k] for k in keys] for r in m_res] and len(m_ref) == 4
+
+
+def test_lora_export_writes_a_plain_model_of_the_merged_weights(tiny_model, tmp_path):
+    """export_merged: a LoRA checkpoint -> an HF model folder (no adapters) whose weights are W + s B A in bf16, which
+    loads as a plain model; it never writes into a folder that holds files."""
+    from transformers import AutoModelForCausalLM
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "run", *LORA, "--reward", "has_number", rewards=True))
+    finally:
+        s.close()
+    assert code == 0, out
+    ckpt = g.latest_checkpoint(str(tmp_path / "run"))
+    g.export_merged(ckpt, str(tmp_path / "merged"))
+    m = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))
+    base = {n: p.detach() for n, p in AutoModelForCausalLM.from_pretrained(tiny_model).named_parameters()}
+    want = merged_by_hand(base, adapters_of(ckpt), 2.0)
+    got = {n: p.detach() for n, p in m.named_parameters()}
+    assert set(got) == set(want) and m.dtype == torch.bfloat16
+    assert all(within_a_bf16_step(got[n], want[n]) for n in want)
+    assert torch.equal(s.pushes[-1]["model.layers.1.mlp.up_proj.weight"], got["model.layers.1.mlp.up_proj.weight"])
+    with pytest.raises(g.UserError, match="not empty"):
+        g.export_merged(ckpt, str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("checker", [True, False])
+def test_lora_a_server_sampling_from_the_base_model_is_caught(tiny_model, tmp_path, checker):
+    """negative_control.py --base_only: from the push of version 2 on, the server gets the base model's weights (the
+    adapters left out) under the right tag: the weight check stops the run at step 3, before it trains on that
+    batch; without /weights_checker the log-prob check stops it too, once the adapters moved the policy."""
+    code, out, _, s = run_against(tiny_model, tmp_path, {"checker": checker}, *LORA, "--steps", "12",
+                                  tool=("tools/negative_control.py", "--base_only", "2-12", "--"))
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert code == 1 and out.count("error: weight sync check failed") == 1 and "Traceback" not in out, out
+    assert ("holds other weights than the trainer sent in the push of version 2: 14 of 20 tensors differ" in out
+            if checker else "had the right version tag" in out and "it does not generate with the weights" in out)
+    assert len(m) == 2 if checker else 2 <= len(m) < 12
+
+
+def test_lora_targets_that_name_no_linear_are_one_clear_error(tiny_model, server, tmp_path):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--lora_rank", "4", "--lora_targets", "qkv,dense"))
+    assert code == 1 and "Traceback" not in out, out
+    assert "error: --lora_targets qkv,dense: LlamaForCausalLM has no Linear of these names; its Linears are named " \
+           "down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj" in out
+
+
+
+# ---------------------------------------------------------------------------------------------
+# 16. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
 #    GRPO_TEST_MODEL (or the GPU kit's KIT_MODEL_DIR) names a small model; serve.sh is started on the
 #    last GPU (or reused if GRPO_TEST_PIDFILE's server is already up), the trainer runs on GPU 0.
 

@@ -7,6 +7,11 @@
 #   trust       the sync check: a correct run at lr 1e-6, and pushes dropped on purpose after step 10
 #               (tools/negative_control.py): weights dropped with the tag kept; half the tensors dropped
 #   cost        the weight check's cost per push at the 135M, 1.5B and 7B shapes (tools/check_cost.py)
+#   lora        the quick start with --lora_rank 16 beside the quick start itself (full fine-tune), and a LoRA run
+#               whose pushes from step 10 send the base model's weights (negative_control.py --base_only)
+#   q7          LoRA on a Qwen2.5-7B shape (random weights, tools/make_models.py) with its server on the same GPU
+#   syncbench   merged weights vs adapters in SGLang's LoRA slots, per push and per rollout token, at the 135M,
+#               1.5B and 7B shapes (tools/lora_sync_bench.py, against servers started with --enable-lora)
 #
 #   M=/path/to/model RES=/tmp/res bash tools/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
 # (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
@@ -18,8 +23,9 @@ RES=${RES:-/tmp/res}
 mkdir -p "$RES"
 export PYTHONUNBUFFERED=1
 log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
-QUICK=(--colocate --model "$M" --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --lr 1e-5
-       --steps "${STEPS:-100}" --eval_every 20)
+QUICK=(--colocate --model "$M" --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 128
+       --lr 1e-5 --beta 0.04 --steps "${STEPS:-100}" --eval_every 50)   # the README's command
+LORA=(--lora_rank 16 --lr 1e-4)   # the README's LoRA line: after QUICK, the later --lr wins
 # run NAME OUT_DIR TIMEOUT CMD...: one training run (writing to OUT_DIR), its log and metrics.jsonl in $RES
 run() { local name=$1 dir=$2 limit=$3; shift 3; log "$name: $*"; local t0=$SECONDS
   timeout "$limit" "$@" > "$RES/$name.log" 2>&1
@@ -27,11 +33,15 @@ run() { local name=$1 dir=$2 limit=$3; shift 3; log "$name: $*"; local t0=$SECON
   local last; last=$(grep -E '^error|^step +[0-9]+ ' "$RES/$name.log" | tail -n 1 | cut -c1-150)
   log "$name: exit $code after $((SECONDS - t0)) s: $last"
   cp "$dir/metrics.jsonl" "$RES/$name.metrics.jsonl" 2>/dev/null; return 0; }
-server() {  # the README's server line, once
-  curl -sf "http://127.0.0.1:30000/health" > /dev/null && return
-  local t0=$SECONDS
-  GPU=0 MEM_FRACTION=0.3 MODEL=$M LOG=$RES/serve.log bash serve.sh || { log "server did not start"; exit 1; }
-  log "server healthy after $((SECONDS - t0)) s"; }
+server() {  # the README's server line, once (server MODEL: another model, after stopping this one)
+  local model=${1:-$M}
+  curl -sf "http://127.0.0.1:30000/health" > /dev/null && [ "$model" = "${SERVED:-$M}" ] && return
+  bash serve.sh stop > /dev/null; SERVED=$model; local t0=$SECONDS
+  GPU=0 MEM_FRACTION=0.3 MODEL=$model LOG=$RES/serve.log bash serve.sh || { log "server did not start"; exit 1; }
+  log "server ($model) healthy after $((SECONDS - t0)) s"; }
+MODELS=${MODELS:-/tmp/models}
+make_model() { [ -f "$MODELS/$1/config.json" ] || python3 tools/make_models.py "$MODELS" --tokenizer "$M" --only "$1" \
+  >> "$RES/make_models.log" 2>&1; }
 
 phases=${*:-quickstart trl trust cost}
 { python3 -c "import sglang, torch, transformers, sys
@@ -66,6 +76,38 @@ for phase in $phases; do
     log "cost: tools/check_cost.py"
     timeout 900 python3 tools/check_cost.py --out "$RES/check_cost.json" > "$RES/check_cost.log" 2>&1
     log "cost: exit $?: $(tail -n 1 "$RES/check_cost.log" | cut -c1-200)" ;;
+  lora)
+    server
+    run smol_full /tmp/runs/smol_full 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" \
+        --out_dir /tmp/runs/smol_full
+    run smol_lora /tmp/runs/smol_lora 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" "${LORA[@]}" \
+        --out_dir /tmp/runs/smol_lora
+    run base_only /tmp/runs/base_only 600 torchrun --nproc_per_node 1 tools/negative_control.py --base_only 10-100 \
+        -- "${QUICK[@]}" "${LORA[@]}" --eval_every 0 --out_dir /tmp/runs/base_only ;;
+  q7)
+    make_model qwen2.5-7b-random; Q7=$MODELS/qwen2.5-7b-random
+    server "$Q7"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$RES/q7_gpu_mem.txt" & smi=$!
+    run q7_lora /tmp/runs/q7_lora 900 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$Q7" \
+        --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --grad_checkpointing \
+        --lora_rank 16 --lr 1e-4 --steps "${Q7_STEPS:-12}" --eval_every 0 --eval_size 16 --out_dir /tmp/runs/q7_lora
+    kill $smi ;;
+  syncbench)
+    bash serve.sh stop > /dev/null; unset SERVED
+    make_model qwen2.5-1.5b-random; make_model qwen2.5-7b-random
+    k=0; for spec in "135m $M 0.1" "1.5b $MODELS/qwen2.5-1.5b-random 0.15" "7b $MODELS/qwen2.5-7b-random 0.3"; do
+      set -- $spec; port=$((30010 + k)); k=$((k + 1))
+      GPU=0 MEM_FRACTION=$3 MODEL=$2 PORT=$port LOG=$RES/serve_lora_$1.log PIDFILE=/tmp/serve_lora_$1.pid \
+        EXTRA_ARGS="$EXTRA_ARGS --enable-lora --max-lora-rank 16 --lora-target-modules all --max-loras-per-batch 2" \
+        bash serve.sh > "$RES/serve_lora_$1.out" 2>&1 &   # the three start side by side
+    done; wait; log "syncbench: servers: $(tail -qn 1 "$RES"/serve_lora_*.out | tr '\n' ' ')"
+    k=0; for spec in "135m $M" "1.5b $MODELS/qwen2.5-1.5b-random" "7b $MODELS/qwen2.5-7b-random"; do
+      set -- $spec; port=$((30010 + k)); k=$((k + 1))
+      timeout 300 python3 tools/lora_sync_bench.py --shape "$1" --model "$2" --url "http://127.0.0.1:$port" \
+          --rank 16 --alpha 32 --out "$RES/syncbench_$1.json" > "$RES/syncbench_$1.log" 2>&1
+      log "syncbench $1: exit $?: $(tail -n 1 "$RES/syncbench_$1.log" | cut -c1-200)"
+      PIDFILE=/tmp/serve_lora_$1.pid bash serve.sh stop > /dev/null
+    done ;;
   *) log "unknown phase $phase" ;;
   esac
 done
