@@ -10,8 +10,8 @@ that drops the weights but keeps the tag, which the version check cannot see. --
 other tensor of each bucket, with the tag: a server that loads part of a push. The trainer still gathers and hashes
 every tensor it should have sent, so the weight check (the server's hashes against ours) sees what was not sent;
 the log-prob check sees it only once the weights have moved far enough. --base_only (with --lora_rank): those pushes
-send each adapted weight without its adapters (the base model's), tagged: a server sampling without the adapters. Until grpo_sglang.py at 3daebff these were
-its flags --debug_skip_sync and --debug_tag_skipped; results/ runs before it name them so.
+send each adapted weight without its adapters (the base model's), tagged: a server sampling without the adapters.
+Until grpo_sglang.py at 3daebff --skip and --tag_skipped were its flags --debug_skip_sync and --debug_tag_skipped.
 """
 import argparse
 import os
