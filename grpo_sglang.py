@@ -281,14 +281,23 @@ def add_lora(model, rank, alpha, targets, seed=0):
 
 
 def lora_forward(m, x):
-    """(..., in) -> (..., out): x W^T + s (x A^T) B^T; B A is never formed (r is small)."""
-    y = torch.nn.functional.linear(x, m.weight, m.bias)
-    return y + m.lora_scale * (x @ m.lora_A.T) @ m.lora_B.T if m.lora_on else y
+    """(..., in) -> (..., out): x (W + s B A)^T with the merged weight the server is sent, bit for bit (the sync check
+    compares log-probs under the same weights); the gradient reaches A and B by the adapter's path s (x A^T) B^T."""
+    if not m.lora_on:
+        return torch.nn.functional.linear(x, m.weight, m.bias)
+    with torch.no_grad():
+        w = merged_weight(m.weight, m.lora_A, m.lora_B, m.lora_scale)
+    y = torch.nn.functional.linear(x, w, m.bias)  # x's gradient: through W + s B A
+    if not torch.is_grad_enabled():
+        return y
+    z = m.lora_scale * (x.detach() @ m.lora_A.T) @ m.lora_B.T  # A's and B's: z's, whose value cancels (z - z = 0)
+    return y + (z - z.detach())
 
 
 def merged_weight(w, a, b, scale):
-    """What the server serves for an adapted Linear: W + s B A, summed in fp32, rounded to bf16 once."""
-    return torch.addmm(w.float(), b.float(), a.float(), alpha=scale).bfloat16()
+    """What the server serves for an adapted Linear: W + s B A, with A and B in W's dtype (bf16: as the forward gets
+    them), summed in fp32, rounded once."""
+    return torch.addmm(w.float(), b.to(w.dtype).float(), a.to(w.dtype).float(), alpha=scale).to(w.dtype)
 
 
 @contextlib.contextmanager
@@ -1075,9 +1084,10 @@ def load_models(cfg, rt):
         ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16, attn_implementation="sdpa")
         ref = ref.to(rt.device).eval()
         ref = shard(ref, rt.mesh, torch.bfloat16, cfg.head_matmul, cfg.compile, frozen=True).requires_grad_(False)
-    # fused: one kernel, no temporaries (foreach AdamW copies a moment per step: a 7B model's OOM on one H200)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                            weight_decay=cfg.weight_decay, fused=rt.device.type == "cuda")
+    # fused: one kernel, no temporaries (foreach AdamW copies a moment per step: a 7B model's OOM on one H200);
+    # frozen parameters (LoRA's base) get no gradient, hence no state
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            fused=rt.device.type == "cuda")
     start = load_checkpoint(rt.ckpt, model, opt) if rt.ckpt else 0
     if rt.ckpt:
         print0(f"resumed from {rt.ckpt} at step {start}")

@@ -4176,10 +4176,10 @@ def adapters_of(ckpt):
 
 def merged_by_hand(base, adapters, scale):
     """{HF name: bf16 tensor} the server should hold: W + scale * B @ A for each adapted Linear, else W, summed in
-    float64 from W in bf16 (the base the trainer holds), rounded to bf16."""
-    out = {n: t.to(torch.bfloat16) for n, t in base.items()}
+    float64 from W, A and B in bf16 (the base the trainer holds, the adapters as its forward gets them), rounded."""
+    out, bf = {n: t.to(torch.bfloat16) for n, t in base.items()}, lambda t: t.to(torch.bfloat16).double()
     for m, (a, b) in adapters.items():
-        out[m + ".weight"] = (out[m + ".weight"].double() + scale * b.double() @ a.double()).to(torch.bfloat16)
+        out[m + ".weight"] = (bf(out[m + ".weight"]) + scale * bf(b) @ bf(a)).to(torch.bfloat16)
     return out
 
 
@@ -4207,6 +4207,34 @@ def test_lora_at_init_leaves_the_logprobs_unchanged(tiny_model):
         assert all(p.dtype == torch.float32 for n, p in lora.named_parameters() if p.requires_grad)
         assert all(p.dtype == torch.bfloat16 for n, p in lora.named_parameters() if not p.requires_grad)
         assert all(p.full_tensor().abs().sum() > 0 for n, p in lora.named_parameters() if n.endswith("lora_A"))
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
+def test_lora_logprobs_are_those_of_the_merged_weights_the_server_is_sent(tiny_model):
+    """The adapted model's forward (training and no-grad) computes, bit for bit, what a plain model holding the pushed
+    tensors (W + s B A, rounded as sent) computes: the log-prob check compares the same weights, as in a full fine-tune."""
+    from torch.distributed.device_mesh import init_device_mesh
+    dist_init()
+    try:
+        lora = lora_policy(tiny_model, b_std=0.3)
+        pushed = {n: t.clone() for bucket, _ in g.weight_buckets(lora, 2**30, keep=True) for n, t in bucket}
+        plain = g.load_policy(tiny_model, torch.device("cpu"), False, torch.bfloat16)
+        plain.load_state_dict(pushed, strict=False)
+        assert all(torch.equal(p, pushed[n]) for n, p in plain.named_parameters())
+        plain = g.shard(plain, init_device_mesh("cpu", (1,)), torch.bfloat16)
+        batch = g.pack_batch([{"prompt": p, "completion": c} for p, c in zip(PROMPTS, COMPLETIONS)], 0, "cpu")
+        want = g.completion_logprobs(plain, batch, 0.7)[0].detach()
+        got = g.completion_logprobs(lora, batch, 0.7)[0]
+        got.sum().backward()  # (the training forward: the adapters get gradients)
+        with torch.no_grad():
+            assert torch.equal(g.completion_logprobs(lora, batch, 0.7)[0], want)
+        assert torch.equal(got.detach(), want) and all(p.grad is not None for n, p in lora.named_parameters()
+                                                       if p.requires_grad)
+        assert not torch.equal(pushed["model.layers.0.mlp.up_proj.weight"],
+                               g.load_policy(tiny_model, torch.device("cpu"), False, torch.bfloat16)
+                               .model.layers[0].mlp.up_proj.weight)  # B != 0: the pushed weights are not the base's
     finally:
         import torch.distributed as dist
         dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""results/h200/{quickstart,trl,trust}/summary.json (and quickstart/curve.png) from the logs and metrics there, so that
+"""results/h200/{quickstart,trl,trust,lora}/summary.json (and quickstart/curve.png) from the logs and metrics there, so that
 every number the README quotes is computed from files in the repository.
 
     python tools/summarize_gpu.py            # from the repo root; needs matplotlib for the curve
@@ -106,6 +106,52 @@ def trl():
     return out
 
 
+def lora():
+    d = os.path.join(R, "lora")
+    out = {"commit": "e82264c", "date": "2026-12-01", "sync": "merged"}
+    for name in ("smol_lora", "smol_full"):
+        s = steps(os.path.join(d, f"{name}.metrics.jsonl"))
+        out[name] = {"steps": len(s), "reward_81_100": round(st.mean(r["reward_mean"] for r in s[80:100]), 3),
+                     "eval_final": evals(os.path.join(d, f"{name}.metrics.jsonl"))[len(s)],
+                     "check_max": round(max(r["check_mismatch_mean"] for r in s), 4),
+                     "step_s": med([r["time_step"] for r in s[3:]]),
+                     "reward_1_10": round(st.mean(r["reward_mean"] for r in s[:10]), 3),
+                     "eval": evals(os.path.join(d, f"{name}.metrics.jsonl")),
+                     "weights_checked_per_step": sorted({r["weights_checked"] for r in s}),
+                     "steps_s_total": round(sum(r["time_step"] for r in s), 1)}
+    s = steps(os.path.join(d, "q7_lora.metrics.jsonl"))
+    smi = [int(x) for x in open(os.path.join(d, "q7_gpu_mem.txt")).read().split()]
+    out["q7_lora"] = {"steps": len(s), "peak_gb": round(max(r["peak_mem_gb"] for r in s), 1),
+                      "step_s": med([r["time_step"] for r in s[3:]]),
+                      "rollout_s": med([r["time_rollout"] for r in s[3:]]),
+                      "train_s": med([r["time_train"] for r in s[3:]]),
+                      "push_s": med([r["time_sync"] for r in s[3:]]),
+                      "gpu_used_gb_max": round(max(smi) * 2**20 / 1e9, 1),
+                      "check_max": round(max(r["check_mismatch_mean"] for r in s), 4),
+                      "weights_checked_per_step": sorted({r["weights_checked"] for r in s})}
+    log = open(os.path.join(d, "base_only.log")).read()
+    first = int(re.search(r"negative control: the push of version (\d+) sends the base", log).group(1))
+    at, why = stopped_at(os.path.join(d, "base_only.log"))
+    out["base_only"] = {"after": first, "caught_at": at, "error": why}
+    out["sync_cost"] = {}
+    for k in ("135m", "1.5b", "7b"):
+        b = json.load(open(os.path.join(d, f"syncbench_{k}.json")))
+        out["sync_cost"][k] = {
+            "merged_push_s": round(b["merged"]["merge_s"] + b["merged"]["push_s"], 3),
+            "adapter_push_s": round(b["adapter_flat"]["push_s"], 3),
+            "adapter_first_request_s": round(b["adapter_flat"]["first_request_s"], 3),
+            "rollout_tok_s_plain": round(b["rollout"]["base_tok_s"]), "rollout_tok_s_adapter": round(
+                b["rollout"]["lora_tok_s"]), "adapter_extra_us_per_token": round(b["rollout"]["per_token_extra_us"], 1),
+            "merged_vs_adapter_lp_diff": round(b["merged"]["merged_vs_adapter_lp_diff"], 3)}
+    out["sync_cost_how"] = ("tools/lora_sync_bench.py against an SGLang server started with --enable-lora (rank 16, "
+                            "all targets), one H200: merged = W + s B A formed on the GPU then pushed by the trainer's "
+                            "tensor path (1 GiB buckets); adapter = /load_lora_adapter_from_tensors (one flattened "
+                            "bucket, after /unload_lora_adapter), then the first request that names it; rollout: 128 "
+                            "prompts x 128 new tokens, without and with lora_path, on that server")
+    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    return out
+
+
 if __name__ == "__main__":
-    for f in (quickstart, trust, trl):
+    for f in (quickstart, trust, trl, lora):
         print(f.__name__, json.dumps(f()))
