@@ -7,8 +7,8 @@
 #   trust       the sync check: a correct run at lr 1e-6, and pushes dropped on purpose after step 10
 #               (tools/negative_control.py): weights dropped with the tag kept; half the tensors dropped
 #   cost        the weight check's cost per push at the 135M, 1.5B and 7B shapes (tools/check_cost.py)
-#   lora        the quick start with --lora_rank 16 beside the quick start itself (full fine-tune), and a LoRA run
-#               whose pushes from step 10 send the base model's weights (negative_control.py --base_only)
+#   lora        the quick start with --lora_rank 16 beside the quick start itself (full fine-tune)
+#   base_only   a LoRA run whose pushes from step 10 send the base model's weights (negative_control.py --base_only)
 #   q7          LoRA on a Qwen2.5-7B shape (random weights, tools/make_models.py) with its server on the same GPU
 #   syncbench   merged weights vs adapters in SGLang's LoRA slots, per push and per rollout token, at the 135M,
 #               1.5B and 7B shapes (tools/lora_sync_bench.py, against servers started with --enable-lora)
@@ -81,7 +81,9 @@ for phase in $phases; do
     run smol_full /tmp/runs/smol_full 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" \
         --out_dir /tmp/runs/smol_full
     run smol_lora /tmp/runs/smol_lora 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" "${LORA[@]}" \
-        --out_dir /tmp/runs/smol_lora
+        --out_dir /tmp/runs/smol_lora ;;
+  base_only)
+    server
     run base_only /tmp/runs/base_only 600 torchrun --nproc_per_node 1 tools/negative_control.py --base_only 10-100 \
         -- "${QUICK[@]}" "${LORA[@]}" --eval_every 0 --out_dir /tmp/runs/base_only ;;
   q7)
@@ -95,7 +97,7 @@ for phase in $phases; do
   syncbench)
     bash serve.sh stop > /dev/null; unset SERVED
     make_model qwen2.5-1.5b-random; make_model qwen2.5-7b-random
-    k=0; for spec in "135m $M 0.1" "1.5b $MODELS/qwen2.5-1.5b-random 0.15" "7b $MODELS/qwen2.5-7b-random 0.3"; do
+    k=0; for spec in "135m $M 0.15" "1.5b $MODELS/qwen2.5-1.5b-random 0.15" "7b $MODELS/qwen2.5-7b-random 0.3"; do
       set -- $spec; port=$((30010 + k)); k=$((k + 1))
       GPU=0 MEM_FRACTION=$3 MODEL=$2 PORT=$port LOG=$RES/serve_lora_$1.log PIDFILE=/tmp/serve_lora_$1.pid \
         EXTRA_ARGS="$EXTRA_ARGS --enable-lora --max-lora-rank 16 --lora-target-modules all --max-loras-per-batch 2" \
