@@ -108,7 +108,9 @@ def trl():
 
 def lora():
     d = os.path.join(R, "lora")
-    out = {"commit": "e82264c", "date": "2026-12-01", "sync": "merged"}
+    out = {"commit": "722847b", "date": "2026-12-01", "sync": "merged",
+           "commits": {"smol_lora, smol_full, q7_lora": "722847b", "base_only, sync_cost": "e82264c (the LoRA forward "
+                       "on the base plus the adapter's path; push, weight check and tools as at 722847b)"}}
     for name in ("smol_lora", "smol_full"):
         s = steps(os.path.join(d, f"{name}.metrics.jsonl"))
         out[name] = {"steps": len(s), "reward_81_100": round(st.mean(r["reward_mean"] for r in s[80:100]), 3),
