@@ -23,6 +23,8 @@ The GRPO choices this file makes (each a flag; the README has the peers' names f
   KL           k3 estimator to a frozen reference model, only when --beta > 0 (default 0, as DAPO and Dr. GRPO)
   TIS          importance weight min(π_trainer / π_server, --tis_cap) on every token (or --tis_mode): it corrects
                for the server's kernels and, with --async, for the one step of staleness (decoupled PPO)
+  LoRA         --lora_rank: adapters on the attention and MLP projections train, the base is frozen (bf16); the
+               server is sent the merged weights W + (alpha / r) B A, which the trainer's forward computes with too
   --async      (default) one step off-policy: train step s on a batch sampled from θ_{s-1} while the server samples
                step s+1's from θ_s, never pushed mid-generation (--no-async: on-policy)
 Every push is tagged with a version and every rollout must come from it, or we stop; every step compares the server's
@@ -298,19 +300,6 @@ def merged_weight(w, a, b, scale):
     """What the server serves for an adapted Linear: W + s B A, with A and B in W's dtype (bf16: as the forward gets
     them), summed in fp32, rounded once."""
     return torch.addmm(w.float(), b.to(w.dtype).float(), a.to(w.dtype).float(), alpha=scale).to(w.dtype)
-
-
-@contextlib.contextmanager
-def adapters_off(model, off=True):
-    """--lora_rank with --beta: the reference model is the policy with its adapters off: the frozen base."""
-    adapted = [m for m in model.modules() if hasattr(m, "lora_A")] if off else []
-    for m in adapted:
-        m.lora_on = False
-    try:
-        yield
-    finally:
-        for m in adapted:
-            m.lora_on = True
 
 
 # ---- Data: a built-in task, a local JSON/JSONL file, or any HF dataset with question/answer columns.
@@ -1645,6 +1634,19 @@ def push_weights(cfg, model, link, version):
 
 
 # ---- The trainer's model: FSDP2, the LM head, checkpoints. ---------------------------------------
+
+@contextlib.contextmanager
+def adapters_off(model, off=True):
+    """--lora_rank with --beta: the reference model is the policy with its adapters off: the frozen base."""
+    adapted = [m for m in model.modules() if hasattr(m, "lora_A")] if off else []
+    for m in adapted:
+        m.lora_on = False
+    try:
+        yield
+    finally:
+        for m in adapted:
+            m.lora_on = True
+
 
 def load_policy(path, device, grad_checkpointing, dtype=torch.float32):
     """fp32 master weights (LoRA: a bf16 base) in training mode, dropout 0: the server samples without it (else

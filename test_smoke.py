@@ -2680,7 +2680,7 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
         m = re.search(r"holds other weights than the trainer sent in the push of version (\d+)", log)  # the hashes
         return int(m.group(1)) + 1 if m else None
     runs = glob.glob(os.path.join(HERE, "results", "**", "*.metrics.jsonl"), recursive=True)
-    good = [p for p in runs if not os.path.basename(p).startswith(("check_v2_", "neg_", "dropped_")) or "check_v2_main" in p]
+    good = [p for p in runs if not os.path.basename(p).startswith(("check_v2_", "neg_", "dropped_", "base_only")) or "check_v2_main" in p]
     assert len(good) >= 7, good  # 300 steps, lr 5e-5 async, the three seeds of the curve, lr 1e-5 and 1e-6
     for path in good:
         assert replay(path) is None, path
@@ -2694,6 +2694,8 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
     assert [replay(os.path.join(ca, f"neg_async_{n}.metrics.jsonl")) for n in ("skip_one", "stop_syncing", "dropped_tagged")] == [7, 5, 6]
     assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl")) is None
     assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl"), old_rule=True) == 4
+    lora = os.path.join(HERE, "results", "h200", "lora")  # LoRA: the pushes from version 10 on the base's weights
+    assert replay(os.path.join(lora, "base_only.metrics.jsonl")) == 11
     trust = os.path.join(HERE, "results", "h200", "trust")  # the weight hashes: the push after step 11 dropped
     assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
 
