@@ -1,5 +1,5 @@
-"""results/h200/{quickstart,trl,trust,lora}/summary.json (and quickstart/curve.png) from the logs and metrics there, so that
-every number the README quotes is computed from files in the repository.
+"""results/h200/{quickstart,trl,trust,lora}/summary.json (and quickstart/curve.png) from the logs and metrics there,
+so that every number the README quotes is computed from files in the repository.
 
     python tools/summarize_gpu.py            # from the repo root; needs matplotlib for the curve
 """
