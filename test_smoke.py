@@ -4319,14 +4319,15 @@ def test_lora_reference_is_the_base_with_its_adapters_off(tiny_model):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_lora_run_pushes_the_merged_weights_and_checkpoints_only_the_adapters(tiny_model, server, tmp_path, nproc):
+@pytest.mark.parametrize("nproc, flags", [(1, ()), (2, ()), (1, ("--sync", "nccl", "--async"))])
+def test_lora_run_pushes_the_merged_weights_and_checkpoints_only_the_adapters(tiny_model, server, tmp_path, nproc,
+                                                                              flags):
     """After each step the server holds W + (alpha / r) B A for every adapted Linear (B, A: the checkpoint's) and the
     base's other tensors; the checkpoint holds the adapters (peft's layout), not the model; AdamW has state for the
     adapters only; --beta needs no second model."""
     from transformers import AutoModelForCausalLM
     code, out = run(train_cmd(tiny_model, server.url, tmp_path, *LORA, "--beta", "0.1", "--reward", "has_number",
-                              nproc=nproc, rewards=True))
+                              *flags, nproc=nproc, rewards=True))
     assert code == 0, out
     base = {n: p.detach() for n, p in AutoModelForCausalLM.from_pretrained(tiny_model).named_parameters()}
     ckpt = g.latest_checkpoint(str(tmp_path))
