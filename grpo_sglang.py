@@ -1756,7 +1756,8 @@ def install_head(model, head_matmul="fp32"):
     if type(head) is not torch.nn.Linear or head.bias is not None:
         raise UserError(f"{type(model).__name__}'s LM head is a {type(head).__name__} (with its bias, if any): the "
                         f"trainer's head (HeadLogprobs) takes a Linear without bias, as Llama, Qwen and Gemma have")
-    model.config.final_logit_softcapping = None  # the head applies it: the model would apply it to what it returns
+    # the head applies it (the model would apply it to what the head returns); checkpoints keep it (save_checkpoint)
+    model.softcap, model.config.final_logit_softcapping = cap, None
     chunk = max(1, 2**27 // head.weight.shape[0])  # rows of fp32 logits per chunk: 512 MB
 
     def head_forward(x):  # (R, L, H); head.weight: by now FSDP has swapped the gathered weight in
@@ -1844,11 +1845,13 @@ def save_checkpoint(cfg, model, opt, tok, step):
         d = os.path.join(cfg.out_dir, f"step_{step}")
         shutil.rmtree(d, ignore_errors=True)
         try:
+            model.config.final_logit_softcapping = model.softcap  # the model's own, in its config.json (install_head)
             if cfg.lora_rank:  # the adapters as peft writes them, and the base's config.json (check_architecture)
                 save_adapters(d, msd, cfg)
                 model.config.save_pretrained(d)
             else:
                 model.save_pretrained(d, state_dict=msd)
+            model.config.final_logit_softcapping = None
             tok.save_pretrained(d)
             torch.save({"optimizer": osd, "step": step, "rng": rng, "config": saved_config(cfg)},
                        os.path.join(d, "trainer_state.pt"))

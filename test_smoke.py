@@ -112,7 +112,7 @@ def build_tiny(d, arch="llama", chat_template=True, **overrides):
     """A 2-layer model of `arch` and a word-level tokenizer (with a chat template, unless a base model
     is wanted), built offline. Tiny configs of the architectures people train."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+    from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
     specials = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
     vocab = {w: i for i, w in enumerate(specials + WORDS + [str(d) for d in range(10)])}  # every answer of the task
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -130,6 +130,7 @@ def build_tiny(d, arch="llama", chat_template=True, **overrides):
               "llama_untied": lambda: LlamaConfig(**common, tie_word_embeddings=False),
               "qwen2": lambda: Qwen2Config(**common, tie_word_embeddings=True),
               "qwen3": lambda: Qwen3Config(**common, head_dim=8, tie_word_embeddings=False),
+              "gemma2": lambda: Gemma2Config(**common, head_dim=8, sliding_window=16, final_logit_softcapping=2.0),
               "gemma3": lambda: Gemma3TextConfig(**common, head_dim=8, sliding_window=16, tie_word_embeddings=True)}[arch]()
     for k, v in overrides.items():
         setattr(config, k, v)
@@ -3097,6 +3098,26 @@ def test_a_resumed_run_samples_and_trains_exactly_as_one_that_never_stopped(resu
               for r in resumed_runs)
     assert all(torch.equal(v[k], sb["optimizer"]["state"][i][k]) for i, v in sa["optimizer"]["state"].items()
                for k in ("exp_avg", "exp_avg_sq", "step"))
+
+
+def test_a_soft_capped_models_checkpoint_keeps_its_cap_and_resumes_exactly(tmp_path):
+    """Gemma 2 caps its logits (final_logit_softcapping), which the trainer's head applies in the model's stead: the
+    checkpoint's config.json still says so (else a resumed run, or a server of the checkpoint, drops the cap), and a
+    run resumed from it trains as the one that never stopped."""
+    d, got = build_tiny(str(tmp_path / "model"), "gemma2"), {}
+    for key in ("ref", "resumed"):
+        s = StandIn(d)
+        try:
+            flags = ("--steps", "3", "--save_every", "1", "--eval_every", "0", "--reward", "has_number")
+            run_here(d, s.url, tmp_path / key, *flags, kill_after=1 if key == "resumed" else None)
+            if key == "resumed":
+                run_here(d, s.url, tmp_path / key, *flags, "--resume")
+        finally:
+            s.close()
+        got[key] = [(r["step"], r["loss"], r["entropy"]) for r in read_metrics(tmp_path / key) if "loss" in r]
+    ckpt = g.latest_checkpoint(str(tmp_path / "ref"))
+    assert json.load(open(os.path.join(ckpt, "config.json")))["final_logit_softcapping"] == 2.0
+    assert got["ref"] == got["resumed"] and len(got["ref"]) == 3
 
 
 def test_a_resumed_run_continues_the_lr_schedule_at_its_global_step(resumed_runs):

@@ -340,6 +340,8 @@ M = [  # (name, file, old, new, -k expression)
   'lora_targets'),
  ('negative control --base_only sends the merged weights', 'tools/negative_control.py',
   '        if v in base:  # hashed', '        if False:  # hashed', 'lora_a_server'),
+ ("checkpoint: a soft-capped model's config saved without its cap", 'grpo_sglang.py',
+  '            model.config.final_logit_softcapping = model.softcap  # the', '            pass  # the', 'soft_capped'),
  ('docs: the README\'s size claim off', 'README.md', 'is the first ~', 'is the first ~4', 'size_claims'),
 ]
 full = "--full" in sys.argv
