@@ -4225,8 +4225,9 @@ def test_lora_at_init_leaves_the_logprobs_unchanged(tiny_model):
             want, got = g.completion_logprobs(base, batch, 0.7), g.completion_logprobs(lora, batch, 0.7)
         assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
         trains = sorted(n for n, p in lora.named_parameters() if p.requires_grad)
+        parts = [("self_attn", t) for t in TARGETS[:4]] + [("mlp", t) for t in TARGETS[4:]]
         assert trains == sorted(f"model.layers.{i}.{part}.{t}.lora_{x}" for i in range(2) for x in "AB"
-                                for part, t in [("self_attn", t) for t in TARGETS[:4]] + [("mlp", t) for t in TARGETS[4:]])
+                                for part, t in parts)
         assert all(p.dtype == torch.float32 for n, p in lora.named_parameters() if p.requires_grad)
         assert all(p.dtype == torch.bfloat16 for n, p in lora.named_parameters() if not p.requires_grad)
         assert all(p.full_tensor().abs().sum() > 0 for n, p in lora.named_parameters() if n.endswith("lora_A"))
@@ -4237,7 +4238,8 @@ def test_lora_at_init_leaves_the_logprobs_unchanged(tiny_model):
 
 def test_lora_logprobs_are_those_of_the_merged_weights_the_server_is_sent(tiny_model):
     """The adapted model's forward (training and no-grad) computes, bit for bit, what a plain model holding the pushed
-    tensors (W + s B A, rounded as sent) computes: the log-prob check compares the same weights, as in a full fine-tune."""
+    tensors (W + s B A, rounded as sent) computes: the log-prob check compares the same weights, as in a full
+    fine-tune."""
     from torch.distributed.device_mesh import init_device_mesh
     dist_init()
     try:
@@ -4302,7 +4304,8 @@ def test_lora_gradients_equal_autograd_through_the_merged_weights(tiny_model, tm
         if hasattr(m, "lora_B"):
             leaves[n] = (m.lora_A.detach().double().requires_grad_(),
                          (torch.randn(m.lora_B.shape, generator=gen) * 0.3).double().requires_grad_())
-    weights = {n + ".weight": dict(plain.named_parameters())[n + ".weight"] + 2.0 * b @ a for n, (a, b) in leaves.items()}
+    held = dict(plain.named_parameters())
+    weights = {n + ".weight": held[n + ".weight"] + 2.0 * b @ a for n, (a, b) in leaves.items()}
     loss = 0
     for i, (p, c) in enumerate(zip(PROMPTS * 4, COMPLETIONS)):
         logits = functional_call(plain, weights, (torch.tensor([p + c]),)).logits[0, len(p) - 1: -1] / 0.7
