@@ -270,6 +270,9 @@ def add_lora(model, rank, alpha, targets, seed=0):
     gen, found = torch.Generator().manual_seed(seed), []  # the same adapters on every rank and at any world size
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets:
+            if m is model.get_output_embeddings():  # install_head replaces its forward: the adapter would never train
+                raise UserError(f"--lora_targets {name}: the LM head takes no adapter here (the trainer's head "
+                                f"computes log-probs itself); adapt the attention and MLP projections")
             a = torch.empty(rank, m.in_features).uniform_(-1, 1, generator=gen) / math.sqrt(m.in_features)
             m.lora_A = torch.nn.Parameter(a.to(m.weight.device))  # fp32: the master weights that train
             m.lora_B = torch.nn.Parameter(torch.zeros(m.out_features, rank, device=m.weight.device))

@@ -4429,11 +4429,14 @@ def test_lora_a_server_sampling_from_the_base_model_is_caught(tiny_model, tmp_pa
     assert len(m) == 2 if checker else 2 <= len(m) < 12
 
 
-def test_lora_targets_that_name_no_linear_are_one_clear_error(tiny_model, server, tmp_path):
-    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--lora_rank", "4", "--lora_targets", "qkv,dense"))
-    assert code == 1 and "Traceback" not in out, out
-    assert "error: --lora_targets qkv,dense: LlamaForCausalLM has no Linear of these names; its Linears are named " \
-           "down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj" in out
+@pytest.mark.parametrize("targets, says", [
+    ("qkv,dense", "--lora_targets qkv,dense: LlamaForCausalLM has no Linear of these names; its Linears are named "
+                  "down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj"),
+    ("q_proj,lm_head", "--lora_targets lm_head: the LM head takes no adapter here")])
+def test_lora_targets_that_name_no_linear_or_the_head_are_one_clear_error(tiny_model, server, tmp_path, targets, says):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--lora_rank", "4", "--lora_targets", targets))
+    assert code == 1 and "Traceback" not in out and out.count("error:") == 1, out
+    assert f"error: {says}" in out
 
 
 

@@ -338,6 +338,8 @@ M = [  # (name, file, old, new, -k expression)
   '    if False:', 'lora_export'),
  ('lora: targets naming no Linear accepted', 'grpo_sglang.py', '    if not found:\n        have', '    if False:\n        have',
   'lora_targets'),
+ ('lora: an adapter on the LM head accepted', 'grpo_sglang.py', '            if m is model.get_output_embeddings():  # install',
+  '            if False:  # install', 'lora_targets'),
  ('negative control --base_only sends the merged weights', 'tools/negative_control.py',
   '        if v in base:  # hashed', '        if False:  # hashed', 'lora_a_server'),
  ("checkpoint: a soft-capped model's config saved without its cap", 'grpo_sglang.py',
