@@ -299,12 +299,6 @@ def lora_forward(m, x):
     return y + (z - z.detach())
 
 
-def merged_weight(w, a, b, scale):
-    """What the server serves for an adapted Linear: W + s B A, with A and B in W's dtype (bf16: as the forward gets
-    them), summed in fp32, rounded once."""
-    return torch.addmm(w.float(), b.to(w.dtype).float(), a.to(w.dtype).float(), alpha=scale).to(w.dtype)
-
-
 # ---- Data: a built-in task, a local JSON/JSONL file, or any HF dataset with question/answer columns.
 
 def builtin_rows(max_operand, seed=1234):
@@ -1456,6 +1450,12 @@ def local_address(host):
             return s.getsockname()[0]
     except OSError:
         return "127.0.0.1"
+
+
+def merged_weight(w, a, b, scale):
+    """What the server serves for an adapted Linear: W + s B A, with A and B in W's dtype (bf16: as the forward gets
+    them), summed in fp32, rounded once."""
+    return torch.addmm(w.float(), b.to(w.dtype).float(), a.to(w.dtype).float(), alpha=scale).to(w.dtype)
 
 
 def served(model):
