@@ -67,7 +67,8 @@ class Config:
     steps: int = arg(200, "optimizer updates of the outer loop (one rollout batch each)", "v >= 1")
     prompts_per_step: int = arg(24, "prompts per step, over all ranks (must divide by world size)", "v >= 1")
     group_size: int = arg(8, "completions per prompt (G in the paper)", "v >= 2")
-    max_new_tokens: int = arg(256, "completion length limit, always sent to the server", "v >= 1")
+    max_new_tokens: int = arg(256, "the tokens after the prompt at most: the completion, or an episode's replies and "
+                              "its environment's messages together", "v >= 1")
     temperature: float = arg(1.0, "sampling temperature (logprobs are computed at the same temperature)", "v > 0")
     top_p: float = arg(1.0, "keep 1.0 so the server samples the distribution the trainer scores", "0 < v <= 1")
     top_k: int = arg(-1, "-1 = off, for the same reason", "v == -1 or v >= 1")
@@ -106,9 +107,16 @@ class Config:
     lora_alpha: float = arg(32.0, "LoRA's alpha: an adapter adds (alpha / rank) B A to its weight", "v > 0")
     lora_targets: str = arg("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "the Linears that get "
                             "adapters, by name: attention and MLP projections of Llama, Qwen2/3, Gemma 3")
+    # the task: its prompts, reward, check and, for episodes of several turns, its environment (reward_fns.py)
+    task: str = arg("auto", f"one of reward_fns.py's TASKS {sorted(reward_fns.TASKS)} ('auto': arithmetic for "
+                            f"--dataset builtin, else gsm8k)")
+    max_turns: int = arg(0, "the model's replies per episode at most (0: the task's; single-turn tasks have 1)",
+                         "v >= 0")
+    max_reply_tokens: int = arg(0, "tokens of one reply at most (0: what is left of --max_new_tokens)", "v >= 0")
     # model and data
     model: str = arg("Qwen/Qwen2.5-0.5B-Instruct", "HF model name or local path; the server must serve the same")
-    dataset: str = arg("openai/gsm8k", "HF dataset name, a local folder or .json/.jsonl file, or 'builtin' (offline)")
+    dataset: str = arg("openai/gsm8k", "HF dataset name, a local folder or .json/.jsonl file, or 'builtin' (the "
+                                       "task's own rows, offline)")
     dataset_config: str = arg("main", "HF dataset config name ('' for none)")
     train_split: str = arg("train", "split to train on")
     eval_split: str = arg("test", "held-out split ('' = hold out rows of the train split)")
@@ -119,7 +127,7 @@ class Config:
                              ("auto", "chat", "plain"))
     reward: str = arg("auto", f"one of reward_fns.py's {sorted(reward_fns.REWARD_FNS)}, a weighted mix "
                               "('gsm8k:1,format:0.1', each part logged) or 'auto' (the task's)")
-    builtin_max_operand: int = arg(20, "built-in task: operands of 'a + b' are drawn from 0..this", "v >= 1")
+    builtin_max_operand: int = arg(20, "--task arithmetic, built in: operands of 'a + b' from 0..this", "v >= 1")
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)", "v >= 1")
     eval_size: int = arg(200, "held-out prompts per eval (no eval split: at most 10% of the train rows)", "v >= 1")
     # the trainer's compute
@@ -299,14 +307,7 @@ def lora_forward(m, x):
     return y + (z - z.detach())
 
 
-# ---- Data: a built-in task, a local JSON/JSONL file, or any HF dataset with question/answer columns.
-
-def builtin_rows(max_operand, seed=1234):
-    """'What is a + b?' for all a, b in 0..max_operand, shuffled: SmolLM2-135M starts at ~35% greedy."""
-    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
-    random.Random(seed).shuffle(pairs)
-    return [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in pairs]
-
+# ---- Data: a task's built-in rows, a local JSON/JSONL file, or any HF dataset with question/answer columns.
 
 def prompts_for_step(n_rows, step, per_step, seed):
     """Row indices of `step`: a fresh shuffle every epoch, so a run resumed at step s sees the prompts it would have."""
@@ -318,34 +319,122 @@ def prompts_for_step(n_rows, step, per_step, seed):
     return idx
 
 
+# ---- The rollout: an episode per sequence. A turn: the server samples the model's reply to the episode so far (token
+# ids in, ids and their log-probs out); the task's environment reads the conversation and answers with the next user
+# message, whose tokens extend the episode with mask 0 (the model did not sample them), or ends it. A single-turn task
+# is an episode of one turn.
+
+def rollout(cfg, server, task, rows, version, greedy=False):
+    """group_size episodes per prompt row (greedy: one) from θ_version -> the rollout batch:
+      rows, version  the prompt rows (a group each), the version of the weights that sampled every token
+      sampling       what it sampled with (temperature, top_p, top_k, max_new_tokens, max_reply_tokens): the step
+                     reads these from here, not from the flags
+      srv            each episode's server (all its turns go there: its prefix is cached)
+      episodes       one per sequence, in the rows' order: prompt, completion (its ids after the prompt: the replies
+                     and the environment's messages), mask (1 sampled, 0 the environment's), server_lp (the sampler's
+                     log-probs, 0 where mask is 0), messages (the conversation as text), answer, turns, finish ('stop',
+                     'length': the tokens ran out, 'turns': the replies ran out before the environment said done)
+      span           the rollout's (start, end) time"""
+    n, t0 = 1 if greedy else cfg.group_size, time.time()
+    sampling = {"temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+                "max_new_tokens": cfg.max_new_tokens, "max_reply_tokens": cfg.max_reply_tokens or cfg.max_new_tokens}
+    eps = [{"prompt": r["ids"], "completion": [], "mask": [], "server_lp": [], "answer": r["answer"], "turns": 0,
+            "messages": [{"role": "user", "content": r["text"]}], "finish": None} for r in rows for _ in range(n)]
+    srv = server.place(len(rows), n)
+
+    def append(e, ids, lps, mask):  # tokens at the episode's end, with the sampler's log-probs and their mask
+        e["completion"] += ids
+        e["server_lp"] += lps
+        e["mask"] += [mask] * len(ids)
+    for turn in range(task.max_turns):
+        live = [i for i, e in enumerate(eps) if e["finish"] is None]
+        if not live:
+            break
+        left = [min(cfg.max_new_tokens - len(eps[i]["completion"]), sampling["max_reply_tokens"]) for i in live]
+        replies = server.sample([eps[i]["prompt"] + eps[i]["completion"] for i in live], left, sampling, version,
+                                [srv[i] for i in live])
+        for i, (ids, lps, finish) in zip(live, replies):
+            e = eps[i]
+            append(e, ids, lps, 1)
+            e["turns"] += 1
+            e["messages"].append({"role": "assistant", "content": task.decode(ids)})
+            room = cfg.max_new_tokens - len(e["completion"])
+            said = task.env(e["messages"], e["answer"]) if task.env and room > 0 else None
+            if said is None:  # done, or out of tokens (the reply was cut: 'length')
+                e["finish"] = finish
+                continue
+            said_ids = task.env_ids(said, ids[-1] if ids else None)
+            if turn + 1 == task.max_turns or len(said_ids) >= room:  # no turn left, or no room for another reply
+                e["finish"] = "turns" if turn + 1 == task.max_turns else "length"
+                continue
+            append(e, said_ids, [0.0] * len(said_ids), 0)
+            e["messages"].append({"role": "user", "content": said})
+    return {"rows": rows, "version": version, "sampling": sampling, "srv": srv, "episodes": eps,
+            "span": (t0, time.time())}
+
+
+def env_ids(tok, fmt, task):
+    """-> ids(text, last): the tokens that end the model's reply (whose last token is `last`), add the environment's
+    message `text` as the next user turn and open the model's next reply. With a chat template: its rendering of the
+    message after a fixed conversation minus the conversation's own, checked to extend it (TRL's and SkyRL's way; the
+    episode itself is never re-tokenized: its text could split into other tokens than the model sampled). Plain
+    prompts: the text on a line of its own."""
+    if fmt == "plain":
+        return lambda text, last: tok("\n" + text + "\n", add_special_tokens=False)["input_ids"]
+    render = lambda msgs, gen: list(tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen,
+                                                            return_dict=False))
+    talk = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    opened, whole = render(talk[:1], True), render(talk, False)
+    hello = tok("Hello", add_special_tokens=False)["input_ids"]
+    close = whole[len(opened) + len(hello):]  # what ends a reply: ChatML's <|im_end|> and a newline
+
+    def ids(text, last):
+        more = render(talk + [{"role": "user", "content": text}], True)
+        if whole[: len(opened) + len(hello)] != opened + hello or more[: len(whole)] != whole:
+            raise UserError(f"--task {task}: the chat template of this tokenizer does not render a conversation as its "
+                            f"earlier turns followed by the new one (it rewrites earlier turns, or a reply's tokens), "
+                            f"so the environment's messages cannot be appended as token ids. Use --prompt_format "
+                            f"plain, or a model whose template only appends turns")
+        return (close[1:] if close[:1] == [last] else close) + more[len(whole):]  # a reply cut short: closed here
+    ids("Hi", None)  # the template checked before anything heavy
+    return ids
+
+
 # ---- One training step, in the order the math reads: the step's sequences, the no-grad forwards (the old
 # policy, the reference), rewards, advantages and a weight per sequence, then mu optimizer steps on the loss.
 
-def sequences(batch, tok, group_size, device):
-    """A rollout batch -> `seqs`, the step's table: one row per sequence, where every per-sequence quantity lives.
-    Rows are never reordered or dropped (to filter, set a weight to 0): row i is sequence i of the rollout everywhere.
-      lists (N)     prompt, completion (token ids), text, answer, finish ('stop' or 'length'), server (its index)
-      (N,)          group, length, truncated (1: cut by max_new_tokens); the step adds reward, correct, adv (or
-                    (N, C): one per token, right-padded as mask), weight
-      (N, C)        mask, server_lp (the sampler's log-probs), right-padded to the longest completion; the forwards
-                    add old_lp (mu > 1), ref_lp (beta > 0) and lp0 (the trainer's under the weights the server has)"""
-    outs, rows = batch["outs"], [batch["rows"][k // group_size] for k in range(len(batch["outs"]))]
-    n = torch.tensor([len(ids) for ids, _, _ in outs], device=device)
-    C = int(n.max())
-    return {"prompt": [r["ids"] for r in rows], "completion": [ids for ids, _, _ in outs], "answer": [r["answer"] for r
-            in rows], "text": [tok.decode(ids, skip_special_tokens=True) for ids, _, _ in outs],
-            "finish": [fin for _, _, fin in outs], "server": batch["srv"], "length": n,
-            "truncated": torch.tensor([fin == "length" for _, _, fin in outs], device=device, dtype=torch.float),
-            "group": torch.arange(len(outs), device=device) // group_size,
-            "mask": (torch.arange(C, device=device) < n.unsqueeze(1)).float(),
-            "server_lp": torch.tensor([lps + [0.0] * (C - len(lps)) for _, lps, _ in outs], device=device)}
+def sequences(batch, group_size, device):
+    """A rollout batch -> `seqs`, the step's table: one row per sequence (an episode), where every per-sequence quantity
+    lives. Rows are never reordered or dropped (to filter, set a weight to 0): row i is episode i of the batch.
+      lists (N)     prompt, completion (token ids: the replies and the environment's messages), text (the last reply:
+                    what rewards and checks read), messages (the conversation), answer, finish ('stop', 'length',
+                    'turns'), server (its index)
+      (N,)          group, length (the completion's tokens), turns, truncated (1: out of tokens); the step adds reward,
+                    correct, adv (or (N, C): one per token, right-padded as mask), weight
+      (N, C)        mask (1 where the model sampled the token: the only tokens that count), server_lp (the sampler's
+                    log-probs), right-padded to the longest completion; the forwards add old_lp (mu > 1), ref_lp (beta
+                    > 0) and lp0 (the trainer's under the weights the server has)
+      sampling      the batch's sampling settings (temperature, ...), for all rows"""
+    eps = batch["episodes"]
+    C = max(len(e["completion"]) for e in eps)
+    padded = lambda k: torch.tensor([e[k] + [0] * (C - len(e[k])) for e in eps], device=device, dtype=torch.float)
+    return {"prompt": [e["prompt"] for e in eps], "completion": [e["completion"] for e in eps],
+            "text": [e["messages"][-1]["content"] for e in eps], "messages": [e["messages"] for e in eps],
+            "answer": [e["answer"] for e in eps], "finish": [e["finish"] for e in eps], "server": batch["srv"],
+            "group": torch.arange(len(eps), device=device) // group_size,
+            "length": torch.tensor([len(e["completion"]) for e in eps], device=device),
+            "turns": torch.tensor([e["turns"] for e in eps], device=device),
+            "truncated": torch.tensor([e["finish"] == "length" for e in eps], device=device, dtype=torch.float),
+            "mask": padded("mask"), "server_lp": padded("server_lp"), "sampling": batch["sampling"]}
 
 
 def samples(seqs):
-    """The table's rows as dicts, what a reward function sees: per-token values cut to length; one CPU copy a column."""
+    """The table's rows as dicts, what a reward function sees: per-token values cut to length; one CPU copy a column.
+    (A value for all rows, as sampling, comes with each row.)"""
+    N = len(seqs["completion"])
     cols = {k: v.tolist() if torch.is_tensor(v) and v.dim() == 1 else v for k, v in seqs.items()}
-    return [{k: v[i, : len(seqs["completion"][i])] if torch.is_tensor(v) else v[i] for k, v in cols.items()}
-            for i in range(len(seqs["completion"]))]
+    return [{k: v if isinstance(v, dict) else v[i, : len(seqs["completion"][i])] if torch.is_tensor(v) else v[i]
+             for k, v in cols.items()} for i in range(N)]
 
 
 def micro_batches(seqs, size, pad_id):
@@ -376,23 +465,24 @@ def old_and_ref_logprobs(cfg, model, ref, seqs, mbs):
             seqs[name] = torch.zeros_like(seqs["mask"])
             with adapters_off(net, name == "ref_lp"):
                 for b in mbs:
-                    seqs[name][b["rows"], : b["C"]] = completion_logprobs(net, b, cfg.temperature)[0]
+                    seqs[name][b["rows"], : b["C"]] = completion_logprobs(net, b, seqs["sampling"]["temperature"])[0]
 
 
-def score(seqs, reward_fn, correct_fn, group_size, m):
-    """Each sequence's reward (reward_fn: its total and named parts, each logged) and whether the task's check calls it
-    correct (what accuracy counts) -> seqs["reward"], seqs["correct"] (N,); the warnings (they count 0)."""
+def score(seqs, task, group_size, m):
+    """Each sequence's reward (task.reward: its total and named parts, each logged) and whether the task's check calls
+    its last reply correct (what accuracy counts) -> seqs["reward"], seqs["correct"] (N,); the warnings (count 0)."""
     warn = Counter()
-    got = [reward_fn(row, warn) for row in samples(seqs)]  # [(reward, {part: value})]
+    got = [task.reward(row, warn) for row in samples(seqs)]  # [(reward, {part: value})]
     dev, N = seqs["mask"].device, len(got)
     seqs["reward"] = torch.tensor([r for r, _ in got], device=dev)
-    seqs["correct"] = torch.tensor([reward_fns.safe_reward(correct_fn, t, a, warn) == 1 for t, a in
+    seqs["correct"] = torch.tensor([reward_fns.safe_reward(task.correct, t, a, warn) == 1 for t, a in
                                     zip(seqs["text"], seqs["answer"])], device=dev, dtype=torch.float)
     for part in {p for _, parts in got for p in parts}:  # its mean over the rows that have it, on every rank alike
         have = [parts[part] for _, parts in got if part in parts]
         m.mean(f"reward_{part}", sum(have), len(have))
     m.mean("accuracy", seqs["correct"].sum(), N)
-    m.mean("completion_len_mean", seqs["length"].sum(), N), m.mean("prompt_len_mean", sum(map(len, seqs["prompt"])), N)
+    m.mean("completion_len_mean", seqs["mask"].sum(), N), m.mean("prompt_len_mean", sum(map(len, seqs["prompt"])), N)
+    m.mean("turns_mean", seqs["turns"].sum(), N)
     m.sum("reward_warnings", sum(warn.values()))
     m.mean("truncated_frac", seqs["truncated"].sum(), N)
     m.mean("zero_std_groups_frac", flat_groups(seqs["reward"], group_size).sum(), N // group_size)
@@ -452,7 +542,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
         for k, b in enumerate(mbs):
             accumulate_grads(model, last=k == len(mbs) - 1)  # FSDP: reduce gradients once per update
             x = rows_of(seqs, b)  # (B,) and (B, C) slices of the table
-            logp, ent = completion_logprobs(model, b, cfg.temperature)
+            logp, ent = completion_logprobs(model, b, seqs["sampling"]["temperature"])
             old = x["old_lp"] if cfg.mu > 1 else logp.detach()
             if update == 0:  # under the weights the server holds: the check's log-probs, and the batch's metrics
                 seqs["lp0"][b["rows"], : b["C"]] = old
@@ -482,7 +572,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, m):
 def main(cfg):
     rt = setup(cfg)                 # flags, ranks, GPUs, process group: checked before anything heavy
     server = Server(cfg, rt)        # up? our model? how do weights get there? (rollouts, check, pushes)
-    tok, train_rows, evals, reward_fn, correct_fn = load_data(cfg, server.context)
+    tok, train_rows, evals, task = load_data(cfg, server.context)  # task: reward, correct, env (reward_fns.py)
     model, ref, opt, start = load_models(cfg, rt)
     log = MetricsLog(cfg, rt, start, len(train_rows))
     n, pad = cfg.prompts_per_step // rt.world, tok.pad_token_id or 0
@@ -492,24 +582,24 @@ def main(cfg):
     t0 = time.time()
     nbytes = server.push(model, start)  # the server starts from our weights (also after a resume)
     print0(f"initial sync: {nbytes / 2**20:.0f} MiB in {time.time() - t0:.2f}s, tagged version {start}")
-    log.write(evaluate(cfg, server, tok, evals, reward_fn, correct_fn, start))
+    log.write(evaluate(cfg, server, task, evals, start))
     t_run, next_batch = time.time(), None
     for step in range(start, cfg.steps):
         clock, m = Clock(), Metrics()  # m: the step's named metrics (Metrics: a sum, a mean or a maximum)
         # 1. rollout. Sync: sample now from θ_step. Async: this batch was sampled from θ_{step-1} during the last
         #    step, and the server samples the next one from θ_step while we train on this one.
-        batch = next_batch or on_all_ranks(server.rollout, my_prompts(step), step)
-        pending = (POOL.submit(server.rollout, my_prompts(step + 1), step) if cfg.async_ and step + 1 < cfg.steps
-                   else None)
+        batch = next_batch or on_all_ranks(rollout, cfg, server, task, my_prompts(step), step)
+        pending = (POOL.submit(rollout, cfg, server, task, my_prompts(step + 1), step)
+                   if cfg.async_ and step + 1 < cfg.steps else None)
         check = server.check(batch, step, model, pad)  # async: the server re-scores some of it with θ_step, meanwhile
-        seqs = sequences(batch, tok, cfg.group_size, rt.device)  # the step's table: a row per sequence
+        seqs = sequences(batch, cfg.group_size, rt.device)  # the step's table: a row per sequence (an episode)
         mbs = micro_batches(seqs, cfg.micro_batch, pad)  # sequences packed end to end in rows
         clock.lap("rollout_wait")
         # 2. the no-grad forwards, per token: the old policy (mu > 1) and the reference (beta > 0)
         old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
         clock.lap("train")
         # 3. rewards, then group-relative advantages and a weight per sequence (a filter sets it to 0)
-        warn = score(seqs, reward_fn, correct_fn, cfg.group_size, m)
+        warn = score(seqs, task, cfg.group_size, m)
         shape_rewards(cfg, seqs, m)  # the flags' reward terms (DAPO's overlong penalty)
         seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)
         seqs["weight"] = weights(cfg, seqs)  # (N,): 1, or 0 for a sequence the flags filter out
@@ -528,7 +618,7 @@ def main(cfg):
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
             save_checkpoint(cfg, model, opt, tok, step + 1)
         if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
-            log.write(evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step + 1))
+            log.write(evaluate(cfg, server, task, evals, step + 1))
     server.close()
     log.close()
     dist.destroy_process_group()
@@ -565,17 +655,17 @@ def pack_batch(samples, pad_id, device):
             "tokens": sum(lens)}
 
 
-def evaluate(cfg, server, tok, evals, reward_fn, correct_fn, step):
+def evaluate(cfg, server, task, evals, step):
     """Greedy accuracy (the task's check) and mean reward on the held-out prompts, through the server (rank 0)."""
     if int(os.environ.get("RANK", 0)) != 0:
         return None
     t0 = time.time()
-    seqs = sequences(server.rollout(evals, step, greedy=True), tok, 1, "cpu")  # the table, as in training
-    score(seqs, reward_fn, correct_fn, 1, Metrics())
-    acc, reward = seqs["correct"].mean().item(), seqs["reward"].mean().item()
+    seqs = sequences(rollout(cfg, server, task, evals, step, greedy=True), 1, "cpu")  # the table, as in training
+    score(seqs, task, 1, Metrics())
+    acc, reward, turns = (seqs[k].float().mean().item() for k in ("correct", "reward", "turns"))
     print0(f"eval step {step}: accuracy {acc:.3f}, reward {reward:.3f} on {len(evals)} held-out prompts (greedy, "
-           f"{time.time() - t0:.1f}s)")
-    return {"step": step, "eval_accuracy": acc, "eval_reward": reward}
+           + (f"{turns:.2f} turns, " if task.max_turns > 1 else "") + f"{time.time() - t0:.1f}s)")
+    return {"step": step, "eval_accuracy": acc, "eval_reward": reward, "eval_turns_mean": turns}
 
 
 class Metrics:
@@ -799,6 +889,9 @@ def check_config(cfg, world):
             raise UserError(f"--{f.name.rstrip('_')} {v!r} is out of range: it must be " + (
                 " or ".join(ok) if isinstance(ok, tuple) else " ".join(f.name if x == "v" else x for x in words))
                 + "".join(f" (--{x} is {getattr(cfg, x)})" for x in words if hasattr(cfg, x)))
+    if cfg.task not in ("auto", *reward_fns.TASKS):  # (here, not in the flag: a task may be added after the import)
+        raise UserError(f"--task {cfg.task!r} is not a task of reward_fns.py: it must be auto or one of "
+                        f"{', '.join(sorted(reward_fns.TASKS))}")
     if cfg.prompts_per_step % world:
         raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -901,12 +994,13 @@ def setup(cfg):
                            server_idx=server_idx, ckpt=ckpt, lock=lock)
 
 
-def load_splits(cfg):
+def load_splits(cfg, task):
     """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated)."""
     if cfg.dataset == "builtin":
-        rows = builtin_rows(cfg.builtin_max_operand)
+        arithmetic = task.rows is reward_fns.arithmetic_rows  # (--builtin_max_operand sizes them)
+        rows = task.rows(cfg.builtin_max_operand) if arithmetic else task.rows()
         n_eval = min(cfg.eval_size, len(rows) // 4)
-        return rows[n_eval:], rows[:n_eval], "held out of the built-in task"  # disjoint: never trained on
+        return rows[n_eval:], rows[:n_eval], "held out of the built-in task"  # disjoint rows: never trained on
     if cfg.dataset.endswith((".json", ".jsonl")) or os.path.isfile(cfg.dataset):
         train, eval_split = read_rows(cfg.dataset), None  # one file: no splits
     else:
@@ -924,8 +1018,9 @@ def load_splits(cfg):
     return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
 
 
-def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None, held=()):
-    """Rows -> [{ids, answer, question}] by `fmt`, tokenized; unusable or `held` rows are counted in `skipped`."""
+def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None, held=(), numeric=True):
+    """Rows -> [{ids, answer, question, text (the user's message)}] by `fmt`, tokenized; unusable or `held` rows are
+    counted in `skipped`; `numeric`: rows whose answer holds no number are unusable."""
     out, limit = [], max_len or cfg.max_prompt_tokens
     for r in rows:
         q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
@@ -935,43 +1030,53 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None, held=
         if q.strip() in held:
             skipped["question also held out for evaluation (a duplicate)"] += 1
             continue
-        if a is None or reward_fns.extract_number(str(a)) is None:
+        if a is None or numeric and reward_fns.extract_number(str(a)) is None:
             skipped[f"answer without a number (--answer_field {cfg.answer_field!r})"] += 1
             continue
         text = f"{q.strip()}\n{instruction}".strip()
         if fmt == "chat":
-            text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+            chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                            add_generation_prompt=True)
-            ids = tok(text, add_special_tokens=False)["input_ids"]  # the template has its special tokens
+            ids = tok(chat, add_special_tokens=False)["input_ids"]  # the template has its special tokens
         else:
             ids = tok(text + "\n")["input_ids"]  # with BOS where the tokenizer adds one
         if len(ids) > limit:
             skipped[f"prompt longer than max_prompt_tokens={limit}" if limit == cfg.max_prompt_tokens
                     else f"prompt longer than {limit} tokens (the server's context)"] += 1
             continue
-        out.append({"ids": ids, "answer": str(a), "question": q.strip()})
+        out.append({"ids": ids, "answer": str(a), "question": q.strip(), "text": text})
     return out
 
 
-INSTRUCTIONS = {
-    "gsm8k": "Solve the problem step by step, then give the final answer on its own line as '#### <number>'.",
-    "arithmetic": "Answer with the number only."}
-
-
 def load_data(cfg, context=None):
-    """-> tokenizer, train and eval prompts (tokenized), reward_fn, the task's check; context: the server's length."""
+    """-> tokenizer, train and eval prompts (tokenized), the task (reward_fns.TASKS'): reward(sample, warnings),
+    correct(text, answer), and for episodes env, env_ids (its messages' tokens), max_turns; context: the server's."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(cfg.model)
     fmt = ("chat" if tok.chat_template else "plain") if cfg.prompt_format == "auto" else cfg.prompt_format
     if fmt == "chat" and not tok.chat_template:
         raise UserError(f"--prompt_format chat, but the tokenizer of {cfg.model} has no chat template (a base "
                         f"model?): use --prompt_format plain (or auto)")
-    task = "arithmetic" if cfg.dataset == "builtin" else "gsm8k"
+    name = cfg.task if cfg.task != "auto" else "arithmetic" if cfg.dataset == "builtin" else "gsm8k"
+    t = reward_fns.TASKS[name]
     try:
-        reward_fn = reward_fns.combine(cfg.reward, task)  # (sample, warnings) -> (reward, its named parts)
+        reward_fn = reward_fns.combine(cfg.reward, name)  # (sample, warnings) -> (reward, its named parts)
     except ValueError as e:
         raise UserError(f"--reward: {e}") from None
-    instruction = INSTRUCTIONS[task] if cfg.instruction == "auto" else cfg.instruction
+    if cfg.dataset == "builtin" and not t.rows:
+        raise UserError(f"--dataset builtin: --task {name} has no built-in rows: give it a --dataset")
+    if "builtin_max_operand" in getattr(cfg, "given", ()) and not (cfg.dataset == "builtin" and
+                                                                   t.rows is reward_fns.arithmetic_rows):
+        raise UserError(f"--builtin_max_operand sizes the built-in rows of --task arithmetic only (here --task {name}, "
+                        f"--dataset {cfg.dataset}): drop it")
+    max_turns = cfg.max_turns or t.max_turns
+    if max_turns > 1 and not t.env:
+        raise UserError(f"--max_turns {max_turns}: --task {name} has no environment to answer a reply, so its episodes "
+                        f"are one turn: drop --max_turns, or give the task an env (reward_fns.py, Task)")
+    task = SimpleNamespace(name=name, reward=reward_fn, correct=t.correct, env=t.env, max_turns=max_turns,
+                           env_ids=t.env and env_ids(tok, fmt, name), decode=lambda ids: tok.decode(
+                               ids, skip_special_tokens=True))
+    instruction = t.instruction if cfg.instruction == "auto" else cfg.instruction
     skipped, max_len = Counter(), cfg.max_prompt_tokens
     if context and context - cfg.max_new_tokens - 1 < max_len:  # SGLang refuses prompt + max_new_tokens >= context
         max_len = context - cfg.max_new_tokens - 1
@@ -980,9 +1085,10 @@ def load_data(cfg, context=None):
                             f"is {context} tokens, prompt and completion together. Lower --max_new_tokens.")
         print0(f"prompts longer than {max_len} tokens are skipped: the server's context ({context}) minus "
                f"--max_new_tokens")
-    raw_train, raw_eval, held_out = load_splits(cfg)
-    evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, max_len)
-    train = tokenize_rows(raw_train, tok, cfg, instruction, fmt, skipped, max_len, {r["question"] for r in evals})
+    raw_train, raw_eval, held_out = load_splits(cfg, t)
+    evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, max_len, numeric=t.numeric)
+    held = {r["question"] for r in evals} if cfg.dataset != "builtin" else ()  # (built in: disjoint, or a game's)
+    train = tokenize_rows(raw_train, tok, cfg, instruction, fmt, skipped, max_len, held, t.numeric)
     print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
            f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
     print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat"
@@ -994,7 +1100,9 @@ def load_data(cfg, context=None):
         hint += "; raise --max_prompt_tokens (or lower --max_new_tokens)" if any("longer" in w for w in skipped) else ""
         raise UserError(f"no usable rows left for {'training' if not train else 'evaluation'} (skipped: "
                         f"{dict(skipped)}){hint}")
-    return tok, train, evals, reward_fn, reward_fns.CORRECT[task]
+    print0(f"task: {name}" + (f", episodes of up to {max_turns} replies (its environment: {t.env.__name__})"
+                              if max_turns > 1 else ""))
+    return tok, train, evals, task
 
 
 def load_hf_dataset(cfg):
@@ -1119,17 +1227,21 @@ class Server:
                f"{'s' if len(self.urls) > 1 else ''} at {', '.join(self.urls)}"
                + (f" (tensor parallel: {tp})" if max(tp) > 1 else "") + f"; weight sync: {rt.sync} ({rt.why}{where})")
 
-    def rollout(self, rows, version, greedy=False):
-        """group_size completions per prompt row (greedy: one) from θ_version, prompt j on server (rank * len(rows) +
-        j) % servers -> {rows, outs: [(ids, server logprobs, finish reason)], srv, version, span}"""
-        cfg, t0, n = self.cfg, time.time(), 1 if greedy else self.cfg.group_size
-        sp = {"max_new_tokens": cfg.max_new_tokens, "temperature": 0.0 if greedy else cfg.temperature,
-              "top_p": cfg.top_p, "top_k": cfg.top_k}
-        srv = [(self.rt.rank * len(rows) + j) % len(self.urls) for j in range(len(rows)) for _ in range(n)]
-        ids = lambda k: [r["ids"] for j, r in enumerate(rows) for _ in range(n) if srv[j * n] == k]  # server k's
-        asked = {k: POOL.submit(generate, cfg, url, ids(k), str(version), "sampled", "this rollout", sampling_params=sp)
-                 for k, url in enumerate(self.urls) if k in srv}
-        got, outs = {k: iter(f.result()) for k, f in asked.items()}, []  # each request has its own timeout
+    def place(self, n_rows, n):
+        """-> the server of each of n episodes per prompt row: this rank's row j on (rank * n_rows + j) % servers."""
+        return [(self.rt.rank * n_rows + j) % len(self.urls) for j in range(n_rows) for _ in range(n)]
+
+    def sample(self, prompts, budgets, sampling, version, srv):
+        """A reply to each prompt (token ids) from its server srv[i] under θ_version, of at most budgets[i] tokens ->
+        [(ids, the server's logprobs, finish reason)] in the prompts' order."""
+        def request(k):  # server k's share, in one /generate
+            sp = [{"temperature": sampling["temperature"], "top_p": sampling["top_p"], "top_k": sampling["top_k"],
+                   "max_new_tokens": b} for b, s in zip(budgets, srv) if s == k]  # SGLang's names only
+            return POOL.submit(generate, self.cfg, self.urls[k], [p for p, s in zip(prompts, srv) if s == k],
+                               str(version), "sampled", "this rollout",
+                               sampling_params=sp[0] if all(x == sp[0] for x in sp) else sp)
+        asked = {k: request(k) for k in sorted(set(srv))}  # all in flight, then read: each has its own timeout
+        got, outs = {k: iter(f.result()) for k, f in asked.items()}, []
         for k in srv:
             o = next(got[k])
             # SGLang keeps EOS (and its logprob) in output_ids: the policy must learn to stop
@@ -1138,12 +1250,12 @@ class Server:
                 raise UserError(f"/generate returned {len(o['output_ids'])} tokens but {len(lps)} logprobs: "
                                 f"unexpected server version?")
             outs.append((o["output_ids"], lps, (o["meta_info"].get("finish_reason") or {}).get("type", "?")))
-        return {"rows": rows, "outs": outs, "srv": srv, "version": version, "span": (t0, time.time())}
+        return outs
 
     def check(self, batch, version, model, pad_id):
         """-> check(seqs, m), which train() calls before its first update: trainer vs server logprobs under θ_version
         on the batch's own tokens if sampled from it, else (--async) on a few rows their server re-scores now."""
-        cfg, srv, outs = self.cfg, batch["srv"], batch["outs"]
+        cfg, srv, eps, T = self.cfg, batch["srv"], batch["episodes"], batch["sampling"]["temperature"]
         if batch["version"] == version:
             def check_batch(seqs, m):
                 d = (seqs["lp0"] - seqs["server_lp"]).abs() * seqs["mask"]
@@ -1152,22 +1264,22 @@ class Server:
         if not cfg.check_seqs:  # --check_seqs 0: batches one step old go unchecked (the version check stays)
             return lambda seqs, m: self.verdict(version, [], [], m) or m.mean("check_mismatch_mean", 0.0, 0)
         rows = check_rows(srv, -(-cfg.check_seqs // self.rt.world))  # rounded up: never 0 rows on a rank
-        pairs = [(batch["rows"][i // cfg.group_size]["ids"], outs[i][0]) for i in rows]
+        pairs = [(eps[i]["prompt"], eps[i]["completion"]) for i in rows]  # whole episodes: the server's own tokens too
         asked = {k: POOL.submit(rescore, cfg, url, [q for q, i in zip(pairs, rows) if srv[i] == k], str(version))
                  for k, url in enumerate(self.urls) if k in {srv[i] for i in rows}}
         t1 = None
-        if cfg.temperature != 1:  # SGLang re-scores at temperature 1, so must we: now, before any update
+        if T != 1:  # SGLang re-scores at temperature 1, so must we: now, before any update
             b = pack_batch([{"prompt": p, "completion": c} for p, c in pairs], pad_id, self.rt.device)
             with torch.no_grad():
                 t1 = list(completion_logprobs(model, b, 1.0)[0])
 
         def check_rescored(seqs, m):  # weights from before the update
-            lps = t1 or [seqs["lp0"][i, : len(outs[i][0])] for i in rows]
+            lps = t1 or [seqs["lp0"][i, : len(eps[i]["completion"])] for i in rows]
             what = "re-scoring a batch for the sync check"
             now = on_all_ranks(lambda: {k: iter(waited(f, cfg.request_timeout, what)) for k, f in asked.items()})
-            then = lambda i: outs[i][1] if cfg.temperature == 1 else None  # its log-probs at T: not staleness at 1
-            self.verdict(version, [rescored_stats(t, next(now[srv[i]]), then(i)) for t, i in zip(lps, rows)],
-                         [srv[i] for i in rows], m)
+            then = lambda i: eps[i]["server_lp"] if T == 1 else None  # its log-probs at T: not staleness at 1
+            self.verdict(version, [rescored_stats(t, next(now[srv[i]]), then(i), eps[i]["mask"])
+                                   for t, i in zip(lps, rows)], [srv[i] for i in rows], m)
         return check_rescored
 
     def verdict(self, version, stats, srv, m):
@@ -1223,14 +1335,15 @@ class Server:
                  retries=0)
 
 
-def rescored_stats(trainer, now, then):
-    """A re-scored sequence -> verdict's stats: trainer (C,) vs the server now (noise) [, the server then vs now]."""
-    now = trainer.new_tensor(now)
-    d = (trainer[: len(now)] - now).abs()
+def rescored_stats(trainer, now, then, mask):
+    """A re-scored sequence -> verdict's stats: trainer (C,) vs the server now (noise) [, the server then vs now], on
+    the tokens the model sampled (mask 1): the environment's are no sample of the policy."""
+    now, mask = trainer.new_tensor(now), trainer.new_tensor(mask)
+    d = (trainer[: len(now)] - now).abs() * mask
     if then is None:
-        return d.sum().item(), len(now), d.max().item()
-    stale = (trainer.new_tensor(then) - now).abs()
-    return d.sum().item(), len(now), d.max().item(), stale.sum().item(), stale.max().item()
+        return d.sum().item(), mask.sum().item(), d.max().item()
+    stale = (trainer.new_tensor(then) - now).abs() * mask
+    return d.sum().item(), mask.sum().item(), d.max().item(), stale.sum().item(), stale.max().item()
 
 
 def call(cfg, url, path, payload=None, timeout=None, retries=None):
@@ -2062,7 +2175,7 @@ def batch_counts(seqs, mbs):
     """All ranks: -> the batch's weighted sequence and token counts; ranks with unequal micro-batches: an error."""
     got = [None] * dist.get_world_size()
     w = seqs["weight"]
-    dist.all_gather_object(got, (len(mbs), float(w.sum()), float((w * seqs["length"]).sum())))
+    dist.all_gather_object(got, (len(mbs), float(w.sum()), float((w * seqs["mask"].sum(1)).sum())))
     if len({n for n, _, _ in got}) > 1:
         raise UserError(f"the ranks would run different numbers of micro-batches ({[n for n, _, _ in got]}), and FSDP "
                         f"would hang: every rank must keep all its rows. To drop a sequence from the loss, set its "

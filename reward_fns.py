@@ -36,7 +36,10 @@ CORRECT                Task -> correctness check: what accuracy counts.
 import inspect
 import math
 import numbers
+import random
 import re
+from dataclasses import dataclass, replace
+from typing import Callable
 from decimal import Decimal, InvalidOperation
 
 # One number: optional minus, optional "$", then either properly comma-grouped digits
@@ -156,7 +159,7 @@ def combine(spec, task):
     for item in spec.split(","):
         name, _, weight = item.strip().partition(":")
         try:
-            terms.append((name, get_reward_fn(task if name == "auto" else name), float(weight or 1)))
+            terms.append((name, get_reward_fn(TASKS[task].reward if name == "auto" else name), float(weight or 1)))
             if not math.isfinite(terms[-1][2]):  # a NaN weight makes every reward NaN, then NaN gradients
                 raise ValueError
         except ValueError as e:
@@ -182,10 +185,147 @@ def combine(spec, task):
 
 REWARD_FNS = {"gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward, "format": format_reward,
               "gsm8k_format": gsm8k_format_reward}
-CORRECT = {"gsm8k": gsm8k_correct, "arithmetic": arithmetic_correct}  # task -> correctness check
 
 
 def get_reward_fn(name: str):
     if name not in REWARD_FNS:
         raise ValueError(f"unknown reward function {name!r}; valid names: {', '.join(sorted(REWARD_FNS))}")
     return REWARD_FNS[name]
+
+
+# ---- Tasks and their environments. A task is its prompt rows (a dataset, or built in), its reward, its check (what
+# accuracy counts) and, for episodes of several turns, its environment: a function of the conversation so far that
+# answers the model's reply with the next user message (a game's feedback, a tool's result), or None: the episode
+# ends. --task NAME picks one; add yours to TASKS.
+
+@dataclass
+class Task:
+    reward: str                      # what --reward auto trains on: a REWARD_FNS name or a mix ("guess:1,format:0.1")
+    correct: Callable                # (completion, answer) -> bool, on the episode's last reply: what accuracy counts
+    instruction: str = ""            # appended to each question
+    env: Callable | None = None      # (messages, answer) -> the next user message, or None: the episode is done
+    max_turns: int = 1               # the model's replies per episode at most (--max_turns 0 takes this)
+    rows: Callable | None = None     # () -> the built-in rows [{"question", "answer"}] (--dataset builtin)
+    numeric: bool = True             # its answers hold a number (rows without one are skipped)
+
+
+def arithmetic_rows(max_operand=20, seed=1234):
+    """'What is a + b?' for all a, b in 0..max_operand, shuffled: SmolLM2-135M starts at ~35% greedy."""
+    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    random.Random(seed).shuffle(pairs)
+    return [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in pairs]
+
+
+# Guess the number (Tinker's "simplest example" of a multi-turn task): after each guess the environment says whether
+# the secret is higher or lower. Binary search finds any of 1..GUESS_MAX within GUESS_TURNS guesses; guessing blind,
+# about GUESS_TURNS / GUESS_MAX of the games are won.
+GUESS_MAX, GUESS_TURNS = 16, 5
+
+
+def guess_rows(seed=1234, copies=20):
+    """Each secret of 1..GUESS_MAX `copies` times, shuffled; the question is the same for all (the secret is hidden)."""
+    secrets = [n for n in range(1, GUESS_MAX + 1) for _ in range(copies)]
+    random.Random(seed).shuffle(secrets)
+    q = (f"Let's play a game. I am thinking of a number between 1 and {GUESS_MAX}. Guess it! Reply with just a "
+         f"number. After each guess I will tell you whether my number is higher or lower.")
+    return [{"question": q, "answer": str(n)} for n in secrets]
+
+
+def first_integer(text):
+    m = re.search(r"-?\d+", text)
+    return int(m.group()) if m else None
+
+
+def guess_env(messages, answer):
+    """The reply's guess (its first integer) -> "higher" or "lower" than it, or None: found, the game ends."""
+    guess, secret = first_integer(messages[-1]["content"]), int(answer)
+    if guess == secret:
+        return None
+    if guess is None:
+        return f"That is not a number. Guess a number from 1 to {GUESS_MAX}."
+    return f"My number is {'higher' if secret > guess else 'lower'} than {guess}. Guess again."
+
+
+def guess_correct(completion, answer):
+    """The last reply found the secret (the game ends at the right guess)."""
+    return first_integer(completion) == int(answer)
+
+
+def guess_reward(completion, answer, sample):
+    """1 for a game won; else 0.1 x the share of replies whose guess (its first integer) was still possible given what
+    the environment had said (in 1..GUESS_MAX, above each number it called too low, below each one too high): partial
+    credit for playing by the rules and using the feedback, which a small model must learn first."""
+    if guess_correct(completion, answer):
+        return 1.0
+    lo, hi, secret, fair = 1, GUESS_MAX, int(answer), []
+    for guess in (first_integer(m["content"]) for m in sample["messages"] if m["role"] == "assistant"):
+        fair.append(guess is not None and lo <= guess <= hi)
+        if guess is not None:  # the environment's answer narrows the range
+            lo, hi = (max(lo, guess + 1), hi) if secret > guess else (lo, min(hi, guess - 1))
+    return 0.1 * sum(fair) / len(fair)
+
+
+# A calculator tool (nanochat's demo): products the model cannot do in its head. A reply "calc: <expression>" gets
+# the expression's value as the next user message; any other reply is the answer and ends the episode.
+def calculator_rows(n=20000, seed=1234):
+    """'What is a * b?' for n distinct pairs, a of 3 digits, b of 2."""
+    pairs = [(100 + k // 90, 10 + k % 90) for k in random.Random(seed).sample(range(900 * 90), n)]
+    return [{"question": f"What is {a} * {b}?", "answer": str(a * b)} for a, b in pairs]
+
+
+_CALL_RE = re.compile(r"calc:\s*([-+*/()×xX \d.]+)", re.IGNORECASE)  # (× and x: times, as models write it)
+
+
+def calculate(expr):
+    """An arithmetic expression (numbers, + - * / and brackets) -> its value as text, or why it has none."""
+    import ast
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a / b}
+
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            a, b = ev(node.left), ev(node.right)
+            if max(abs(a), abs(b)) > 1e12:
+                raise ValueError("too large")
+            return ops[type(node.op)](a, b)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        raise ValueError("not arithmetic")
+    try:
+        v = ev(ast.parse(re.sub(r"[×xX]", "*", expr).strip(), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return "error"
+    return str(int(v)) if float(v).is_integer() else f"{v:.6g}"
+
+
+def calculator_env(messages, answer):
+    """A reply that calls the calculator ("calc: 123 * 45") -> the value ("5535"); any other reply ends the episode."""
+    call = _CALL_RE.search(messages[-1]["content"])
+    return calculate(call.group(1)) if call else None
+
+
+def calculator_correct(completion, answer):
+    """The answer (the last reply, not a call) holds the product as its last number."""
+    return not _CALL_RE.search(completion) and arithmetic_correct(completion, answer)
+
+
+def calculator_reward(completion, answer, sample):
+    """1 for the right product; else 0.1 for having called the calculator: partial credit for using the tool, which
+    the model rarely does at first and without which it cannot get these products right."""
+    if calculator_correct(completion, answer):
+        return 1.0
+    return 0.1 * any(_CALL_RE.search(m["content"]) for m in sample["messages"] if m["role"] == "assistant")
+
+
+REWARD_FNS.update(guess=guess_reward, calculator=calculator_reward)
+TASKS = {
+    "arithmetic": Task("arithmetic", arithmetic_correct, "Answer with the number only.", rows=arithmetic_rows),
+    "gsm8k": Task("gsm8k", gsm8k_correct, "Solve the problem step by step, then give the final answer on its own line "
+                                          "as '#### <number>'."),
+    "guess": Task("guess", guess_correct, env=guess_env, max_turns=GUESS_TURNS, rows=guess_rows),
+    "calculator": Task("calculator", calculator_correct, "To use a calculator, reply with calc: followed by the "
+                       "expression (for example calc: 12 * 34) and I will tell you the result.",
+                       env=calculator_env, max_turns=3, rows=calculator_rows),
+}

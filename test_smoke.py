@@ -18,7 +18,8 @@ part; then the tests, in these sections (each a header `# N. title` below):
 13. docs and tools: the README's recipes and size claims, the docs' flags, the profile and plot tools, this index
 14. serve.sh: its settings, layouts and ports, and its start and stop
 15. LoRA: adapters that start at 0, their gradients, the merged push, the base as reference, checkpoints and resume
-16. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
+16. episodes: multi-turn rollouts, the environment's tokens (mask 0) in the loss, the check, ranks and resume
+17. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
 
 Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serve.sh setting) is tested in that
 topic's section; section 10 holds the faults of no one topic.
@@ -39,8 +40,8 @@ its fence) and of its main plumbing -> the -k words that select the tests that c
   tis_weights -> tis_weights or importance_sampling_modes or importance_weights or tis_mode
   grpo_token_loss -> grpo_token_loss or gspo or cispo or entropy_bonus or advantages_may_be_per_token
   aggregate, loss_norm -> aggregate_modes or advantages_may_be_per_token
-  builtin_rows -> script_trains_and_server_gets_the_weights
   prompts_for_step -> prompts_for_step or epochs_are_shuffled or resumed_run_samples_and_trains_exactly
+  rollout, env_ids -> an_episode_appends or template_that_rewrites or episodes_train or ends_after_one_turn
   sequences, samples, score -> score_counts_correctness or a_reward_part_is_its_mean
   micro_batches -> micro_batches
   rows_of -> train_step_is_the_grpo_objective or per_token_advantages_of_the_table
@@ -172,6 +173,15 @@ def sglang_checksums(held, fuse=False):
         held[n.replace(parts[0], fused)] = torch.cat([held.pop(n.replace(parts[0], q)) for q in parts])
     sha = lambda t: hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy()).digest()
     return {n: "%016x" % int.from_bytes(sha(t)[:8], "big") for n, t in held.items()}
+
+
+# The sampling parameters SGLang 0.5.16's /generate takes (sglang.srt.sampling.sampling_params.SamplingParams' API
+# fields): any other key fails the request.
+SGLANG_SAMPLING_PARAMS = {
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "custom_params", "stream_interval", "logit_bias", "sampling_seed"}
 
 
 class StandIn:
@@ -383,7 +393,10 @@ class StandIn:
                     if self.path == "/generate":
                         if srv.fail_after is not None and srv.calls["/generate"] > srv.fail_after:
                             return self.reply({"error": "stand-in: scheduler died"}, 503)
-                        return self.reply(self.generate(req))
+                        try:
+                            return self.reply(self.generate(req))
+                        except ValueError as e:  # a request SGLang refuses: HTTP 400, its reason
+                            return self.reply({"object": "error", "message": str(e)}, 400)
                     if self.path in ("/update_weights_from_tensor", "/update_weights_from_distributed"):
                         if srv.reject:
                             return self.reply({"success": False, "message": "Failed to update weights: test"}, 400)
@@ -411,6 +424,11 @@ class StandIn:
 
             def generate(self, req):
                 ids, sp = req["input_ids"], req.get("sampling_params", {})
+                sps = sp if isinstance(sp, list) else [sp] * len(ids)  # one per prompt, or one for all (as SGLang)
+                sp = sps[0] if sps else {}
+                unknown = {k for q in sps for k in q} - SGLANG_SAMPLING_PARAMS
+                if unknown:  # SGLang's SamplingParams takes no other keyword: the request fails
+                    raise ValueError(f"SamplingParams got unexpected keyword arguments {sorted(unknown)}")
                 if sp.get("max_new_tokens") == 0:  # a prefill: logprobs of the input tokens, as SGLang returns them
                     starts = req["logprob_start_len"]
                     srv.rescores.append([tuple(p) for p in ids])
@@ -433,7 +451,7 @@ class StandIn:
                     seen[tuple(p)] += 1
                     seeds.append(hash((tuple(p), seen[tuple(p)], srv.digest)) % 2**31)
                 nan = srv.nan is True or (sp.get("temperature", 1.0) > 0 and len(srv.rollouts) in (srv.nan or ()))
-                out = [srv.sample(p, sp, seed=s, nan=nan) for p, s in zip(ids, seeds)]
+                out = [srv.sample(p, q, seed=s, nan=nan) for p, q, s in zip(ids, sps, seeds)]
                 if sp.get("temperature", 1.0) > 0:  # training rollouts: (prompt, completion, logprobs)
                     srv.generations += [(p, o["output_ids"], [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]])
                                         for p, o in zip(ids, out)]
@@ -475,14 +493,25 @@ def held_differ(s, out_dir):
 # ('has_number': the completion holds the word 'number', which it does in some of a group and not in others)
 # or a reward that cannot be the accuracy ('always_1').
 WITH_REWARDS = os.path.join(HERE, "runs", "with_test_rewards.py")
+# A user's tasks of episodes, registered the way reward_fns.py says: 'talk' asks "What is the number ?" after the
+# first reply and ends after the second (its reward: has_number on the last reply); 'one_turn' is arithmetic with
+# an environment that ends every episode at once.
+TEST_TASKS = """
+def talk_env(messages, answer):
+    return None if len(messages) >= 4 else "What is the number ?"
+reward_fns.TASKS["talk"] = reward_fns.Task("has_number", lambda c, a: "number" in c.split(), env=talk_env, max_turns=3,
+                                           rows=reward_fns.arithmetic_rows)
+reward_fns.TASKS["one_turn"] = dataclasses.replace(reward_fns.TASKS["arithmetic"], env=lambda m, a: None, max_turns=3)
+"""
 
 
 def train_cmd(model_dir, url, out_dir, *extra, nproc=1, rewards=False):
     if rewards:
         os.makedirs(os.path.dirname(WITH_REWARDS), exist_ok=True)
         with open(WITH_REWARDS + f".{os.getpid()}", "w") as f:  # then one atomic rename: tests may run in parallel
-            f.write(f"import runpy, sys\nsys.path.insert(0, {HERE!r})\nimport reward_fns\n"
+            f.write(f"import dataclasses, runpy, sys\nsys.path.insert(0, {HERE!r})\nimport reward_fns\n"
                     "reward_fns.REWARD_FNS.update(has_number=lambda c, a: float('number' in c.split()), always_1=lambda c, a: 1.0)\n"
+                    + TEST_TASKS +
                     f"runpy.run_path({os.path.join(HERE, 'grpo_sglang.py')!r}, run_name='__main__')\n")
         os.replace(WITH_REWARDS + f".{os.getpid()}", WITH_REWARDS)
     script = WITH_REWARDS if rewards else os.path.join(HERE, "grpo_sglang.py")
@@ -614,6 +643,8 @@ def run_here(model_dir, url, out_dir, *extra, spy=None, kill_after=None):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(g, "train", spied), mp.setattr(g, "save_checkpoint", saved)
         mp.setitem(reward_fns.REWARD_FNS, "has_number", lambda c, a: float("number" in c.split()))
+        mp.setattr(reward_fns, "TASKS", dict(reward_fns.TASKS))
+        exec(TEST_TASKS, {"reward_fns": reward_fns, "dataclasses": dataclasses})
         try:
             g.main(cfg)
         except Killed:
@@ -698,20 +729,44 @@ class KnownTok:
         return "good" if COMPLETIONS.index(list(ids)) in GOOD else "bad"
 
 
-def known_batch():
+def single_turns(rows, outs, tok, group_size, temperature=1.0, version=0):
+    """A rollout batch of one-turn episodes, as rollout() builds it: outs [(completion ids, the server's log-probs,
+    finish)], completion k of prompt row k // group_size, its text decoded by `tok`."""
+    eps = [{"prompt": rows[k // group_size]["ids"], "completion": list(c), "mask": [1] * len(c), "server_lp": list(lps),
+            "answer": rows[k // group_size]["answer"], "turns": 1, "finish": fin,
+            "messages": [{"role": "user", "content": "?"},
+                         {"role": "assistant", "content": tok.decode(c, skip_special_tokens=True)}]}
+           for k, (c, lps, fin) in enumerate(outs)]
+    return {"rows": rows, "version": version, "srv": [0] * len(outs), "episodes": eps, "span": (0.0, 0.0),
+            "sampling": {"temperature": temperature, "top_p": 1.0, "top_k": -1, "max_new_tokens": 256}}
+
+
+def table(rows, outs, tok, group_size, temperature=1.0):
+    """-> the step's table of one-turn episodes (single_turns)."""
+    return g.sequences(single_turns(rows, outs, tok, group_size, temperature), group_size, "cpu")
+
+
+def task_of(reward, correct=lambda c, a: 0.0):
+    """A task as load_data makes it, for score(): reward(sample, warnings) -> (reward, parts), correct(text, answer)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(reward=reward, correct=correct)
+
+
+def known_batch(temperature=1.0):
     """PROMPTS x COMPLETIONS as the server's rollout of version 0 (its log-probs: any)."""
-    return {"rows": [{"ids": p, "answer": "1"} for p in PROMPTS], "version": 0, "srv": [0] * 12,
-            "outs": [(c, [-3.0] * len(c), "stop") for c in COMPLETIONS]}
+    return single_turns([{"ids": p, "answer": "1"} for p in PROMPTS], [(c, [-3.0] * len(c), "stop") for c in COMPLETIONS],
+                        KnownTok(), 4, temperature)
 
 
 def one_step(cfg, model, batch, tok, reward, weight=None, ref=None):
     """One step in-process, the way main() runs it: the table, micro-batches, the no-grad forwards, rewards,
-    advantages and weights, then train(). -> (the table, the step's metrics)."""
-    seqs = g.sequences(batch, tok, cfg.group_size, "cpu")
+    advantages and weights, then train(). batch: {rows, outs} of one-turn episodes. -> (the table, the step's
+    metrics)."""
+    seqs = table(batch["rows"], batch["outs"], tok, cfg.group_size, cfg.temperature)
     mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
     g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
     m = g.Metrics()
-    g.score(seqs, lambda s, w: (reward(s["text"], s["answer"]), {}), lambda c, a: 0.0, cfg.group_size, m)
+    g.score(seqs, task_of(lambda s, w: (reward(s["text"], s["answer"]), {})), cfg.group_size, m)
     seqs["adv"] = g.advantages(cfg, seqs["reward"])
     seqs["weight"] = torch.ones_like(seqs["adv"]) if weight is None else weight
     g.train(cfg, model, torch.optim.SGD(model.parameters(), lr=0.05), seqs, mbs, 1, lambda seqs, m: None, m)
@@ -770,15 +825,17 @@ def check_fused_norm_in_bf16(norm, device):
 def check_registry(rf):
     """Every reward registered in the reward_fns module `rf` is reachable by name and returns a finite number, or a
     dict of them (one that takes the sample gets one); every task's check agrees with that task's reward."""
-    sample = {"finish": "stop", "length": 3, "completion": [5, 6, 7], "server_lp": [-0.1, -0.2, -0.3]}
+    sample = lambda c: {"finish": "stop", "length": 3, "completion": [5, 6, 7], "server_lp": [-0.1, -0.2, -0.3],
+                        "turns": 1, "messages": [{"role": "user", "content": "?"}, {"role": "assistant", "content": c}]}
+    call = lambda fn, c: fn(c, "3", sample(c)) if "sample" in inspect.signature(fn).parameters else fn(c, "3")
     for name, fn in rf.REWARD_FNS.items():
         assert rf.get_reward_fn(name) is fn
         for completion in ("#### 3", "1 + 2 = 3", "", "no number", "\\boxed{3}"):
-            got = fn(completion, "3", sample) if "sample" in inspect.signature(fn).parameters else fn(completion, "3")
+            got = call(fn, completion)
             assert all(math.isfinite(v) for v in (got.values() if isinstance(got, dict) else [got])), (name, got)
-    for task, check in rf.CORRECT.items():
+    for name, task in rf.TASKS.items():
         for completion in ("#### 3", "so 3", "#### 4", ""):
-            assert check(completion, "3") == (rf.get_reward_fn(task)(completion, "3") == 1.0)
+            assert task.correct(completion, "3") == (call(rf.get_reward_fn(task.reward), completion) == 1.0), name
     with pytest.raises(ValueError, match="valid names: " + ", ".join(sorted(rf.REWARD_FNS))) as e:
         rf.get_reward_fn("gsm9k")
     assert "gsm9k" in str(e.value)
@@ -1347,18 +1404,17 @@ def test_score_counts_correctness_not_reward_and_the_table_keeps_each_sequence_i
     class Tok:
         def decode(self, ids, skip_special_tokens):
             return texts[ids[0]]
-    batch = {"rows": [{"ids": [1], "answer": "3"}, {"ids": [2, 2], "answer": "5"}], "srv": [0] * 8,
-             "outs": [([k] + [9] * (k % 3), [-0.5] * (1 + k % 3), "length" if k == 7 else "stop") for k in range(8)]}
-    seqs = g.sequences(batch, Tok(), 4, "cpu")
+    seqs = table([{"ids": [1], "answer": "3"}, {"ids": [2, 2], "answer": "5"}],
+                 [([k] + [9] * (k % 3), [-0.5] * (1 + k % 3), "length" if k == 7 else "stop") for k in range(8)], Tok(), 4)
     assert seqs["prompt"] == [[1]] * 4 + [[2, 2]] * 4 and seqs["group"].tolist() == [0] * 4 + [1] * 4
     assert seqs["length"].tolist() == [1, 2, 3, 1, 2, 3, 1, 2] and seqs["mask"].sum().item() == 15
     m = g.Metrics()
-    warn = g.score(seqs, reward_fns.combine("format", "gsm8k"), reward_fns.gsm8k_correct, 4, m)
+    warn = g.score(seqs, task_of(reward_fns.combine("format", "gsm8k"), reward_fns.gsm8k_correct), 4, m)
     assert seqs["correct"].tolist() == [1, 1, 0, 0, 1, 1, 1, 0] and not warn
     assert seqs["reward"].tolist() == [1, 0, 1, 0, 1, 1, 0, 0]  # format only
     reward_fns.REWARD_FNS["long"] = lambda c, a, sample: float(sample["length"] > 1 and sample["finish"] == "stop")
     try:
-        g.score(seqs, reward_fns.combine("gsm8k:1,long:0.5", "gsm8k"), reward_fns.gsm8k_correct, 4, m)
+        g.score(seqs, task_of(reward_fns.combine("gsm8k:1,long:0.5", "gsm8k"), reward_fns.gsm8k_correct), 4, m)
     finally:
         del reward_fns.REWARD_FNS["long"]
     long = [0, 1, 1, 0, 1, 1, 0, 0]  # length > 1 and stopped (row 7 was cut by max_new_tokens)
@@ -1382,15 +1438,14 @@ def test_a_reward_part_is_its_mean_over_the_rows_that_have_it_however_the_rows_f
             return "abcd"[ids[0]]
     parts = {"a": {"bonus": 2.0, "base": 1.0}, "b": {"base": 0.0}, "c": {"base": 1.0}, "d": {"base": 1.0}}
     reward = lambda s, warn: (sum(parts[s["text"]].values()), parts[s["text"]])
-    table = lambda ks: g.sequences({"rows": [{"ids": [9], "answer": "1"}], "srv": [0] * len(ks),
-                                    "outs": [([k], [-0.5], "stop") for k in ks]}, Tok(), len(ks), "cpu")
+    tab = lambda ks: table([{"ids": [9], "answer": "1"}], [([k], [-0.5], "stop") for k in ks], Tok(), len(ks))
     dist_init()
     try:
         logged = []
         for ranks in ([[0, 1, 2, 3]], [[0, 1], [2, 3]], [[2, 3], [0, 1]]):  # one rank, or two (rank 0 with "a")
             m = g.Metrics()
             for ks in ranks:
-                g.score(table(ks), reward, lambda c, a: 0.0, len(ks), m)
+                g.score(tab(ks), task_of(reward), len(ks), m)
             got = m.reduce("cpu")
             logged.append((got["reward_bonus"], got["reward_base"]))
     finally:
@@ -2023,17 +2078,22 @@ def test_the_default_process_group_is_not_bound_to_a_device():
 
 
 def test_the_old_policy_and_reference_logprobs_are_at_the_sampling_temperature(tiny_model):
-    """--mu 2 and --beta 0.1 at --temperature 0.7: the no-grad forwards before the first update score each
-    completion token as the server sampled it, log softmax(z / 0.7), z from plain transformers (fp32)."""
+    """--mu 2 and --beta 0.1, a batch sampled at temperature 0.7: the no-grad forwards before the first update (and
+    at mu 1 train's first forward, lp0) score each completion token as the server sampled it, log softmax(z / 0.7), z
+    from plain transformers (fp32). The batch's temperature counts, not the flag's (here 1: a schedule would change
+    it while a batch sampled before waits, with --async)."""
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
     plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     dist_init()
     try:
         model, ref = sharded(tiny_model), sharded(tiny_model, frozen=True)
-        cfg = g.Config(mu=2, beta=0.1, temperature=0.7, group_size=4)
-        seqs = g.sequences(known_batch(), KnownTok(), 4, "cpu")
+        cfg = g.Config(mu=2, beta=0.1, group_size=4)
+        seqs = g.sequences(known_batch(0.7), 4, "cpu")
         g.old_and_ref_logprobs(cfg, model, ref, seqs, g.micro_batches(seqs, 3, 0))
+        seqs.update(adv=torch.zeros(12), weight=torch.ones(12), reward=torch.zeros(12))
+        g.train(dataclasses.replace(cfg, mu=1, beta=0.0), model, torch.optim.SGD(model.parameters(), lr=0.0), seqs,
+                g.micro_batches(seqs, 3, 0), 1, lambda s, m: None, g.Metrics())
     finally:
         dist.destroy_process_group()
     gap = 0.0
@@ -2042,7 +2102,7 @@ def test_the_old_policy_and_reference_logprobs_are_at_the_sampling_temperature(t
         with torch.no_grad():
             z = plain(torch.tensor([p + c])).logits[0, len(p) - 1: -1]
         want = [torch.log_softmax(z / t, -1).gather(-1, torch.tensor(c)[:, None])[:, 0] for t in (0.7, 1.0)]
-        for name in ("old_lp", "ref_lp"):
+        for name in ("old_lp", "ref_lp", "lp0"):
             assert seqs[name][k, : len(c)].tolist() == pytest.approx(want[0].tolist(), abs=0.01), (name, k)
         gap = max(gap, (want[0] - want[1]).abs().max().item())
     assert gap > 0.1  # (at temperature 1 they would be this far off)
@@ -2378,10 +2438,10 @@ ONE_RANKS_METRIC = """import os, sys
 sys.path.insert(0, {here!r})
 import grpo_sglang as g
 score = g.score  # a metric only rank 1 logs (a reward part only its samples have, say)
-def score_and_more(seqs, reward_fn, correct_fn, group_size, m):
+def score_and_more(seqs, task, group_size, m):
     if os.environ["RANK"] == "1":
         m.mean("only_on_rank_1", 3.0, 2), m.max("max_on_rank_1", 5.0)
-    return score(seqs, reward_fn, correct_fn, group_size, m)
+    return score(seqs, task, group_size, m)
 g.score = score_and_more
 try:
     g.main(g.parse_config())
@@ -2473,7 +2533,7 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
 # 8. the sync check and the weight check: a server that holds other weights stops the run
 
 def test_the_sync_check_at_a_temperature_counts_the_tokens_of_the_rescored_rows(tiny_model, server):
-    """--async at --temperature 0.7: the batch is one step old, so the server re-scores some of its rows with the
+    """--async, a batch sampled at temperature 0.7: the batch is one step old, so the server re-scores some of its rows with the
     weights the trainer has (at temperature 1, as SGLang's prefill does) and the trainer scores them at temperature 1
     too. check_mismatch_mean is the mean |Δ| over the tokens the server re-scored (as the stand-in counts them: rows
     of 2 to 5 tokens, which the trainer's (B, C) scores pad to 5), and small: the same weights."""
@@ -2483,11 +2543,11 @@ def test_the_sync_check_at_a_temperature_counts_the_tokens_of_the_rescored_rows(
     try:
         model = sharded(tiny_model)
         srv = g.Server.__new__(g.Server)  # the server's client, without its start-up checks
-        srv.cfg = g.Config(temperature=0.7, check_seqs=4, group_size=4, server_url=server.url)
+        srv.cfg = g.Config(check_seqs=4, group_size=4, server_url=server.url)  # (the batch's 0.7 counts, not 1)
         srv.rt, srv.urls, srv.link = SimpleNamespace(rank=0, world=1, device=torch.device("cpu")), [server.url], None
         server.version = "1"  # the weights after step 1; the batch was sampled from version 0
-        check, m = srv.check(known_batch(), 1, model, 0), g.Metrics()
-        check(g.sequences(known_batch(), KnownTok(), 4, "cpu"), m)
+        check, m = srv.check(known_batch(0.7), 1, model, 0), g.Metrics()
+        check(g.sequences(known_batch(0.7), 4, "cpu"), m)
         got = m.reduce("cpu")
     finally:
         dist.destroy_process_group()
@@ -3701,7 +3761,7 @@ def test_per_token_advantages_of_the_table_train_as_per_sequence_ones(tiny_model
             g.train(cfg, model, torch.optim.SGD(model.parameters(), lr=0.05), seqs, mbs, 1, lambda s, m: None, m)
             return m.reduce("cpu")
         cfg = g.Config(group_size=4, micro_batch=1, tis_mode="sequence_mask")  # one sequence a micro-batch
-        seqs = g.sequences(batch, Tok(), 4, "cpu")  # completions of 1, 2, 3 and 1 tokens
+        seqs = table(batch["rows"], batch["outs"], Tok(), 4)  # completions of 1, 2, 3 and 1 tokens
         mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
         assert len({b["C"] for b in mbs}) > 1  # micro-batches of several widths C_b
         seqs.update(adv=torch.zeros(4), weight=torch.ones(4), reward=torch.zeros(4))
@@ -4327,9 +4387,9 @@ def test_lora_reference_is_the_base_with_its_adapters_off(tiny_model):
         from torch.distributed.device_mesh import init_device_mesh
         base = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False, torch.bfloat16),
                        init_device_mesh("cpu", (1,)), torch.bfloat16)
-        seqs = g.sequences(known_batch(), KnownTok(), 4, "cpu")
+        seqs = g.sequences(known_batch(0.7), 4, "cpu")
         mbs = g.micro_batches(seqs, 4, 0)
-        g.old_and_ref_logprobs(SimpleNamespace(mu=2, temperature=0.7), lora, lora, seqs, mbs)
+        g.old_and_ref_logprobs(SimpleNamespace(mu=2), lora, lora, seqs, mbs)
         want = {}
         for name, net in (("ref_lp", base), ("old_lp", lora)):
             want[name] = torch.zeros_like(seqs["mask"])
@@ -4441,7 +4501,299 @@ def test_lora_targets_that_name_no_linear_or_the_head_are_one_clear_error(tiny_m
 
 
 # ---------------------------------------------------------------------------------------------
-# 16. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
+# 16. episodes: multi-turn rollouts, the environment's tokens (mask 0) in the loss, the check, ranks and resume
+
+class Scripted:
+    """A server that replies from a script, one list of (ids, finish) per call, log-prob -0.5 a token; it records each
+    call's prompts and token budgets. (One server: every episode on it.)"""
+    def __init__(self, calls):
+        self.calls, self.asked = list(calls), []
+
+    def place(self, n_rows, n):
+        return [0] * (n_rows * n)
+
+    def sample(self, prompts, budgets, sampling, version, srv):
+        self.asked.append(([list(p) for p in prompts], list(budgets)))
+        return [(ids, [-0.5] * len(ids), fin) for ids, fin in self.calls.pop(0)]
+
+
+def tiny_task(tiny_model, env, max_turns=3):
+    """The task namespace load_data builds, on the tiny model's tokenizer (ChatML-like; its word-level tokenizer drops
+    newlines: a reply is closed by <|im_end|> alone)."""
+    from types import SimpleNamespace
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    return tok, SimpleNamespace(env=env, max_turns=max_turns, env_ids=g.env_ids(tok, "chat", "talk"),
+                                decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+
+
+def test_an_episode_appends_each_reply_sampled_and_each_environment_message_with_mask_0(tiny_model):
+    """rollout() by hand: two episodes of one prompt. Episode 0 replies 'is' (ended by <|im_end|>), the environment
+    answers 'the number ?' (its ids: the template's user turn and the opening of the next reply, mask 0, log-prob 0),
+    then its second reply is cut by the token budget (what is left of --max_new_tokens: 4): finish 'length', no more
+    turns. Episode 1 replies 'number': the environment says done (finish 'stop'). A reply that ended without
+    <|im_end|> gets it from the environment's tokens; out of turns the environment's last message is not appended
+    (finish 'turns'); a message that would leave no room for a reply ends the episode ('length')."""
+    tok, task = tiny_task(tiny_model, lambda m, a: None if "number" in m[-1]["content"] else "the number ?")
+    v = tok.convert_tokens_to_ids
+    IS, NUMBER, WHAT, THE, Q, END, START, USER, ASSISTANT = (v(w) for w in (
+        "is", "number", "What", "the", "?", "<|im_end|>", "<|im_start|>", "user", "assistant"))
+    says = [START, USER, THE, NUMBER, Q, END, START, ASSISTANT]  # the environment's turn, then the model's opened
+    cfg = g.Config(group_size=2, max_new_tokens=14, temperature=0.7)
+    rows = [{"ids": [START, USER, WHAT, END, START, ASSISTANT], "answer": "1", "text": "What"}]
+    server = Scripted([[([IS, END], "stop"), ([NUMBER, END], "stop")], [([WHAT, IS, THE, NUMBER], "length")]])
+    batch = g.rollout(cfg, server, task, rows, 3)
+    e0, e1 = batch["episodes"]
+    assert e0["completion"] == [IS, END] + says + [WHAT, IS, THE, NUMBER]
+    assert e0["mask"] == [1, 1] + [0] * 8 + [1] * 4 and e0["server_lp"] == [-0.5] * 2 + [0.0] * 8 + [-0.5] * 4
+    assert (e0["turns"], e0["finish"], e1["turns"], e1["finish"]) == (2, "length", 1, "stop")
+    assert [m["content"] for m in e0["messages"]] == ["What", "is", "the number ?", "What is the number"]
+    assert e1["completion"] == [NUMBER, END] and e1["mask"] == [1, 1]
+    assert server.asked[0][1] == [14, 14] and server.asked[1] == ([rows[0]["ids"] + [IS, END] + says], [4])
+    assert batch["sampling"]["temperature"] == 0.7 and batch["version"] == 3 and batch["srv"] == [0, 0]
+    seqs = g.sequences(batch, 2, "cpu")  # the table: the mask is the one truth of which tokens count
+    assert seqs["mask"].sum(1).tolist() == [6, 2] and seqs["length"].tolist() == [14, 2]
+    assert seqs["text"] == ["What is the number", "number"] and seqs["truncated"].tolist() == [1, 0]
+    # a reply stopped without <|im_end|>: the environment's tokens close it; out of turns: finish 'turns'
+    tok, task = tiny_task(tiny_model, lambda m, a: "the number ?", max_turns=2)
+    server = Scripted([[([IS], "stop")], [([IS, END], "stop")]])
+    (e,) = g.rollout(dataclasses.replace(cfg, group_size=1), server, task, rows, 0)["episodes"]
+    assert e["completion"] == [IS, END] + says + [IS, END] and e["finish"] == "turns" and e["turns"] == 2
+    assert e["mask"] == [1] + [0] * 9 + [1, 1] and len(e["messages"]) == 4
+    # the environment's message would fill the budget: the episode ends there, without it
+    server = Scripted([[([IS, IS, IS, END], "stop")]])
+    (e,) = g.rollout(dataclasses.replace(cfg, group_size=1, max_new_tokens=12), server, task, rows, 0)["episodes"]
+    assert e["completion"] == [IS, IS, IS, END] and e["finish"] == "length" and len(e["messages"]) == 2
+    # --max_reply_tokens 3: a reply cut there is closed and answered; the episode goes on while tokens are left
+    server = Scripted([[([IS, IS, IS], "length")], [([NUMBER, END], "stop")]])
+    (e,) = g.rollout(dataclasses.replace(cfg, group_size=1, max_new_tokens=30, max_reply_tokens=3), server, task,
+                     rows, 0)["episodes"]
+    assert e["completion"] == [IS, IS, IS, END] + says + [NUMBER, END] and e["finish"] == "turns"
+    assert [b for _, b in server.asked] == [[3], [3]]
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_naming_the_task(tiny_model, tmp_path):
+    """The environment's tokens are the template's rendering of its message after a fixed conversation minus that
+    conversation: a template that renders earlier turns otherwise once a turn is added (here: only the last two
+    messages kept) cannot extend an episode by token ids. One clear error before the model loads, naming the task."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = ("{% for m in messages[-2:] %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(g.UserError, match="--task guess: the chat template of this tokenizer does not render"):
+        g.env_ids(tok, "chat", "guess")
+    d = str(tmp_path / "model")
+    shutil.copytree(tiny_model, d)
+    tok.save_pretrained(d)
+    s = StandIn(d)
+    try:
+        code, out = run(train_cmd(d, s.url, tmp_path / "run", "--task", "talk", rewards=True), timeout=120)
+    finally:
+        s.close()
+    assert code == 1 and out.count("error:") == 1 and "Traceback" not in out, out
+    assert "error: --task talk: the chat template of this tokenizer does not render a conversation" in out
+    assert "--prompt_format plain" in out and "initial sync" not in out  # before the model loaded
+
+
+def test_the_environments_tokens_have_no_loss_and_no_gradient_and_the_normaliser_counts_sampled_tokens(tiny_model):
+    """One step in-process on two-turn episodes (reply, the environment's message, reply): at mu = 1 the ratio is 1,
+    so each sampled token's loss is -A and its gradient d loss / d log π = -A / (sampled tokens of the batch),
+    exactly; each environment token's is 0; the logged loss is -Σ A_i n_i / Σ n_i over sampled tokens only."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    dist_init()
+    try:
+        model = g.shard(g.load_policy(tiny_model, torch.device("cpu"), False), init_device_mesh("cpu", (1,)),
+                        torch.bfloat16)
+        env = [2, 4, 12, 13, 9, 3, 2, 5]  # <|im_start|> user the number ? <|im_end|> <|im_start|> assistant
+        replies = [([11 + k, 3], [16 + k % 3] * (1 + k % 2) + [3]) for k in range(4)]  # 2 tokens, then 2 or 3
+        eps = [{"prompt": [2, 4, 6, 7, 3, 2, 5], "completion": a + env + b, "mask": [1] * len(a) + [0] * 8 + [1] * len(b),
+                "server_lp": [-1.0] * len(a) + [0.0] * 8 + [-1.0] * len(b), "answer": "1", "turns": 2, "finish": "stop",
+                "messages": [{"role": "assistant", "content": str(k)}]} for k, (a, b) in enumerate(replies)]
+        batch = {"rows": [{"ids": eps[0]["prompt"], "answer": "1"}], "version": 0, "srv": [0] * 4, "episodes": eps,
+                 "sampling": {"temperature": 1.0}, "span": (0.0, 0.0)}
+        cfg = g.Config(group_size=4, micro_batch=4, tis_cap=0, max_grad_norm=0)
+        seqs = g.sequences(batch, 4, "cpu")
+        mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
+        m = g.Metrics()
+        g.score(seqs, task_of(lambda s, w: (float(s["text"] in "02"), {})), 4, m)  # episodes 0 and 2 rewarded
+        seqs["adv"], seqs["weight"] = g.advantages(cfg, seqs["reward"]), torch.ones(4)
+        grads, logp_of = [], g.completion_logprobs
+
+        def kept(model, b, temperature):  # the log-probs train() computes, their gradient kept
+            lp, ent = logp_of(model, b, temperature)
+            lp.retain_grad()
+            grads.append((b, lp))
+            return lp, ent
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(g, "completion_logprobs", kept)
+            g.train(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0), seqs, mbs, 1, lambda s, m: None, m)
+        got = m.reduce("cpu")
+    finally:
+        dist.destroy_process_group()
+    n = seqs["mask"].sum()  # 2 + 2, 2 + 3, 2 + 2, 2 + 3 = 18 sampled tokens (the environment's 32 not among them)
+    assert n == 18 and seqs["length"].sum() == 50 and got["completion_len_mean"] == 18 / 4 and got["turns_mean"] == 2
+    adv = seqs["adv"]
+    assert got["loss"] == pytest.approx((-(adv * seqs["mask"].sum(1)).sum() / n).item(), rel=1e-6, abs=1e-7)
+    for b, lp in grads:
+        want = -adv[b["rows"]].unsqueeze(1) * seqs["mask"][b["rows"], : b["C"]] / n  # 0 on every environment token
+        assert torch.allclose(lp.grad, want, rtol=1e-6, atol=1e-9), (lp.grad, want)
+        assert (lp.grad[seqs["mask"][b["rows"], : b["C"]] == 0] == 0).all()
+
+
+def test_the_rescored_check_compares_only_the_tokens_the_model_sampled():
+    """--async's check: the server re-scores whole episodes (its own tokens too), but the trainer-vs-server gap and
+    the staleness count only tokens of mask 1 (the sampler's log-probs of the environment's tokens are 0 by design)."""
+    trainer = torch.tensor([-1.0, -2.0, -3.0, -4.0, -5.0])
+    now = [-1.01, -2.0, -9.0, -9.0, -5.02]  # tokens 2 and 3 are the environment's: any value there
+    then = [-1.0, -2.0, 0.0, 0.0, -5.0]
+    d, count, top, stale, stale_top = g.rescored_stats(trainer, now, then, [1, 1, 0, 0, 1])
+    assert (count, d, top) == (3, pytest.approx(0.03), pytest.approx(0.02))
+    assert (stale, stale_top) == (pytest.approx(0.03), pytest.approx(0.02))
+
+
+def test_guess_the_number_and_the_calculator_by_their_rules():
+    """The built-in environments on hand-made episodes: guess answers each guess (the reply's first integer) higher or
+    lower and ends at the secret; its reward is 1 for a win, else 0.1 x the share of guesses the answers so far
+    allowed. The calculator answers a call with the value, ends at any other reply; its reward is 1 for the right
+    product as the last reply, else 0.1 if it called."""
+    rf = reward_fns
+    turns = lambda *replies: [{"role": "user", "content": "?"}] + [
+        {"role": r, "content": c} for k, c in enumerate(replies) for r in ["assistant" if k % 2 == 0 else "user"]]
+    assert rf.guess_env(turns("8"), "11") == "My number is higher than 8. Guess again."
+    assert rf.guess_env(turns("I say 12, no 13"), "11") == "My number is lower than 12. Guess again."
+    assert rf.guess_env(turns("eleven"), "11").startswith("That is not a number.")
+    assert rf.guess_env(turns(" 11."), "11") is None and rf.guess_correct(" 11.", "11")
+    game = lambda *guesses: {"messages": turns(*[x for q in guesses for x in (q, "(answer)")][:-1])}
+    assert rf.guess_reward("11", "11", game("8", "12", "11")) == 1.0
+    # 8 (possible), 20 (out of range), 5 (below 8: the answer 'higher' ruled it out), 9 (possible): 2 of 4
+    assert rf.guess_reward("9", "11", game("8", "20", "5", "9")) == pytest.approx(0.05)
+    assert rf.guess_reward("no", "11", game("no")) == 0.0
+    assert rf.calculate("123 * 45") == "5535" and rf.calculate("7 / 2") == "3.5" and rf.calculate("2 ** 99") == "error"
+    assert rf.calculate("__import__('os')") == "error" and rf.calculate("1 / 0") == "error"
+    assert rf.calculator_env(turns("calc: 123 * 45"), "5535") == rf.calculator_env(turns("calc: 123×45 ="), "") == "5535"
+    assert rf.calculator_env(turns("The answer is 5535"), "5535") is None
+    called = {"messages": turns("calc: 123*45", "5535", "5535")}
+    assert rf.calculator_reward("5535", "5535", called) == 1.0 and rf.calculator_correct("It is 5535.", "5535")
+    assert rf.calculator_reward("5536", "5535", called) == pytest.approx(0.1)
+    assert rf.calculator_reward("5536", "5535", {"messages": turns("5536")}) == 0.0
+    assert not rf.calculator_correct("calc: 5535", "5535")  # a call is no answer
+    rows = rf.guess_rows()
+    assert {r["answer"] for r in rows} == {str(n) for n in range(1, rf.GUESS_MAX + 1)} and len({r["question"] for r in rows}) == 1
+
+
+def test_the_built_in_tasks_load_their_rows_and_a_game_trains_on_every_secret(tiny_model):
+    """guess: one question for every secret (hidden in the answer), so its held-out games are no duplicates to drop
+    from training (a dataset's repeated question is); calculator: 200 problems held out."""
+    _, train, evals, task = g.load_data(g.Config(model=tiny_model, dataset="builtin", task="guess"))
+    assert (len(train), len(evals), task.max_turns) == (240, 80, reward_fns.GUESS_TURNS)
+    assert {r["answer"] for r in train} == {r["answer"] for r in evals} == {str(n) for n in range(1, 17)}
+    _, train, evals, task = g.load_data(g.Config(model=tiny_model, dataset="builtin", task="calculator"))
+    assert len(evals) == 200 and not {r["question"] for r in train} & {r["question"] for r in evals} and task.env
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--max_turns", "3"), "--max_turns 3: --task arithmetic has no environment to answer a reply"),
+    (("--task", "guess"), "--builtin_max_operand sizes the built-in rows of --task arithmetic only"),
+    (("--task", "gues"), "--task 'gues' is not a task of reward_fns.py: it must be auto or one of arithmetic, calculator")])
+def test_episode_flags_that_cannot_apply_are_one_clear_error(tiny_model, server, tmp_path, flags, says):
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, *flags), timeout=120)
+    assert code == 1 and out.count("error:") == 1 and "Traceback" not in out and f"error: {says}" in out, out
+
+
+TALK = ("--task", "talk", "--max_new_tokens", "24", "--steps", "2", "--eval_every", "0", "--save_every", "0")
+
+
+def episodes_in(s):
+    """-> how many of the stand-in's training requests asked for a reply after the environment's message."""
+    said = (2, 4, 6, 7, 12, 13, 9, 3, 2, 5)  # <|im_start|> user What is the number ? <|im_end|> <|im_start|> assistant
+    return sum(any(tuple(p[i: i + len(said)]) == said for i in range(len(p))) for req in s.rollouts for p in req)
+
+
+@pytest.mark.parametrize("mode", ["--no-async", "--async"])
+def test_episodes_train_and_every_check_passes_on_the_sampled_tokens(tiny_model, tmp_path, mode):
+    """The 'talk' task end to end, on-policy and async: episodes of two replies around the environment's message
+    train, and the sync check passes at every step (its log-probs and, async, the staleness on the re-scored
+    episodes count the model's tokens only: the environment's log-probs of 0 would be off by nats)."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *TALK, mode, rewards=True))
+    finally:
+        s.close()
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path) if "loss" in r]
+    assert len(m) == 2 and max(r["turns_mean"] for r in m) > 1 and episodes_in(s) > 0, m
+    assert "episodes of up to 3 replies" in out and all(r["check_mismatch_max"] < 0.01 for r in m), m
+    stale = [r["staleness_max"] for r in m if r.get("staleness_max") is not None]  # re-scored at step 2
+    assert mode == "--no-async" or (stale and max(stale) < 1.0), m
+
+
+def test_an_episode_that_ends_after_one_turn_is_the_single_turn_run_bit_for_bit(tiny_model, tmp_path):
+    """arithmetic, and the same task with an environment that ends every episode at once (--max_turns 3): the same
+    requests to the server, the same metrics at every step and the same weights at the end, to the bit."""
+    got = {}
+    for task in ("arithmetic", "one_turn"):
+        s = StandIn(tiny_model)
+        try:
+            code, out = run(train_cmd(tiny_model, s.url, tmp_path / task, "--task", task, "--steps", "3",
+                                      rewards=True))
+            assert code == 0, out
+            got[task] = (s.rollouts, [{k: v for k, v in r.items() if not k.startswith(("time", "span", "rollout_"))}
+                                      for r in read_metrics(tmp_path / task)], ckpt_weights(tmp_path / task))
+        finally:
+            s.close()
+    (asked, rows, weights), (asked1, rows1, weights1) = got["arithmetic"], got["one_turn"]
+    assert asked == asked1 and rows == rows1 and len(rows) == 6  # steps 1-3, evals at 0, 2 and 3
+    assert weights.keys() == weights1.keys() and all(torch.equal(weights[k], weights1[k]) for k in weights)
+
+
+def test_episodes_of_different_lengths_on_two_ranks_take_the_step_of_one_rank(tiny_model, tmp_path):
+    """'talk' on one rank and on two: the same episodes (the stand-in samples by prompt and copy, whoever asks), of
+    different lengths on each rank, and the same first step: every rank runs as many micro-batches, the normaliser
+    counts the sampled tokens of the whole batch."""
+    got = {}
+    for key, nproc in (("1", 1), ("2", 2)):
+        s = StandIn(tiny_model)
+        try:
+            code, out = run(train_cmd(tiny_model, s.url, tmp_path / key, *TALK, "--steps", "1", "--prompts_per_step",
+                                      "4", "--micro_batch", "3", "--eval_every", "0", nproc=nproc, rewards=True))
+            assert code == 0, out
+            got[key] = ([r for r in read_metrics(tmp_path / key) if "loss" in r][0], sorted(map(str, s.generations)))
+        finally:
+            s.close()
+    (m1, gen1), (m2, gen2) = got["1"], got["2"]
+    assert gen1 == gen2 and m1["turns_mean"] == m2["turns_mean"] > 1
+    for k in ("reward_mean", "completion_len_mean", "turns_mean", "accuracy"):
+        assert m2[k] == m1[k], k
+    for k in ("loss", "entropy", "check_mismatch_mean"):  # one forward and one loss, split over ranks otherwise
+        assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
+
+
+def test_a_resumed_run_of_episodes_is_the_run_that_never_stopped(tiny_model, tmp_path):
+    """'talk': 4 steps at once, and 2 steps then --resume to 4: the same episodes after the resume, the same metrics
+    at every step and the same weights at the end, to the bit. (On-policy: an --async resume samples its first batch
+    from the checkpoint's weights, not the step before's: docs/design.md, Exact resume.)"""
+    got = {}
+    for key in ("ref", "resumed"):
+        s = StandIn(tiny_model)
+        try:
+            for steps in (("4",) if key == "ref" else ("2", "4")):
+                resume = ("--resume",) if steps == "4" and key == "resumed" else ()
+                code, out = run(train_cmd(tiny_model, s.url, tmp_path / key, *TALK, "--save_every", "2",
+                                          "--eval_every", "0", "--steps", steps, *resume, rewards=True))
+                assert code == 0, out
+            got[key] = ([{k: v for k, v in r.items() if not k.startswith(("time", "span", "rollout_"))}
+                         for r in read_metrics(tmp_path / key) if "loss" in r], ckpt_weights(tmp_path / key),
+                        s.generations)
+        finally:
+            s.close()
+    (rows, w, gen), (rows1, w1, gen1) = got["ref"], got["resumed"]
+    assert len(rows) == 4 and rows == rows1 and all(torch.equal(w[k], w1[k]) for k in w)
+    assert gen == gen1  # every reply of every turn: steps 1-2 before the stop, 3-4 after
+
+
+# ---------------------------------------------------------------------------------------------
+# 17. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
 #    GRPO_TEST_MODEL (or the GPU kit's KIT_MODEL_DIR) names a small model; serve.sh is started on the
 #    last GPU (or reused if GRPO_TEST_PIDFILE's server is already up), the trainer runs on GPU 0.
 

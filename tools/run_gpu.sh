@@ -12,6 +12,10 @@
 #   q7          LoRA on a Qwen2.5-7B shape (random weights, tools/make_models.py) with its server on the same GPU
 #   syncbench   merged weights vs adapters in SGLang's LoRA slots, per push and per rollout token, at the 135M,
 #               1.5B and 7B shapes (tools/lora_sync_bench.py, against servers started with --enable-lora)
+#   guess, calculator   the README's multi-turn quick start for each built-in task of episodes, then the same model
+#               on the same held-out rows with one reply and no environment (--max_turns 1, evaluated only)
+#   episodes_neg  a calculator run whose pushes from step 6 on are dropped with their tag kept (negative_control.py)
+#   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server (tools/turn_cost.py)
 #
 #   M=/path/to/model RES=/tmp/res bash tools/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
 # (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
@@ -26,6 +30,10 @@ log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
 QUICK=(--colocate --model "$M" --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 128
        --lr 1e-5 --beta 0.04 --steps "${STEPS:-100}" --eval_every 50)   # the README's command
 LORA=(--lora_rank 16 --lr 1e-4)   # the README's LoRA line: after QUICK, the later --lr wins
+EPISODES=(--colocate --model "$M" --dataset builtin --prompts_per_step 16 --micro_batch 128 --lr 2e-5
+          --steps "${EP_STEPS:-200}" --eval_every 50 --save_every 0)    # the README's multi-turn quick start
+GUESS=(--task guess --max_new_tokens 192 --max_reply_tokens 16)
+CALC=(--task calculator --max_new_tokens 128 --max_reply_tokens 32)
 # run NAME OUT_DIR TIMEOUT CMD...: one training run (writing to OUT_DIR), its log and metrics.jsonl in $RES
 run() { local name=$1 dir=$2 limit=$3; shift 3; log "$name: $*"; local t0=$SECONDS
   timeout "$limit" "$@" > "$RES/$name.log" 2>&1
@@ -110,6 +118,23 @@ for phase in $phases; do
       log "syncbench $1: exit $?: $(tail -n 1 "$RES/syncbench_$1.log" | cut -c1-200)"
       PIDFILE=/tmp/serve_lora_$1.pid bash serve.sh stop > /dev/null
     done ;;
+  guess|calculator)
+    server
+    [ "$phase" = guess ] && TASK=("${GUESS[@]}") || TASK=("${CALC[@]}")
+    run "$phase" "/tmp/runs/$phase" 600 torchrun --nproc_per_node 1 grpo_sglang.py "${EPISODES[@]}" "${TASK[@]}" \
+        --out_dir "/tmp/runs/$phase"
+    run "${phase}_single_turn" "/tmp/runs/${phase}_single_turn" 300 torchrun --nproc_per_node 1 grpo_sglang.py \
+        "${EPISODES[@]}" "${TASK[@]}" --max_turns 1 --steps 1 --lr 0 --out_dir "/tmp/runs/${phase}_single_turn" ;;
+  episodes_neg)
+    server
+    run episodes_dropped_tag_kept /tmp/runs/episodes_neg 300 torchrun --nproc_per_node 1 tools/negative_control.py \
+        --skip 6-100 --tag_skipped -- "${EPISODES[@]}" "${CALC[@]}" --steps 15 --eval_every 0 \
+        --out_dir /tmp/runs/episodes_neg ;;
+  turn_cost)
+    server
+    log "turn_cost: tools/turn_cost.py"
+    timeout 300 python3 tools/turn_cost.py --model "$M" --out "$RES/turn_cost.json" > "$RES/turn_cost.log" 2>&1
+    log "turn_cost: exit $?: $(tail -n 1 "$RES/turn_cost.log" | cut -c1-300)" ;;
   *) log "unknown phase $phase" ;;
   esac
 done

@@ -36,7 +36,7 @@ def main():
     from trl import GRPOConfig, GRPOTrainer
 
     train, _, _ = g.load_splits(g.Config(dataset="builtin"))  # the quick start's training rows
-    instruction = g.INSTRUCTIONS["arithmetic"]
+    instruction = reward_fns.TASKS["arithmetic"].instruction
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{r['question']}\n{instruction}"}],
                                "answer": r["answer"]} for r in train])
 
