@@ -515,8 +515,9 @@ def train_cmd(model_dir, url, out_dir, *extra, nproc=1, rewards=False):
                     f"runpy.run_path({os.path.join(HERE, 'grpo_sglang.py')!r}, run_name='__main__')\n")
         os.replace(WITH_REWARDS + f".{os.getpid()}", WITH_REWARDS)
     script = WITH_REWARDS if rewards else os.path.join(HERE, "grpo_sglang.py")
+    small = () if "--dataset" in extra else ("--builtin_max_operand", "2")  # (it sizes the built-in rows only)
     flags = ["--model", model_dir, "--server_url", url, "--out_dir", str(out_dir), "--dataset", "builtin",
-             "--builtin_max_operand", "2", "--eval_size", "2", "--steps", "2", "--prompts_per_step", "2",
+             *small, "--eval_size", "2", "--steps", "2", "--prompts_per_step", "2",
              "--group_size", "4", "--max_new_tokens", "5", "--lr", "3e-2", "--micro_batch", "4", "--device", "cpu",
              "--save_every", "1", "--eval_every", "2", "--request_retries", "1", "--no-async", *extra]  # --async: later wins
     if nproc == 1:
@@ -3827,18 +3828,22 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     recipe's file and command."""
     import importlib.util
     recipes = readme_recipes()
-    assert list(recipes) == ["concise", "filter", "ranks", "loss", "dataset"], list(recipes)
+    assert list(recipes) == ["concise", "filter", "ranks", "loss", "dataset", "environment", "selfcheck"], list(recipes)
     root = tmp_path / "copy"
     root.mkdir()
     for f in ("grpo_sglang.py", "reward_fns.py"):
         shutil.copy(os.path.join(HERE, f), root / f)
-    for name in ("concise", "filter", "ranks", "loss"):
+    for name in ("concise", "filter", "ranks", "loss", "environment", "selfcheck"):
         apply_recipe(recipes[name], root)
     load = lambda name, path: (lambda spec: (spec, importlib.util.module_from_spec(spec)))(
         importlib.util.spec_from_file_location(name, path))
     spec, rf = load("reward_fns_recipes", root / "reward_fns.py")
     spec.loader.exec_module(rf)
     check_registry(rf)
+    ask = lambda task, *turns: rf.TASKS[task].env([{"role": "user", "content": "What is 2 + 3?"}] + [
+        {"role": ("assistant", "user")[k % 2], "content": c} for k, c in enumerate(turns)], "5")
+    assert ask("arithmetic_check", "6") == "Check your answer, then give it again." and ask("arithmetic_check", "6", "?", "5") is None
+    assert ask("arithmetic_retry", "6") == "That is not right. Try again." and ask("arithmetic_retry", "5") is None
     spec, copy = load("grpo_sglang_recipes", root / "grpo_sglang.py")
     spec.loader.exec_module(copy)
     adv = copy.rank_advantages(torch.tensor([0.0, 1.0, 1.0, 3.0, 2.0, 2.0, 2.0, 2.0]), 4)
@@ -3857,6 +3862,10 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     assert any(r["reward_concise"] != 0 for r in m) and not any(r["reward_warnings"] for r in m), m  # saw the sample
     mix = [r["reward_arithmetic"] + 0.5 * r["reward_concise"] for r in m]  # each part logged, unweighted
     assert [r["reward_mean"] for r in m] == pytest.approx(mix), m  # the reward that trained: the weighted mix
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "retry", "--steps", "1", "--task", "arithmetic_retry",
+                    "--max_new_tokens", "40")
+    code, out = run([cmd[0], str(root / "grpo_sglang.py"), *cmd[2:]])
+    assert code == 0 and "task: arithmetic_retry, episodes of up to 3 replies (its environment: retry_env)" in out, out
     (_, _, _, _, rows), (_, _, _, _, command) = recipes["dataset"]
     rows = [json.loads(line) for line in rows.splitlines()]
     assert set(rows[0]) == {"problem", "solution"}
@@ -3866,8 +3875,7 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     flags = command.replace("\\\n", " ").split("grpo_sglang.py", 1)[1].split()
     flags = [str(tmp_path / "my.jsonl") if f == "my.jsonl" else f for f in flags if f not in ("--colocate",)]
     k = flags.index("--model")
-    cmd = train_cmd(tiny_model, server.url, tmp_path / "data_run", "--steps", "1")
-    code, out = run(cmd + flags[:k] + flags[k + 2:])
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path / "data_run", "--steps", "1", *flags[:k], *flags[k + 2:]))
     assert code == 0 and "eval prompts from " + str(tmp_path / "my.jsonl") in out, out
 
 
