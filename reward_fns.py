@@ -316,7 +316,8 @@ def calculator_reward(completion, answer, sample):
     the model rarely does at first and without which it cannot get these products right."""
     if calculator_correct(completion, answer):
         return 1.0
-    return 0.1 * any(_CALL_RE.search(m["content"]) for m in sample["messages"] if m["role"] == "assistant")
+    called = any(_CALL_RE.search(m["content"]) for m in sample["messages"] if m["role"] == "assistant")
+    return 0.1 * (called and not _CALL_RE.search(completion))  # called, then answered: never for calls alone
 
 
 REWARD_FNS.update(guess=guess_reward, calculator=calculator_reward)
