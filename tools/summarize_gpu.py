@@ -1,4 +1,4 @@
-"""results/h200/{quickstart,trl,trust,lora}/summary.json (and quickstart/curve.png) from the logs and metrics there,
+"""results/h200/{quickstart,trl,trust,lora,episodes}/summary.json (and the curves) from the logs and metrics there,
 so that every number the README quotes is computed from files in the repository.
 
     python tools/summarize_gpu.py            # from the repo root; needs matplotlib for the curve
@@ -154,6 +154,71 @@ def lora():
     return out
 
 
+def episodes():
+    """The multi-turn quick start of each built-in task of episodes, its single-turn baseline (one reply, no
+    environment, the same held-out rows), the negative control during episodes and what a turn costs."""
+    d = os.path.join(R, "episodes")
+    mean = lambda rs, k: round(st.mean(r[k] for r in rs), 3)
+    out = {"commit": "76793d9", "date": "2026-12-02",
+           "commits": {"guess, episodes_dropped_tag_kept, turn_cost, quickstart, calculator_calls_only": "76793d9",
+                       "calculator": "c5b066e (76793d9 with the calculator's reward paying its partial credit only for "
+                                     "a call followed by an answer)"},
+           "tasks": {}}
+    for name in ("guess", "calculator", "calculator_calls_only"):
+        path = os.path.join(d, f"{name}.metrics.jsonl")
+        s, ev = steps(path), {r["step"]: r for r in rows(path) if "eval_accuracy" in r}
+        base = evals(os.path.join(d, f"{name.split('_calls')[0]}_single_turn.metrics.jsonl"))
+        out["tasks"][name] = {
+            "steps": len(s), "success_first20": mean(s[:20], "accuracy"), "success_last20": mean(s[-20:], "accuracy"),
+            "turns_first20": mean(s[:20], "turns_mean"), "turns_last20": mean(s[-20:], "turns_mean"),
+            "heldout_start": round(ev[0]["eval_accuracy"], 4), "heldout_end": round(ev[len(s)]["eval_accuracy"], 4),
+            "heldout": evals(path), "heldout_turns": {k: round(r["eval_turns_mean"], 3) for k, r in ev.items()},
+            "check_max": round(max(r["check_mismatch_mean"] for r in s), 4),
+            "check_token_max": round(max(r["check_mismatch_max"] for r in s), 4),
+            "step_s": med([r["time_step"] for r in s[3:]]), "rollout_s": med([r["time_rollout"] for r in s[3:]]),
+            "run_s": round(sum(r["time_step"] for r in s), 1),
+            "reward_first20": mean(s[:20], "reward_mean"), "reward_last20": mean(s[-20:], "reward_mean"),
+            "single_turn_baseline": base[0]}
+    log = open(os.path.join(d, "episodes_dropped_tag_kept.log")).read()
+    first = int(re.search(r"negative control: the push of version (\d+) is", log).group(1))
+    at, why = stopped_at(os.path.join(d, "episodes_dropped_tag_kept.log"))
+    out["negative_control"] = {"task": "calculator", "drop_after": first, "caught_at": at, "error": why}
+    out["turn_cost"] = json.load(open(os.path.join(d, "turn_cost.json")))
+    q = steps(os.path.join(d, "quickstart.metrics.jsonl"))
+    out["quickstart_single_turn"] = {"eval": evals(os.path.join(d, "quickstart.metrics.jsonl")),
+                                     "reward_91_100": mean(q[-10:], "reward_mean"),
+                                     "step_s_median": med([r["time_step"] for r in q[3:]]),
+                                     "steps_s_total": round(sum(r["time_step"] for r in q), 1)}
+    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import plot_metrics
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for ax, name, title in zip(axes, ("guess", "calculator"), ("guess the number: 1..16, 5 guesses",
+                                                              "calculator tool: 3-digit x 2-digit products")):
+        path = os.path.join(d, f"{name}.metrics.jsonl")
+        s, ev = steps(path), [r for r in rows(path) if "eval_accuracy" in r]
+        x = [r["step"] for r in s]
+        ax.plot(x, [r["accuracy"] for r in s], lw=1, alpha=0.35, color="C0", label="success (training episodes)")
+        ax.plot(x, plot_metrics.moving_mean([r["accuracy"] for r in s], 10), lw=2, color="C0",
+                label="success, 10-step mean")
+        ax.plot([r["step"] for r in ev], [r["eval_accuracy"] for r in ev], "o-", color="C1",
+                label="held-out success (greedy)")
+        ax.axhline(out["tasks"][name]["single_turn_baseline"], ls="--", color="gray", lw=1,
+                   label="one reply, no environment")
+        ax2 = ax.twinx()
+        ax2.plot(x, plot_metrics.moving_mean([r["turns_mean"] for r in s], 10), color="C2", lw=1.5)
+        ax2.set(ylabel="replies per episode (green)", ylim=(0, 5.5))
+        ax.set(xlabel="step", ylim=(0, 1.02), title=title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="center right")
+    fig.suptitle("SmolLM2-135M-Instruct, episodes, one H200 (server and trainer colocated)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(d, "curve.png"), dpi=110)
+    return out
+
+
 if __name__ == "__main__":
-    for f in (quickstart, trust, trl, lora):
+    for f in (quickstart, trust, trl, lora, episodes):
         print(f.__name__, json.dumps(f()))
