@@ -4664,7 +4664,7 @@ def test_guess_the_number_and_the_calculator_by_their_rules():
     """The built-in environments on hand-made episodes: guess answers each guess (the reply's first integer) higher or
     lower and ends at the secret; its reward is 1 for a win, else 0.1 x the share of guesses the answers so far
     allowed. The calculator answers a call with the value, ends at any other reply; its reward is 1 for the right
-    product as the last reply, else 0.1 if it called."""
+    product as the last reply, else 0.1 if it called and then answered."""
     rf = reward_fns
     turns = lambda *replies: [{"role": "user", "content": "?"}] + [
         {"role": r, "content": c} for k, c in enumerate(replies) for r in ["assistant" if k % 2 == 0 else "user"]]
@@ -4685,6 +4685,8 @@ def test_guess_the_number_and_the_calculator_by_their_rules():
     assert rf.calculator_reward("5535", "5535", called) == 1.0 and rf.calculator_correct("It is 5535.", "5535")
     assert rf.calculator_reward("5536", "5535", called) == pytest.approx(0.1)
     assert rf.calculator_reward("5536", "5535", {"messages": turns("5536")}) == 0.0
+    # calls alone earn nothing: on one H200 a reward that paid for them was hacked (a call in every turn, no answer)
+    assert rf.calculator_reward("calc: 1 * 2", "5535", {"messages": turns("calc: 5 * 7", "35", "calc: 1 * 2")}) == 0.0
     assert not rf.calculator_correct("calc: 5535", "5535")  # a call is no answer
     rows = rf.guess_rows()
     assert {r["answer"] for r in rows} == {str(n) for n in range(1, rf.GUESS_MAX + 1)} and len({r["question"] for r in rows}) == 1

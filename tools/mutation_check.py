@@ -402,6 +402,8 @@ M = [  # (name, file, old, new, -k expression)
  ("a request's sampling parameters that SGLang does not take", 'grpo_sglang.py',
   '            sp = [{"temperature": sampling["temperature"], "top_p": sampling["top_p"], "top_k": sampling["top_k"],\n                   "max_new_tokens": b}',
   '            sp = [{**sampling, "max_new_tokens": b}', 'script_trains_and_server_gets'),
+ ('calculator: partial credit for calls alone', 'reward_fns.py',
+  'return 0.1 * (called and not _CALL_RE.search(completion))', 'return 0.1 * called', 'by_their_rules'),
  ('calculator: pairs drawn twice', 'reward_fns.py', 'random.Random(seed).sample(range(900 * 90), n)',
   '[random.Random(seed).randrange(900 * 90) for _ in range(n)]', 'built_in_tasks_load'),
 ]
