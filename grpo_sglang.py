@@ -278,10 +278,11 @@ def add_lora(model, rank, alpha, targets, seed=0):
             m.lora_B = torch.nn.Parameter(torch.zeros(m.out_features, rank, device=m.weight.device))
             m.lora_scale, m.lora_on, m.forward = alpha / rank, True, lora_forward.__get__(m)
             found.append(name)
-    if not found:
+    missing = [t for t in targets if t not in {n.rsplit(".", 1)[-1] for n in found}]  # a typo trains the rest alone
+    if missing:
         have = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise UserError(f"--lora_targets {','.join(targets)}: {type(model).__name__} has no Linear of these names; "
-                        f"its Linears are named {','.join(have)}")
+        raise UserError(f"--lora_targets {','.join(missing)}: {type(model).__name__} has no Linear of "
+                        f"{'these names' if len(missing) > 1 else 'this name'}; its Linears are named {','.join(have)}")
     return model
 
 
@@ -810,6 +811,11 @@ def check_config(cfg, world):
     if cfg.colocate and cfg.sync == "nccl":
         raise UserError("--sync nccl needs the server on another GPU than rank 0 (NCCL allows one rank per GPU); "
                         "drop --colocate or use --sync tensor")
+    names = [t.strip() for t in cfg.lora_targets.split(",")]  # "q_proj, v_proj": as meant
+    if not all(names):
+        raise UserError(f"--lora_targets {cfg.lora_targets!r} has an empty entry: name the Linears that get adapters, "
+                        f"separated by commas (e.g. q_proj,v_proj)")
+    cfg.lora_targets = ",".join(names)  # (also as config.json and adapter_config.json save them)
     servers = parse_servers(cfg)
     try:  # and written: a read-only folder would fail only after the model and optimizer were loaded
         os.makedirs(cfg.out_dir, exist_ok=True)

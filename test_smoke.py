@@ -4439,6 +4439,26 @@ def test_lora_targets_that_name_no_linear_or_the_head_are_one_clear_error(tiny_m
     assert f"error: {says}" in out
 
 
+def test_lora_targets_are_trimmed_and_a_typo_or_an_empty_entry_is_one_clear_error(tiny_model, tmp_path):
+    """`--lora_targets q_proj,v_prj` (a typo) and `"q_proj, v_proj"` (a space) both trained q_proj alone, silently:
+    names are trimmed, each must name a Linear of the model (the error lists its names), and an empty entry is an
+    error before anything loads."""
+    cfg = g.Config(lora_targets=" q_proj, v_proj ", out_dir=str(tmp_path))
+    g.check_config(cfg, 1)
+    assert cfg.lora_targets == "q_proj,v_proj"  # (so config.json and adapter_config.json hold it)
+    adapt = lambda targets: g.add_lora(g.load_policy(tiny_model, torch.device("cpu"), False, torch.bfloat16), 4, 8.0,
+                                       targets)
+    assert sorted({n.rsplit(".", 1)[-1] for n, m in adapt(cfg.lora_targets.split(",")).named_modules()
+                   if hasattr(m, "lora_A")}) == ["q_proj", "v_proj"]
+    with pytest.raises(g.UserError, match=re.escape(
+            "--lora_targets v_prj: LlamaForCausalLM has no Linear of this name; its Linears are named down_proj,"
+            "gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj")):
+        adapt(["q_proj", "v_prj"])
+    for bad in ("q_proj,,v_proj", "q_proj,", " "):
+        with pytest.raises(g.UserError, match=re.escape(f"--lora_targets {bad!r} has an empty entry: name the Linears")):
+            g.check_config(g.Config(lora_targets=bad, out_dir=str(tmp_path)), 1)
+
+
 
 # ---------------------------------------------------------------------------------------------
 # 16. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
