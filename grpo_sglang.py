@@ -1906,7 +1906,12 @@ def save_adapters(d, adapters, cfg):
 def load_adapters(ckpt, model):
     """save_adapters' file -> the model's adapters (before shard), which must be the same ones."""
     from safetensors.torch import load_file
-    got = load_file(os.path.join(ckpt, "adapter_model.safetensors"))
+    try:
+        got = load_file(os.path.join(ckpt, "adapter_model.safetensors"))
+    except Exception as e:  # a copy cut short, a disk error
+        raise UserError(f"{ckpt}/adapter_model.safetensors cannot be read ({type(e).__name__}: "
+                        f"{str(e).split('. ')[0][:150]}): the file is damaged (a copy cut short?); use another "
+                        f"checkpoint") from None
     mine = {f"base_model.model.{n}.weight": p for n, p in model.named_parameters() if n.endswith(("lora_A", "lora_B"))}
     bad = [k for k in mine.keys() | got.keys() if k not in got or k not in mine or got[k].shape != mine[k].shape]
     if bad:
@@ -1917,14 +1922,23 @@ def load_adapters(ckpt, model):
             p.copy_(got[k])
 
 
-def export_merged(ckpt, out):
+def export_merged(ckpt, out, base=None):
     """A LoRA checkpoint -> `out`, a plain HF model folder (bf16, each adapter merged into its weight) that serve.sh
-    serves: python -c "import grpo_sglang as g; g.export_merged('runs/grpo/step_100', 'runs/merged')" """
+    serves: python -c "import grpo_sglang as g; g.export_merged('runs/grpo/step_100', 'runs/merged')"
+    base: the base model, if it is no longer where training found it (adapter_config.json's base_model_name_or_path).
+    A mistake is one line, `error: ...` (print_user_error), not a traceback."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    c = adapter_config(ckpt)
     if os.path.exists(out) and os.listdir(out):
         raise UserError(f"{out} exists and is not empty: export into a new folder")
-    c = json.load(open(os.path.join(ckpt, "adapter_config.json")))
-    model = AutoModelForCausalLM.from_pretrained(c["base_model_name_or_path"], dtype=torch.bfloat16)
+    base = base or c["base_model_name_or_path"]
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    except (OSError, ValueError) as e:  # a folder moved (or a path relative to another directory), not on the hub
+        where = f"no folder {os.path.abspath(base)}" if not os.path.isdir(base) else str(e).split("\n")[0][:200]
+        raise UserError(f"export_merged: the base model of {ckpt}, {base!r}, cannot be loaded ({where}). If it moved "
+                        f"since training, say where it is now: export_merged({ckpt!r}, {out!r}, base='/path/to/it')"
+                        ) from None
     add_lora(model, c["r"], c["lora_alpha"], c["target_modules"])
     load_adapters(ckpt, model)
     for m in [m for m in model.modules() if hasattr(m, "lora_A")]:
@@ -1932,6 +1946,43 @@ def export_merged(ckpt, out):
         del m.lora_A, m.lora_B, m.forward  # a plain Linear again
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
+
+
+def adapter_config(ckpt):
+    """export_merged: a LoRA checkpoint's adapter_config.json; else one error that says what `ckpt` is instead."""
+    path = os.path.join(ckpt, "adapter_config.json")
+    if not os.path.isdir(ckpt):
+        raise UserError(f"export_merged: {ckpt} is not a folder: give a checkpoint of a LoRA run (runs/grpo/step_100)")
+    if not os.path.exists(path):
+        steps = sorted((f for f in os.listdir(ckpt) if f.startswith("step_")), key=lambda f: (len(f), f))
+        if steps or os.path.exists(os.path.join(ckpt, "latest")):
+            raise UserError(f"export_merged: {ckpt} is a run's folder, not a checkpoint: give one of its checkpoints, "
+                            + (", ".join(os.path.join(ckpt, f) for f in steps) or "(none yet)")
+                            + (f" (the last: {latest_checkpoint(ckpt)})" if latest_checkpoint(ckpt) else ""))
+        if os.path.exists(os.path.join(ckpt, "config.json")):
+            raise UserError(f"export_merged: {ckpt} holds a whole model (no adapter_config.json), as a full "
+                            f"fine-tune's checkpoint does: it is already a servable model: serve it as it is (MODEL="
+                            f"{ckpt} bash serve.sh)")
+        raise UserError(f"export_merged: {ckpt} has no adapter_config.json: it is not a checkpoint of a LoRA run")
+    try:
+        c = json.load(open(path))
+        c = {k: c[k] for k in ("base_model_name_or_path", "r", "lora_alpha", "target_modules")}
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} cannot be read ({type(e).__name__}: {e}): the checkpoint is damaged; use another "
+                        f"checkpoint") from None
+    return c
+
+
+def print_user_error(kind, e, tb, hook=sys.excepthook):
+    """A UserError that reaches the top (python -c "import grpo_sglang as g; g.export_merged(...)") prints as one line,
+    `error: ...`, not a traceback; any other exception as Python prints it."""
+    if issubclass(kind, UserError):
+        print(f"error: {e}", file=sys.stderr)
+    else:
+        hook(kind, e, tb)
+
+
+sys.excepthook = print_user_error
 
 
 def run_files(out_dir):

@@ -4415,6 +4415,47 @@ def test_lora_export_writes_a_plain_model_of_the_merged_weights(tiny_model, tmp_
         g.export_merged(ckpt, str(tmp_path / "run"))
 
 
+def test_lora_export_mistakes_are_one_clear_line_each(tiny_model, tmp_path):
+    """export_merged raised raw tracebacks for the common mistakes: a run's folder for its step_N, a full fine-tune's
+    checkpoint (or any model folder), an adapter file cut in half, the base model's folder moved since training. Each
+    is one error saying what to give instead (the moved base: base=, which then exports), and from `python -c` it is
+    one line, no traceback."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    base, run_dir = shutil.copytree(tiny_model, tmp_path / "base"), tmp_path / "run"
+    ckpt, out = run_dir / "step_2", str(tmp_path / "out")
+    model = g.add_lora(g.load_policy(str(base), torch.device("cpu"), False, torch.bfloat16), 4, 8.0, TARGETS, seed=3)
+    g.save_adapters(str(ckpt), {n: p.detach() for n, p in model.named_parameters() if ".lora_" in n},
+                    g.Config(model=str(base), lora_rank=4, lora_alpha=8.0, lora_targets=",".join(TARGETS)))
+    AutoTokenizer.from_pretrained(str(base)).save_pretrained(ckpt)
+    shutil.copytree(ckpt, run_dir / "step_1")
+    (run_dir / "latest").write_text("step_2")
+    cut = shutil.copytree(ckpt, tmp_path / "cut")
+    cut_in_half(cut / "adapter_model.safetensors")
+    for given, says in (
+            (run_dir, f"export_merged: {run_dir} is a run's folder, not a checkpoint: give one of its checkpoints, "
+                      f"{run_dir}/step_1, {run_dir}/step_2 (the last: {run_dir}/step_2)"),
+            (tiny_model, f"export_merged: {tiny_model} holds a whole model (no adapter_config.json), as a full "
+                         f"fine-tune's checkpoint does: it is already a servable model: serve it as it is (MODEL="
+                         f"{tiny_model} bash serve.sh)"),
+            (cut, f"{cut}/adapter_model.safetensors cannot be read (SafetensorError: Error while deserializing header: "
+                  f"incomplete metadata, file not fully covered): the file is damaged (a copy cut short?); use another "
+                  f"checkpoint")):
+        with pytest.raises(g.UserError) as e:
+            g.export_merged(str(given), out)
+        assert str(e.value) == says and not os.path.exists(out)
+    code, said = run([sys.executable, "-c", f"import grpo_sglang as g; g.export_merged({str(run_dir)!r}, {out!r})"])
+    assert code == 1 and said == f"error: export_merged: {run_dir} is a " \
+        f"run's folder, not a checkpoint: give one of its checkpoints, {run_dir}/step_1, {run_dir}/step_2 (the last: " \
+        f"{run_dir}/step_2)\n", said
+    os.rename(base, tmp_path / "moved")
+    with pytest.raises(g.UserError, match=re.escape(
+            f"export_merged: the base model of {ckpt}, {str(base)!r}, cannot be loaded (no folder {base}). If it moved "
+            f"since training, say where it is now: export_merged({str(ckpt)!r}, {out!r}, base='/path/to/it')")):
+        g.export_merged(str(ckpt), out)
+    g.export_merged(str(ckpt), out, base=str(tmp_path / "moved"))
+    assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("checker", [True, False])
 def test_lora_a_server_sampling_from_the_base_model_is_caught(tiny_model, tmp_path, checker):
     """negative_control.py --base_only: from the push of version 2 on, the server gets the base model's weights (the
