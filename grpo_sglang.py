@@ -879,6 +879,7 @@ def setup(cfg):
     servers = check_config(cfg, world)
     lock = lock_out_dir(cfg.out_dir) if rank == 0 else None  # held until the process ends
     ckpt = checkpoint_to_resume(cfg.out_dir, world, cfg.resume)
+    ckpt and check_lora_resume(cfg, ckpt)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if use_cuda:
@@ -2051,6 +2052,25 @@ def checkpoint_to_resume(out_dir, world=1, resume=True):
     fix = (f"Complete checkpoints here: {', '.join(others)}; to resume from the last one: echo {others[-1]} > {latest}"
            if others else "There is no other complete checkpoint here: start afresh in another --out_dir.")
     raise UserError(f"--resume: {why if d is None else f'{latest} names {os.path.basename(d)}, but {why}'}. {fix}")
+
+
+def check_lora_resume(cfg, ckpt):
+    """--resume: a LoRA checkpoint (adapter_config.json) needs --lora_rank, a full one none. They differ only where
+    the run's config.json is gone, and its flags with it: say which flags the checkpoint was trained with."""
+    lora, lost = os.path.join(ckpt, "adapter_config.json"), os.path.join(cfg.out_dir, "config.json")
+    why = f" ({lost}, which held the run's flags, is gone)" if not os.path.exists(lost) else ""
+    if os.path.exists(lora) and not cfg.lora_rank:
+        try:
+            c = json.load(open(lora))
+            flags = (f"--lora_rank {c['r']} --lora_alpha {c['lora_alpha']:g} --lora_targets "
+                     f"{','.join(c['target_modules'])}")
+        except (ValueError, KeyError, TypeError):
+            flags = "its --lora_rank, --lora_alpha and --lora_targets"
+        raise UserError(f"--resume: {ckpt} is a LoRA checkpoint (it holds adapter_config.json), but this run has no "
+                        f"--lora_rank{why}. Resume with {flags}, and the run's other flags")
+    if cfg.lora_rank and not os.path.exists(lora):
+        raise UserError(f"--resume: {ckpt} is a full fine-tune's checkpoint (no adapter_config.json), but this run has "
+                        f"--lora_rank {cfg.lora_rank}{why}. Resume without the LoRA flags")
 
 
 def all_reduce_named(values, op, device):

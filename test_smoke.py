@@ -4415,18 +4415,27 @@ def test_lora_export_writes_a_plain_model_of_the_merged_weights(tiny_model, tmp_
         g.export_merged(ckpt, str(tmp_path / "run"))
 
 
+def lora_checkpoint(base, d, step=1):
+    """A LoRA checkpoint of --model `base` (rank 4, alpha 8, TARGETS) written by hand as save_checkpoint writes one,
+    at `step` (of a run on one rank), in folder d; B is 0, as at the start. -> d"""
+    from transformers import AutoConfig, AutoTokenizer
+    model = g.add_lora(g.load_policy(str(base), torch.device("cpu"), False, torch.bfloat16), 4, 8.0, TARGETS, seed=3)
+    g.save_adapters(str(d), {n: p.detach() for n, p in model.named_parameters() if ".lora_" in n},
+                    g.Config(model=str(base), lora_rank=4, lora_alpha=8.0, lora_targets=",".join(TARGETS)))
+    AutoConfig.from_pretrained(base).save_pretrained(d)
+    AutoTokenizer.from_pretrained(str(base)).save_pretrained(d)
+    torch.save({"optimizer": {}, "step": step, "rng": [None], "config": {}}, os.path.join(d, "trainer_state.pt"))
+    return d
+
+
 def test_lora_export_mistakes_are_one_clear_line_each(tiny_model, tmp_path):
     """export_merged raised raw tracebacks for the common mistakes: a run's folder for its step_N, a full fine-tune's
     checkpoint (or any model folder), an adapter file cut in half, the base model's folder moved since training. Each
     is one error saying what to give instead (the moved base: base=, which then exports), and from `python -c` it is
     one line, no traceback."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     base, run_dir = shutil.copytree(tiny_model, tmp_path / "base"), tmp_path / "run"
-    ckpt, out = run_dir / "step_2", str(tmp_path / "out")
-    model = g.add_lora(g.load_policy(str(base), torch.device("cpu"), False, torch.bfloat16), 4, 8.0, TARGETS, seed=3)
-    g.save_adapters(str(ckpt), {n: p.detach() for n, p in model.named_parameters() if ".lora_" in n},
-                    g.Config(model=str(base), lora_rank=4, lora_alpha=8.0, lora_targets=",".join(TARGETS)))
-    AutoTokenizer.from_pretrained(str(base)).save_pretrained(ckpt)
+    ckpt, out = lora_checkpoint(base, run_dir / "step_2", 2), str(tmp_path / "out")
     shutil.copytree(ckpt, run_dir / "step_1")
     (run_dir / "latest").write_text("step_2")
     cut = shutil.copytree(ckpt, tmp_path / "cut")
@@ -4454,6 +4463,24 @@ def test_lora_export_mistakes_are_one_clear_line_each(tiny_model, tmp_path):
         g.export_merged(str(ckpt), out)
     g.export_merged(str(ckpt), out, base=str(tmp_path / "moved"))
     assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
+
+
+def test_a_lora_run_whose_config_json_is_lost_resumed_without_lora_flags_names_them(tiny_model, tmp_path):
+    """A LoRA run's config.json (its flags) lost, resumed without --lora_rank: transformers said "no file named
+    model.safetensors". Now one line, before any server is asked, that it is a LoRA checkpoint and the flags it was
+    trained with; and the other way round (a full checkpoint resumed with --lora_rank)."""
+    lora_checkpoint(tiny_model, tmp_path / "step_1")
+    (tmp_path / "latest").write_text("step_1")
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, "--resume"), timeout=120)
+    says = (f"error: --resume: {tmp_path}/step_1 is a LoRA checkpoint (it holds adapter_config.json), but this run has "
+            f"no --lora_rank ({tmp_path}/config.json, which held the run's flags, is gone). Resume with --lora_rank 4 "
+            f"--lora_alpha 8 --lora_targets {','.join(TARGETS)}, and the run's other flags")
+    assert code == 1 and out.count(says) == 1 and out.count("error:") == 1 and "Traceback" not in out, out
+    full = shutil.copytree(tiny_model, tmp_path / "full" / "step_1")
+    with pytest.raises(g.UserError, match=re.escape(
+            f"--resume: {full} is a full fine-tune's checkpoint (no adapter_config.json), but this run has --lora_rank 4 "
+            f"({tmp_path}/full/config.json, which held the run's flags, is gone). Resume without the LoRA flags")):
+        g.check_lora_resume(g.Config(lora_rank=4, out_dir=str(tmp_path / "full")), str(full))
 
 
 @pytest.mark.parametrize("checker", [True, False])

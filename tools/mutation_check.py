@@ -344,6 +344,8 @@ M = [  # (name, file, old, new, -k expression)
   'lora_export_mistakes'),
  ('export: a UserError from python -c as a traceback', 'grpo_sglang.py', 'sys.excepthook = print_user_error\n', '',
   'lora_export_mistakes'),
+ ('lora: a LoRA checkpoint resumed as a full one', 'grpo_sglang.py', '    ckpt and check_lora_resume(cfg, ckpt)\n', '',
+  'config_json_is_lost'),
  ('lora: targets naming no Linear accepted', 'grpo_sglang.py', '    if missing:\n        have', '    if False:\n        have',
   'lora_targets'),
  ('lora: a typo among right target names accepted', 'grpo_sglang.py',
