@@ -151,6 +151,7 @@ class Config:
     # eval, checkpoints, logging
     eval_every: int = arg(50, "evaluate (greedy, via the server) every N steps; 0 = only at start and end", "v >= 0")
     save_every: int = arg(100, "checkpoint every N steps (0 = only at the end)", "v >= 0")
+    keep_checkpoints: int = arg(3, "keep the run's newest N checkpoints, delete its older ones (0 = all)", "v >= 0")
     out_dir: str = arg("runs/grpo", "checkpoints, metrics.jsonl and config.json go here")
     resume: bool = arg(False, "continue the run in out_dir from its last checkpoint, with its flags (docs)")
     sample_every: int = arg(10, "print one completion every N steps", "v >= 0")
@@ -652,6 +653,10 @@ class MetricsLog:
                f"step(s) per rollout; {cfg.steps} steps = {cfg.steps * cfg.prompts_per_step / n_train:.2f} epochs")
         print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from θ_{s-1} while the "
                                "server samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
+        keep = cfg.keep_checkpoints
+        print0(f"checkpoints: {os.path.join(cfg.out_dir, 'step_N')} " + (f"every {cfg.save_every} steps and " if
+               cfg.save_every else "") + "at the last step; " + (f"the newest {keep} kept, this run's older ones "
+               f"deleted (--keep_checkpoints)" if keep else "all kept (--keep_checkpoints 0)"))
         if self.master:
             # a resumed run drops the rows after its checkpoint, the eval it repeats and a row cut short (a kill)
             self.path = path = os.path.join(cfg.out_dir, "metrics.jsonl")
@@ -754,7 +759,7 @@ def parse_config(argv=None):
 RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
              "device", "micro_batch", "head_matmul", "grad_checkpointing", "compile", "max_nonfinite_steps",
              "server_url", "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync",
-             "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
+             "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs", "keep_checkpoints"}
 
 
 def restore_config(cfg):
@@ -1865,7 +1870,6 @@ def save_checkpoint(cfg, model, opt, tok, step):
             tok.save_pretrained(d)
             torch.save({"optimizer": osd, "step": step, "rng": rng, "config": saved_config(cfg)},
                        os.path.join(d, "trainer_state.pt"))
-            old = latest_checkpoint(cfg.out_dir)
             write_whole(os.path.join(cfg.out_dir, "latest"), f"step_{step}")
         except Exception as e:  # a full disk, a quota, permissions: say so, clean up
             shutil.rmtree(d, ignore_errors=True)
@@ -1873,9 +1877,22 @@ def save_checkpoint(cfg, model, opt, tok, step):
                             f"full? A checkpoint holds fp32 weights and Adam's two moments, ~{12 * n_params / 1e9:.1f} "
                             f"GB: free space or use another --out_dir. The previous checkpoint there is intact "
                             f"(--resume).") from None
-        if old and os.path.basename(old) != f"step_{step}":
+        for old in old_checkpoints(cfg.out_dir, step, cfg.keep_checkpoints):
             shutil.rmtree(old, ignore_errors=True)
     on_all_ranks(lambda: dist.get_rank() == 0 and write())  # every rank stops if the write failed
+
+
+def old_checkpoints(out_dir, step, keep):
+    """-> the run's checkpoints before step_{step} past its newest `keep` (0: none): folders step_N whose
+    trainer_state.pt says step N. Never another folder (a user's copy, a run's later one that a rollback left)."""
+    def step_of(d):
+        try:  # mmap: the optimizer state is not read
+            return torch.load(os.path.join(out_dir, d, "trainer_state.pt"), weights_only=True, mmap=True)["step"]
+        except Exception:
+            return None
+    ours = sorted(int(d[5:]) for d in os.listdir(out_dir) if d.startswith("step_") and d[5:].isdigit()
+                  and int(d[5:]) < step and d == f"step_{int(d[5:])}" and step_of(d) == int(d[5:]))
+    return [os.path.join(out_dir, f"step_{n}") for n in (ours[: max(len(ours) - keep + 1, 0)] if keep else [])]
 
 
 def load_checkpoint(ckpt_dir, model, opt):

@@ -624,11 +624,11 @@ def run_here(model_dir, url, out_dir, *extra, spy=None, kill_after=None):
             torch.multiprocessing.set_sharing_strategy(sharing)
 
 
-# The runs that a few tests below share: 5 steps, checkpoints every 2 (and at the end), a warmup and a cosine decay,
-# DAPO's overlong penalty, a seed that is not the default; once uninterrupted, once stopped dead after its step-2
-# checkpoint and resumed (without --seed: the run's own comes back).
-RESUMED_FLAGS = ("--steps", "5", "--save_every", "2", "--lr_warmup_steps", "1", "--lr_schedule", "cosine",
-                 "--min_lr_ratio", "0.5", "--max_new_tokens", "6", "--overlong_buffer", "4",
+# The runs that a few tests below share: 5 steps, checkpoints every 2 (and at the end) of which the newest 2 are kept,
+# a warmup and a cosine decay, DAPO's overlong penalty, a seed that is not the default; once uninterrupted, once
+# stopped dead after its step-2 checkpoint and resumed (without --seed: the run's own comes back).
+RESUMED_FLAGS = ("--steps", "5", "--save_every", "2", "--keep_checkpoints", "2", "--lr_warmup_steps", "1",
+                 "--lr_schedule", "cosine", "--min_lr_ratio", "0.5", "--max_new_tokens", "6", "--overlong_buffer", "4",
                  "--overlong_penalty", "0.5", "--reward", "has_number", "--eval_every", "0")
 
 
@@ -3139,11 +3139,31 @@ def test_a_run_ends_with_a_checkpoint_of_its_last_step(resumed_runs):
         assert_server_has(run.stand_in.pushes[-1], ckpt_weights(run.dir))
 
 
-def test_a_checkpoint_replaces_the_one_before_and_latest_names_it(resumed_runs):
-    """Each save drops the checkpoint before it, once `latest` names the new one: one step_N folder stays."""
+def test_a_run_keeps_its_newest_checkpoints_and_latest_names_the_last(resumed_runs):
+    """--keep_checkpoints 2: each save, once `latest` names it, drops the run's checkpoints older than the newest 2,
+    also those a resumed run's first process wrote (step_2)."""
     for run in resumed_runs:
-        assert sorted(f for f in os.listdir(run.dir) if f.startswith("step_")) == ["step_5"]
+        assert sorted(f for f in os.listdir(run.dir) if f.startswith("step_")) == ["step_4", "step_5"]
         assert (run.dir / "latest").read_text() == "step_5"
+
+
+def test_keep_checkpoints_never_deletes_a_folder_the_run_did_not_write_and_is_said_at_start(tmp_path, capsys):
+    """The checkpoints a save drops are the run's own before it (step_N whose trainer_state.pt says step N), past the
+    newest --keep_checkpoints (0: none): never a user's copy under a checkpoint's name, a name it does not write, or
+    a later one (left by a rollback: `echo step_1 > latest`). The rule is one line at start."""
+    from types import SimpleNamespace
+    for name, step in (("step_1", 1), ("step_2", 2), ("step_3", 5), ("step_4", 4), ("step_04", 4), ("step_9", 9),
+                       ("best", 4)):
+        (tmp_path / name).mkdir()
+        torch.save({"step": step}, tmp_path / name / "trainer_state.pt")
+    (tmp_path / "step_x").mkdir()
+    old = lambda keep: sorted(os.path.basename(d) for d in g.old_checkpoints(str(tmp_path), 5, keep))
+    assert old(2) == ["step_1", "step_2"] and old(1) == ["step_1", "step_2", "step_4"] and old(4) == old(0) == []
+    for keep, says in ((3, "the newest 3 kept, this run's older ones deleted (--keep_checkpoints)"),
+                       (0, "all kept (--keep_checkpoints 0)")):
+        cfg = g.Config(out_dir="runs/x", save_every=50, keep_checkpoints=keep)
+        g.MetricsLog(cfg, SimpleNamespace(master=False, world=1), 0, 100)
+        assert f"\ncheckpoints: runs/x/step_N every 50 steps and at the last step; {says}\n" in capsys.readouterr().out
 
 
 def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it(tiny_model, tmp_path):
