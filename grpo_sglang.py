@@ -1067,7 +1067,9 @@ def load_models(cfg, rt):
     if not hasattr(transformers.masking_utils, "find_packed_sequence_indices"):  # what pack_batch's rows need
         raise UserError(f"transformers {__version__} does not read packed sequences: pip install -U transformers")
     if cfg.resume and not rt.ckpt:
-        print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
+        print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}" + (
+            " (the run there stopped before its first: it starts again, with its flags)" if run_files(cfg.out_dir)
+            else ""))
     if rt.ckpt:
         check_architecture(rt.ckpt, cfg.model)
     lora = cfg.lora_rank > 0  # a LoRA checkpoint holds the adapters only: the base comes from --model
@@ -2038,14 +2040,18 @@ def latest_checkpoint(out_dir):
 
 
 def checkpoint_to_resume(out_dir, world=1, resume=True):
-    """-> the checkpoint out_dir/latest names (--resume) or None (no run there); anything else: one error with a fix."""
+    """-> the checkpoint out_dir/latest names (--resume) or None (no run there, or one stopped before its first
+    checkpoint: it starts again); anything else: one error with a fix."""
     d, latest, why, there = latest_checkpoint(out_dir), os.path.join(out_dir, "latest"), None, run_files(out_dir)
     complete = lambda c: all(os.path.exists(os.path.join(c, f)) for f in ("config.json", "trainer_state.pt"))
+    unsaved = d is None and set(there) <= {"config.json", "metrics.jsonl"} and not past_first_save(out_dir)
     if there and not resume:  # it would overwrite that run's checkpoints and mix the two in metrics.jsonl
-        raise UserError(f"--out_dir {out_dir} already holds a run ({', '.join(there)}): continue it with --resume, "
-                        f"or start this one in another --out_dir (or delete that one)")
+        raise UserError(f"--out_dir {out_dir} already holds a run ({', '.join(there)}): " + (
+            "it stopped before its first checkpoint: --resume starts it again from --model with its flags, "
+            if unsaved else "continue it with --resume, ") + "or start this one in another --out_dir (or delete that "
+            "one)")
     if d is None:
-        if not there:
+        if not there or unsaved:  # a resume from step 0: the rows of the steps it redoes are dropped, as always
             return None
         why = f"{out_dir} holds a run ({', '.join(there)}) but no {latest}, and a resume never starts over"
     elif not os.path.isdir(d) or not complete(d):
@@ -2088,6 +2094,21 @@ def check_lora_resume(cfg, ckpt):
     if cfg.lora_rank and not os.path.exists(lora):
         raise UserError(f"--resume: {ckpt} is a full fine-tune's checkpoint (no adapter_config.json), but this run has "
                         f"--lora_rank {cfg.lora_rank}{why}. Resume without the LoRA flags")
+
+
+def past_first_save(out_dir):
+    """Whether the run in out_dir logged a step at which its flags (config.json) had a checkpoint written: then its
+    checkpoints were deleted, and a resume would start it over. Unreadable files: assume so."""
+    rows, metrics = [], os.path.join(out_dir, "metrics.jsonl")
+    try:
+        saved = json.load(open(os.path.join(out_dir, "config.json")))
+        first = min(int(saved["save_every"]) or int(saved["steps"]), int(saved["steps"]))
+        for line in open(metrics) if os.path.exists(metrics) else []:
+            with contextlib.suppress(ValueError):  # (a row a kill cut short)
+                rows.append(json.loads(line))
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return any(isinstance(r, dict) and "loss" in r and r.get("step", 0) >= first for r in rows)
 
 
 def all_reduce_named(values, op, device):

@@ -3316,6 +3316,43 @@ def test_a_fresh_run_never_writes_into_another_runs_folder_and_a_resumed_one_log
     assert kinds() == [(0, True), (1, False), (2, False), (2, True), (3, False), (4, False), (4, True)]
 
 
+def test_a_run_stopped_before_its_first_checkpoint_is_started_again_by_resume(tiny_model, tmp_path):
+    """Run again, a run killed before its first checkpoint said "continue it with --resume", and --resume said "a
+    resume never starts over": no way on in that folder. Now the first says what --resume does there, and --resume
+    starts it again from --model with its flags (--steps 3 restored) and logs each step once. A folder whose
+    metrics.jsonl shows a step a checkpoint was due at (its checkpoints deleted) is still refused."""
+    kinds = lambda: [(r["step"], "eval_accuracy" in r) for r in read_metrics(tmp_path)]
+    s = StandIn(tiny_model, fail_generate_after=2)  # eval 0 and step 1; step 2's rollout fails: no checkpoint yet
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--save_every", "2"), timeout=120)
+        assert code == 1 and kinds() == [(0, True), (1, False)] and not (tmp_path / "latest").exists(), out
+    finally:
+        s.close()
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--save_every", "2"), timeout=120)
+        assert code == 1 and out.count(f"error: --out_dir {tmp_path} already holds a run (config.json, metrics.jsonl): "
+                                       f"it stopped before its first checkpoint: --resume starts it again from --model "
+                                       f"with its flags, or start this one in another --out_dir") == 1, out
+        assert "Traceback" not in out and not s.calls["/generate"], out
+        cmd = train_cmd(tiny_model, s.url, tmp_path, "--resume", "--save_every", "2")
+        code, out = run(cmd[: cmd.index("--steps")] + cmd[cmd.index("--steps") + 2:])  # its --steps 3 comes back
+        assert code == 0 and f"--resume: no checkpoint in {tmp_path} yet, starting from {tiny_model} (the run there " \
+                              f"stopped before its first: it starts again, with its flags)" in out, out
+    finally:
+        s.close()
+    assert kinds() == [(0, True), (1, False), (2, False), (2, True), (3, False), (3, True)]
+    gone = tmp_path / "gone"  # its checkpoints deleted (one was due at step 2: --save_every 2): no start over
+    gone.mkdir()
+    shutil.copy(tmp_path / "config.json", gone / "config.json")
+    shutil.copy(tmp_path / "metrics.jsonl", gone / "metrics.jsonl")
+    with pytest.raises(g.UserError, match=re.escape(f"holds a run (config.json, metrics.jsonl) but no {gone}/latest, "
+                                                    f"and a resume never starts over")):
+        g.checkpoint_to_resume(str(gone))
+    edit_config(gone, save_every=4, steps=10)
+    assert g.checkpoint_to_resume(str(gone)) is None  # none was due yet
+
+
 @pytest.mark.parametrize("whose, resume", [("--model's", False), ("--model's", True), ("another model's", False),
                                            ("another model's", True)])
 def test_a_run_never_writes_over_a_models_folder(tiny_model, tmp_path, whose, resume):
