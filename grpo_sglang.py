@@ -1214,13 +1214,13 @@ class Server:
         t0, link = time.time(), self.link
         for srv in link["servers"] if link else []:
             sums = srv.pop("sums", None)
-            got = checksums(sums.result()) if sums else {}
+            got = checked_sums(srv["url"], sums.result(), link["version"]) if sums else {}
             differ = [k for k, r in srv["recipes"].items() if sums and got.get(k) != link["hashes"].get(r)]
             if "checked" not in srv:  # the first push
                 srv["recipes"], srv["checked"] = {k: r for k, r in srv["recipes"].items() if k not in differ}, True
                 print0(f"weight check: {len(srv['recipes'])} of {len(srv['names'])} tensors of the server at "
                        f"{srv['url']} compared after every push" + ("" if srv["recipes"] else
-                       f" (/weights_checker: HTTP {srv['checker']}): only the log-prob check remains"))
+                       f" (/weights_checker: {srv['checker']}): only the log-prob check remains"))
             elif differ:
                 raise UserError(f"weight sync check failed: the server at {srv['url']} holds other weights than the "
                                 f"trainer sent in the push of version {link['version']}: {len(differ)} of "
@@ -1304,9 +1304,14 @@ def check_server(cfg, url):
                              timeout=cfg.request_timeout)  # the names of the tensors it holds (older servers: 404)
     except requests.RequestException as e:
         raise UserError(f"the SGLang server at {url} stopped answering ({e})") from None
+    checker, names = f"HTTP {sums.status_code}", []
+    if sums.status_code == 200:
+        try:
+            names = sorted(checksums(sums.json()))
+        except (ValueError, KeyError, TypeError, AttributeError):  # cut JSON, a proxy's HTML page: no usable checker
+            checker = f"HTTP 200, but no checksums: {sums.text[:200]!r}"
     return {"begin_end": r.status_code == 405, "tp": int(server_info.get("tp_size") or 1), "context": context,
-            "port": server_info.get("port"), "checker": sums.status_code,
-            "names": sorted(checksums(sums.json())) if sums.status_code == 200 else []}
+            "port": server_info.get("port"), "checker": checker, "names": names}
 
 
 def check_servers_once(cfg, rt, info):
@@ -1548,6 +1553,16 @@ def checksums(answer):
     """SGLang's /weights_checker answer -> {(its rank, the tensor's name): its hash}."""
     return {(r["parallelism_info"].get("rank", k), n): h for k, r in enumerate(answer["ranks"])
             for n, h in r["checksums"].items()}
+
+
+def checked_sums(url, answer, version):
+    """checksums(answer), or one error naming the server and what it answered instead (cut JSON, a proxy's page)."""
+    try:
+        return checksums(answer)
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise UserError(f"the server at {url} answered /weights_checker, after the push of version {version}, with no "
+                        f"checksums: {str(answer)[:200]!r}. The weight check cannot go on: is something in between (a "
+                        f"proxy), or is the server failing (serve.log)? Fix it, then --resume") from None
 
 
 def recipes(server, trainer):

@@ -201,6 +201,7 @@ class StandIn:
         self.tp, self.miss, self.drop, self.half = tp, set(miss_pushes), set(drop_weights), set(drop_half)
         self.ranks = [{n: p.detach().to(torch.bfloat16) for n, p in self.model.named_parameters()} for _ in range(tp)]
         self.fuse, self.checker = fuse, checker  # /weights_checker: q/k/v, gate/up fused as SGLang holds them; or none
+        # (or (n, text): after n answers, `text` with HTTP 200, as a proxy's page or JSON cut short)
         self.garble = garble_rescores  # every re-scored sequence gets one logprob too few ("short"), the last one
         # None ("none"), for another token ("other_token") or its id reported as 0 ("id_0")
         self.digest, self.inits = self.weights_digest(), []
@@ -402,6 +403,9 @@ class StandIn:
                         return self.reply({"success": srv.groups.pop(req["group_name"], None) is not None, "message": ""})
                     if self.path == "/flush_cache":
                         return self.reply("Cache flushed.")
+                    if self.path == "/weights_checker" and type(srv.checker) is tuple and (
+                            srv.calls[self.path] > srv.checker[0]):
+                        return self.reply(srv.checker[1])
                     if self.path == "/weights_checker" and srv.checker and req.get("action") == "checksum":
                         return self.reply({"success": True, "message": "", "ranks": [
                             {"checksums": srv.checksums(r), "per_gpu_checksum": "", "parallelism_info": {
@@ -2535,6 +2539,29 @@ def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_mod
            f"HTTP 404): only the log-prob check remains" in out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert [r["step"] for r in m] == [1, 2] and all(r["mismatch_mean"] < 0.1 and r["weights_checked"] == 0 for r in m)
+
+
+@pytest.mark.parametrize("after, text", [(0, '{"success": true, "message": "", "ranks": [{"checksums": {"model.'),
+                                         (0, "<html><body><h1>502 Bad Gateway</h1></body></html>"),
+                                         (2, "<html><body><h1>502 Bad Gateway</h1></body></html>")])
+def test_a_weights_checker_answering_no_checksums_is_no_checker_at_start_and_one_error_mid_run(tiny_model, tmp_path,
+                                                                                              after, text):
+    """/weights_checker answering HTTP 200 with JSON cut short or an HTML page (a proxy) was a traceback, at start or
+    mid-run. At start the server is one without a usable checker (its one line says what it answered; the log-prob
+    check remains, the run goes on); from its answer after the push of version 1 on, one error naming the server and
+    what it answered."""
+    code, out, _, s = run_against(tiny_model, tmp_path, {"checker": (after, text)}, "--steps", "3")
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert "Traceback" not in out, out
+    if after == 0:
+        assert code == 0 and len(m) == 3 and all(r["weights_checked"] == 0 for r in m), out
+        assert out.count(f"weight check: 0 of 0 tensors of the server at {s.url} compared after every push "
+                         f"(/weights_checker: HTTP 200, but no checksums: {text!r}): only the log-prob check "
+                         f"remains\n") == 1, out
+    else:
+        assert code == 1 and out.count("error:") == 1 and len(m) == 1, out
+        assert f"error: the server at {s.url} answered /weights_checker, after the push of version 1, with no " \
+               f"checksums: {text!r}. The weight check cannot go on" in out, out
 
 
 def test_recipes_name_the_trainer_tensors_that_make_each_server_tensor():
