@@ -857,6 +857,9 @@ def parse_servers(cfg):
             ok = False
         if not ok:
             raise UserError(f"--server_url {u!r} is not a server address: it must look like http://127.0.0.1:30000")
+        if p.path.strip("/") or p.params or p.query or p.fragment:  # an endpoint pasted with it: the trainer adds those
+            raise UserError(f"--server_url {u!r} has a path ({u[len(p.scheme) + 3 + len(p.netloc):]}): give only the "
+                            f"server's address, scheme://host:port ({p.scheme}://{p.netloc})")
     urls = [u.rstrip("/") for u in urls]
     twice = [u for u in urls if urls.count(u) > 1]
     if twice:
@@ -1266,6 +1269,14 @@ def call(cfg, url, path, payload=None, timeout=None, retries=None):
             except ValueError:
                 return r.text  # /flush_cache answers plain text
         except (requests.ConnectionError, requests.Timeout) as e:
+            if isinstance(e, requests.exceptions.SSLError):  # the same at every try: no retry
+                import re
+                why = next(iter(re.findall(r"\[SSL[^\]]*\][^'\"()]*", str(e))), str(e)[:200]).strip()
+                plain = "http://" + url.split("://", 1)[-1]
+                raise UserError(f"the TLS handshake with the server at {url} failed ({why}): " + (
+                    f"it speaks plain http, not https (as serve.sh starts it): use --server_url {plain}" if
+                    "WRONG_VERSION_NUMBER" in why else f"an http server (as serve.sh starts it) needs --server_url "
+                    f"{plain}; an https one, a certificate this machine trusts")) from None
             if attempt == retries:
                 hint = "Is it running? Start it with: bash serve.sh   (see serve.log)"
                 if isinstance(e, requests.ReadTimeout):  # it took the request, then said nothing in time

@@ -1656,6 +1656,34 @@ def test_several_servers_flags_are_checked(urls, gpus, says, tmp_path):
         ("http://a:1", [0, 1]), ("http://b:2", [3])]
 
 
+def test_a_server_url_with_a_path_or_https_for_an_http_server_says_what_to_give(tmp_path):
+    """The URL with /generate (or another path) pasted got a 404, and https:// for serve.sh's http server "Is it
+    running?": now the first names the path and the address to give, before anything loads; the second, at the first
+    request and without retries, that the TLS handshake failed and the http:// URL to use."""
+    for url, path in (("http://127.0.0.1:30000/generate", "/generate"), ("http://h:1/v1/models?x=1", "/v1/models?x=1"),
+                      ("http://h:1,http://h:2/#frag", "/#frag")):
+        with pytest.raises(g.UserError, match=re.escape(f"has a path ({path}): give only the server's address, "
+                                                        f"scheme://host:port (")):
+            g.check_config(g.Config(server_url=url, out_dir=str(tmp_path)), 1)
+    assert g.parse_servers(g.Config(server_url="http://h:1/, http://h:2", server_gpu="1")) == [("http://h:1", [1]),
+                                                                                             ("http://h:2", [1])]
+    import time
+    http = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (BaseHTTPRequestHandler,), {
+        "do_GET": lambda self: (self.send_response(200), self.end_headers()), "log_message": lambda self, *a: None}))
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    port, t0 = http.server_address[1], time.time()
+    try:
+        with pytest.raises(g.UserError) as e:
+            g.call(g.Config(request_retries=3), f"https://127.0.0.1:{port}", "/health")
+    finally:
+        http.shutdown()
+        http.server_close()
+    assert time.time() - t0 < 5  # no retries (3 with backoff: 7 s of waiting)
+    assert str(e.value) == (f"the TLS handshake with the server at https://127.0.0.1:{port} failed ([SSL: "
+                            f"WRONG_VERSION_NUMBER] wrong version number): it speaks plain http, not https (as serve.sh "
+                            f"starts it): use --server_url http://127.0.0.1:{port}"), str(e.value)
+
+
 @pytest.mark.parametrize("urls, says", [
     ("http://127.0.0.1:{p},http://127.0.0.1:{p}", "--server_url lists http://127.0.0.1:{p} twice"),
     ("http://127.0.0.1:{p},http://localhost:{p}/", "--server_url names one server twice, as http://127.0.0.1:{p} and "
