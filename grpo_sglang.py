@@ -1219,12 +1219,20 @@ class Server:
             sums = srv.pop("sums", None)
             got = checked_sums(srv["url"], sums.result(), link["version"]) if sums else {}
             differ = [k for k, r in srv["recipes"].items() if sums and got.get(k) != link["hashes"].get(r)]
-            if "checked" not in srv:  # the first push
-                srv["recipes"], srv["checked"] = {k: r for k, r in srv["recipes"].items() if k not in differ}, True
+            if "checked" not in srv:  # the first push: which tensors are compared from now on
+                resumed = bool(self.rt.ckpt and sums)
+                known = comparable(self.cfg.out_dir, srv) if resumed else None  # the run's start found these
+                keep = known if known is not None else set(srv["recipes"]) - set(differ)
+                srv["recipes"], srv["checked"] = {k: r for k, r in srv["recipes"].items() if k in keep}, True
+                differ = [k for k in differ if known is not None and k in keep]  # a resume's first push dropped: stop
                 print0(f"weight check: {len(srv['recipes'])} of {len(srv['names'])} tensors of the server at "
                        f"{srv['url']} compared after every push" + ("" if srv["recipes"] else
-                       f" (/weights_checker: {srv['checker']}): only the log-prob check remains"))
-            elif differ:
+                       f" (/weights_checker: {srv['checker']}): only the log-prob check remains") + (
+                       "" if not resumed else " (those the run's first push found it holds as sent)" if known is not
+                       None else f" (those this resume's first push bore out: {WEIGHT_CHECK} there has no record of "
+                       f"this server's layout)"))
+                sums and not self.rt.ckpt and remember_comparable(self.cfg.out_dir, srv)
+            if differ:
                 raise UserError(f"weight sync check failed: the server at {srv['url']} holds other weights than the "
                                 f"trainer sent in the push of version {link['version']}: {len(differ)} of "
                                 f"{len(srv['recipes'])} tensors differ ({', '.join(n for _, n in differ[:3])}"
@@ -1564,6 +1572,37 @@ def checksums(answer):
     """SGLang's /weights_checker answer -> {(its rank, the tensor's name): its hash}."""
     return {(r["parallelism_info"].get("rank", k), n): h for k, r in enumerate(answer["ranks"])
             for n, h in r["checksums"].items()}
+
+
+WEIGHT_CHECK = "weight_check.json"  # in out_dir: which tensors each server layout hashes as sent, for a resume
+
+
+def comparable(out_dir, srv):
+    """--resume: the tensors of `srv` (its (rank, name)s) that the run's fresh first push found it holds as sent, if
+    the run recorded a server of this layout (tensor-parallel size and names), else None. A fresh run's first push
+    sends the weights the server loaded at start (--model's), so a tensor whose hash differs there is one the server
+    holds in another form (a tensor-parallel shard, another dtype): known not to hash as sent. A resume's first push
+    sends the checkpoint's weights, which a server that drops pushes never holds: it cannot tell the two apart."""
+    try:
+        layouts = json.load(open(os.path.join(out_dir, WEIGHT_CHECK)))
+    except (OSError, ValueError):
+        return None
+    mine = sorted(map(tuple, srv["names"]))
+    for lay in layouts if isinstance(layouts, list) else []:
+        with contextlib.suppress(AttributeError, TypeError, KeyError):  # (an entry edited by hand: not this layout's)
+            if lay["tp"] == srv["tp"] and sorted(map(tuple, lay["names"])) == mine:
+                return {tuple(k) for k in lay["compared"]} & set(srv["recipes"])
+    return None
+
+
+def remember_comparable(out_dir, srv):
+    """A fresh run's first push: which tensors of srv's layout it compares (comparable() reads it on a resume)."""
+    path, old = os.path.join(out_dir, WEIGHT_CHECK), []
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # (none yet, or unreadable: replaced)
+        old = [lay for lay in json.load(open(path)) if lay.get("names") != [list(k) for k in srv["names"]]]
+    with contextlib.suppress(OSError):  # (a full disk: a resume then checks as a fresh start does, and says so)
+        write_whole(path, json.dumps(old + [{"tp": srv["tp"], "names": [list(k) for k in srv["names"]],
+                                            "compared": [list(k) for k in srv["recipes"]]}]))
 
 
 def checked_sums(url, answer, version):

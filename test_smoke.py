@@ -2626,6 +2626,38 @@ def test_weights_dropped_in_whole_or_in_part_stop_the_run_at_the_next_step(tiny_
     assert [r["step"] for r in m] == [1, 2] and all(r["weights_checked"] == 20 for r in m)  # step 3 did not train
 
 
+def test_a_resumed_run_checks_the_tensors_its_fresh_start_did_and_a_dropped_first_push_stops_it(tiny_model, tmp_path):
+    """A resume's first push is the checkpoint's weights, which a server that drops pushes never holds: the weight
+    check, keeping the tensors that push bore out, left most out ("5 of 20 compared" at --lr 1e-4) and the run trained
+    to its end on a stale server. Now a resume compares the tensors its run's fresh first push found the server holds
+    as sent (out_dir/weight_check.json): the fault that stops a fresh run at step 3 (the test above) stops the resumed
+    one at step 3 too, before it trains. Without that record it learns from its own first push, as before, and says
+    so."""
+    flags = ("--lr", "1e-4", "--eval_every", "0")
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "run", "--steps", "2", *flags))
+    finally:
+        s.close()
+    assert code == 0 and "compared after every push\n" in out, out
+    record = json.load(open(tmp_path / "run" / "weight_check.json"))
+    assert [(r["tp"], len(r["names"]), len(r["compared"])) for r in record] == [(1, 20, 20)]
+    again = shutil.copytree(tmp_path / "run", tmp_path / "again")
+    (again / "weight_check.json").unlink()
+    code, out, _, s = run_against(tiny_model, tmp_path / "run", {"drop_weights": {"2", "3", "4", "5", "6"}},
+                                  "--steps", "6", "--resume", *flags)
+    k, n = held_differ(s, tmp_path / "run")  # the server's tensors (the base's) vs the checkpoint's
+    assert code == 1 and out.count("error:") == 1 and "Traceback" not in out and 10 <= k <= 20, (k, out)
+    assert f"weight check: 20 of 20 tensors of the server at {s.url} compared after every push (those the run's " \
+           f"first push found it holds as sent)\n" in out, out
+    assert f"error: weight sync check failed: the server at {s.url} holds other weights than the trainer sent in the " \
+           f"push of version 2: {k} of 20 tensors differ (model." in out, out
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2]  # step 3 never trained
+    code, out, _, s = run_against(tiny_model, again, {"drop_weights": {"2", "3"}}, "--steps", "3", "--resume", *flags)
+    assert f"weight check: {20 - k} of 20 tensors of the server at {s.url} compared after every push (those this " \
+           f"resume's first push bore out: weight_check.json there has no record of this server's layout)\n" in out, out
+
+
 def test_at_a_tiny_lr_the_log_prob_check_alone_does_not_see_dropped_weights(tiny_model, tmp_path):
     """Why the weight check: at --lr 1e-7 a push changes few bf16 values, and a server that drops them samples within
     kernel noise of the trainer's policy: without /weights_checker the run goes on to the end, its server stale."""
