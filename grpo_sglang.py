@@ -1309,7 +1309,7 @@ def check_server(cfg, url):
     same = os.path.exists(cfg.model) and os.path.realpath(served) == os.path.realpath(cfg.model)
     if served != cfg.model and not same:
         raise UserError(f"the server at {url} serves {served!r} but the trainer trains {cfg.model!r}.\n"
-                        f"Restart it with the same model: bash serve.sh stop && MODEL={cfg.model} bash serve.sh")
+                        f"Restart it with the trainer's model: MODEL={cfg.model} bash serve.sh restart")
     server_info = call(cfg, url, "/server_info", timeout=30)
     server_info = server_info if isinstance(server_info, dict) else {}
     try:  # the OpenAI-style model card says the server's real context length (its --context-length included)

@@ -4217,6 +4217,36 @@ def test_serve_sh_refuses_a_second_start_while_its_servers_load_and_keeps_their_
         _run_serve_sh(tmp_path, "stop")
 
 
+def test_serve_sh_restart_brings_back_the_server_it_started_and_says_its_settings(tmp_path):
+    """The restart advice `bash serve.sh stop && bash serve.sh` started the default model on GPU 3, not the one-GPU
+    quick start's server. `bash serve.sh restart` starts the last start's settings again (its MEM_FRACTION, its model
+    with a space, its arguments after --), prints them, and a setting given now wins (the trainer's wrong-model
+    advice: MODEL=... bash serve.sh restart). With nothing started yet it says so."""
+    _fake_sglang(tmp_path, ANSWERS)
+    p, _ = _run_serve_sh(tmp_path, "restart")
+    assert p.returncode == 1 and p.stderr == (f"[serve.sh] nothing to restart: no {tmp_path}/serve.pid.settings (a start "
+                                              f"writes it): start with bash serve.sh\n") and not _starts(tmp_path), p.stderr
+    port = free_port()
+    settings = dict(GPU="0", MEM_FRACTION="0.3", MODEL="/models/my model", PORT=str(port))
+    try:
+        p, _ = _run_serve_sh(tmp_path, "--", "--context-length", "64", **settings)
+        assert p.returncode == 0 and "healthy after" in p.stdout, p.stdout + p.stderr
+        again, _ = _run_serve_sh(tmp_path, "restart")  # none of them given again
+        assert again.returncode == 0 and "stopped server" in again.stdout and "healthy after" in again.stdout, again
+        assert (f"[serve.sh] restart with the settings of the last start ({tmp_path}/serve.pid.settings): "
+                f"MODEL=/models/my\\ model GPU=0 TP=1 SERVERS=1 HOST=127.0.0.1 PORT={port} MEM_FRACTION=0.3 "
+                f"DTYPE=bfloat16 SEED=0 FP32_LM_HEAD=1 TIMEOUT=30 LOG={tmp_path}/serve.log PYTHON={tmp_path}/fakepython "
+                f"-- --context-length 64\n") in again.stdout, again.stdout
+        other, _ = _run_serve_sh(tmp_path, "restart", MODEL="other")
+        assert other.returncode == 0 and "serve.pid.settings; set now: MODEL): MODEL=other GPU=0 " \
+            in other.stdout, other.stdout
+        first, second, third = _starts(tmp_path)
+        assert first == second and third == [x.replace("/models/my model", "other") for x in first], _starts(tmp_path)
+        assert first[0] == "0" and "0.3" in first and first[-2:] == ["--context-length", "64"], first
+    finally:
+        _run_serve_sh(tmp_path, "stop")
+
+
 def test_serve_sh_gives_up_after_timeout_and_stops_its_server(tmp_path):
     """A server that never answers: after TIMEOUT seconds one line (and its log), and the server is stopped, so that
     a start with a longer TIMEOUT is not refused (before: it was left running, its pid file kept)."""
