@@ -1032,7 +1032,9 @@ def load_hf_dataset(cfg):
 
 
 def read_rows(path):
-    """A .jsonl file (one JSON object per line) or a .json file (a list of objects) -> rows; errors name the line."""
+    """A .jsonl file (one JSON object per line) or a .json file (a list of objects) -> rows; errors name the line. Also
+    one JSON document spanning lines in either: a list of objects, or an object whose one list of objects is the rows
+    ({"data": [...]}); what was read is said."""
     example = '{"question": "What is 2 + 3?", "answer": "5"}'
     if not os.path.exists(path):
         raise UserError(f"--dataset {path}: no such file")
@@ -1043,23 +1045,54 @@ def read_rows(path):
         text = open(path, encoding="utf-8").read()
     except UnicodeDecodeError:
         raise UserError(f"{path} is not UTF-8 text") from None
-    if path.endswith(".json") and text.lstrip().startswith("["):
+    items = json_document(path, text)
+    if items is None and path.endswith(".json") and text.lstrip().startswith("["):
         try:
-            items = list(enumerate(json.loads(text), 1))
+            json.loads(text)
         except json.JSONDecodeError as e:
             raise UserError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
-    else:
+    elif items is None:
         items = []
         for n, line in enumerate(text.splitlines(), 1):
             try:
                 items += [(n, json.loads(line))] if line.strip() else []
             except json.JSONDecodeError as e:
-                raise UserError(f"{path} line {n} is not valid JSON ({e.msg}): {line[:80]!r}") from None
+                doc = "" if n > 1 or line.strip() not in ("[", "{") else document_error(text)  # (a pretty-printed one)
+                raise UserError(f"{path} line {n} is not valid JSON ({e.msg}): {line[:80]!r}{doc}") from None
     bad = next((n for n, r in items if not isinstance(r, dict)), None)
     if bad or not items:
         raise UserError(f"{path}: " + (f"row {bad} is not a JSON object" if bad else "the file holds no rows") +
                         f"; each row must be an object like {example}")
     return [r for _, r in items]
+
+
+def json_document(path, text):
+    """The rows of a data file that is one JSON document, [(n, row)], saying what was read where it is not the file
+    type's own shape; None if the text is not one JSON document (JSON Lines, or broken)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    rows = lambda v: isinstance(v, list) and v and all(isinstance(r, dict) for r in v)
+    keys = [k for k, v in doc.items() if rows(v)] if isinstance(doc, dict) else []
+    if len(keys) > 1:
+        raise UserError(f"{path} is one JSON object with several lists of rows ({', '.join(map(repr, keys))}): keep "
+                        f"the one to train on (or give a folder of train.jsonl and test.jsonl)")
+    if keys or (isinstance(doc, list) and path.endswith(".jsonl")):
+        how = f"the list under its key {keys[0]!r}" if keys else "one JSON list"
+        items = doc[keys[0]] if keys else doc
+        print0(f"data: {path} holds one JSON document spanning lines: read {how} ({len(items)} rows)")
+        return list(enumerate(items, 1))
+    return list(enumerate(doc, 1)) if isinstance(doc, list) else [(1, doc)]  # a .json's list; a file of one row
+
+
+def document_error(text):
+    """Why a text that looks like one JSON document spanning lines is not one."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"; nor is the file one JSON document spanning lines (line {e.lineno}: {e.msg})"
+    return ""
 
 
 def load_models(cfg, rt):

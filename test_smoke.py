@@ -1492,6 +1492,32 @@ def test_bad_data_files_are_one_clear_error(tmp_path, name, content, says):
         g.load_splits(g.Config(dataset=str(tmp_path / name)))
 
 
+def test_a_data_file_that_is_one_json_document_is_read_and_said_or_its_shape_explained(tmp_path, capsys):
+    """A .json shaped {"data": [...]} and a .jsonl holding one pretty-printed list (or such an object) were blamed as
+    invalid JSON on line 1. They are read, and what was read is said at start; an object with several lists of rows,
+    or a pretty-printed document that is broken, says what is expected."""
+    rows = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "What is 2 + 2?", "answer": "4"}]
+    for name, doc, how in (("data.json", {"data": rows}, "the list under its key 'data'"),
+                           ("meta.json", {"version": 1, "tags": ["a"], "examples": rows},
+                            "the list under its key 'examples'"),
+                           ("pretty.jsonl", rows, "one JSON list"), ("pretty_object.jsonl", {"data": rows},
+                                                                      "the list under its key 'data'")):
+        (tmp_path / name).write_text(json.dumps(doc, indent=2))
+        assert g.read_rows(str(tmp_path / name)) == rows, name
+        assert capsys.readouterr().out == (f"data: {tmp_path / name} holds one JSON document spanning lines: read "
+                                           f"{how} (2 rows)\n"), name
+    for name, text, says in (
+            ("splits.json", json.dumps({"train": rows, "test": rows}), "splits.json is one JSON object with several "
+             "lists of rows ('train', 'test'): keep the one to train on (or give a folder of train.jsonl and test.jsonl)"),
+            ("cut.jsonl", json.dumps(rows, indent=2)[:-9], "cut.jsonl line 1 is not valid JSON (Expecting value): '['; "
+             "nor is the file one JSON document spanning lines (line 8: Expecting value)")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(g.UserError, match=re.escape(says)):
+            g.read_rows(str(tmp_path / name))
+    (tmp_path / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in rows))  # JSON Lines named .json: as before
+    assert g.read_rows(str(tmp_path / "lines.json")) == rows and capsys.readouterr().out == ""
+
+
 def test_a_broken_file_in_a_data_folder_is_named(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')
     (tmp_path / "test.jsonl").write_text('{"question": "What is 1 + 2?", "answer": "3"}\n{"question": "x" "answer": 1}\n')
