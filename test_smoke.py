@@ -3995,15 +3995,18 @@ def test_the_docs_commands_use_only_flags_the_script_has():
                 after = cmd.split("grpo_sglang.py", 1)[1].split("#")[0]
                 used = {t.split("=")[0] for t in after.split() if t.startswith("--")}
                 seen += 1
-                assert used <= flags | {"--help"}, (os.path.basename(path), cmd, sorted(used - flags))
+                assert used <= flags | {"--help"}, (f"{os.path.relpath(path, HERE)}: this command uses flags the "
+                                                    f"script lacks, {sorted(used - flags)}: rename or drop them there "
+                                                    f"(the flags are Config's fields): {cmd.strip()}")
     assert seen >= 6, seen
     reference = open(os.path.join(HERE, "docs", "reference.md")).read()
     missing = [f for f in sorted(flags) if not f.startswith("--no-") and f"`{f}`" not in reference]
-    assert not missing, missing
+    assert not missing, f"docs/reference.md lacks the flags {missing}: run python3 tools/flags_md.py --write"
     sys.path.insert(0, os.path.join(HERE, "tools"))
     import flags_md  # the flag tables are Config's, as tools/flags_md.py writes them: a new help line shows there
     table = reference.split("<!-- flags: begin", 1)[1].split("-->", 1)[1].split("<!-- flags: end -->")[0]
-    assert table.strip() == flags_md.tables().strip(), "docs/reference.md's flag tables: python3 tools/flags_md.py"
+    assert table.strip() == flags_md.tables().strip(), ("docs/reference.md's flag tables are not Config's (a flag or "
+                                                        "its help changed): run python3 tools/flags_md.py --write")
 
 
 def test_the_readmes_size_claims_are_the_files():
@@ -4041,7 +4044,10 @@ def test_the_plot_tool_draws_a_runs_metrics_and_every_metric_is_in_the_glossary(
     names = {k for r in read_metrics(tmp_path / "run") for k in r}
     names = {"reward_<part>" if k.startswith("reward_") and k != "reward_mean" else k for k in names}
     missing = sorted(k for k in names if f"`{k}`" not in glossary)
-    assert not missing, missing
+    sections = re.findall(r"^## (.+)$", glossary, re.M)
+    assert not missing, (f"docs/metrics.md does not explain the metrics {missing}: for each, add a bullet under the "
+                         f"section it belongs to ({', '.join(sections)}): - `NAME`: what it is, its unit, how it is "
+                         f"aggregated (m.mean, m.sum or m.max), healthy values, what to do when it looks wrong")
 
 
 def test_the_index_names_every_section_and_every_story_function():
@@ -4049,18 +4055,30 @@ def test_the_index_names_every_section_and_every_story_function():
     names each function above grpo_sglang.py's fence, only functions the script has, and -k words of real tests."""
     import ast
     found = sections()
-    assert [n for n, _, _ in found] == list(range(1, len(found) + 1)), [n for n, _, _ in found]
-    assert re.findall(r"^ ?(\d+)\. (.+)$", __doc__, re.M) == [(str(n), t) for n, t, _ in found]
+    assert [n for n, _, _ in found] == list(range(1, len(found) + 1)), (
+        f"the section headers `# N. title` must number 1, 2, ... in order; they are {[n for n, _, _ in found]}")
+    index = re.findall(r"^ ?(\d+)\. (.+)$", __doc__, re.M)
+    assert index == [(str(n), t) for n, t, _ in found], (
+        "test_smoke.py's docstring must list each section as its header says, one line `N. title` each, in order: "
+        + "; ".join(f"{n}. {t}" for n, t, _ in found if (str(n), t) not in index))
     tests = [t for t in globals() if t.startswith("test_")]
-    assert sorted(t for _, _, ts in found for t in ts) == sorted(tests)  # no test outside a section, none twice
+    placed = [t for _, _, ts in found for t in ts]
+    assert sorted(placed) == sorted(tests), (  # no test outside a section, none twice
+        f"every test goes under one section header; outside one or twice: "
+        f"{sorted(set(t for t in tests if placed.count(t) != 1))}")
     mapped = {f: words.split(" or ") for fs, words in re.findall(r"^  ([\w, ]+) -> (.+)$", __doc__, re.M)
               for f in fs.split(", ")}
     src = open(os.path.join(HERE, "grpo_sglang.py")).read()
     fence = next(i for i, line in enumerate(src.splitlines(), 1) if line.startswith("# ---- Plumbing below"))
     story = [n.name for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.lineno < fence]
-    assert [f for f in story if f not in mapped] == [], "the docstring's map lacks these functions of the story"
-    assert [f for f in mapped if not hasattr(g, f)] == [], "the map names what grpo_sglang.py does not have"
-    assert [w for ws in mapped.values() for w in ws if not any(w in t for t in tests)] == [], "-k words of no test"
+    lacking = [f for f in story if f not in mapped]
+    assert not lacking, (f"test_smoke.py's docstring map lacks these functions above grpo_sglang.py's fence: "
+                         f"{lacking}: add a line `  NAME -> WORDS` to it (WORDS: -k words of the tests that check it, "
+                         f"joined by ' or ')")
+    gone = [f for f in mapped if not hasattr(g, f)]
+    assert not gone, f"test_smoke.py's docstring map names what grpo_sglang.py does not have: {gone}: drop or rename"
+    idle = [w for ws in mapped.values() for w in ws if not any(w in t for t in tests)]
+    assert not idle, f"test_smoke.py's docstring map has -k words that select no test: {idle}: fix them"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -382,6 +382,8 @@ M = [  # (name, file, old, new, -k expression)
   'one_json_document'),
  ('data: the rows under one key not found', 'grpo_sglang.py', '    if keys or (isinstance(doc, list) and path.endswith(".jsonl")):',
   '    if isinstance(doc, list) and path.endswith(".jsonl"):', 'one_json_document'),
+ ('docs: a flag missing from reference.md\'s tables', 'docs/reference.md', "| `--keep_checkpoints` | `3` | `v >= 0` | keep the run's newest N checkpoints, delete its older ones (0 = all) |\n", '',
+  'docs_commands'),
  ('lora: targets naming no Linear accepted', 'grpo_sglang.py', '    if missing:\n        have', '    if False:\n        have',
   'lora_targets'),
  ('lora: a typo among right target names accepted', 'grpo_sglang.py',
