@@ -2070,7 +2070,8 @@ def adapter_config(ckpt):
     """export_merged: a LoRA checkpoint's adapter_config.json; else one error that says what `ckpt` is instead."""
     path = os.path.join(ckpt, "adapter_config.json")
     if not os.path.isdir(ckpt):
-        raise UserError(f"export_merged: {ckpt} is not a folder: give a checkpoint of a LoRA run (runs/grpo/step_100)")
+        raise UserError(f"export_merged: {ckpt}: " + ("no such folder" if not os.path.exists(ckpt) else "a file, not "
+                        "a folder") + ": give a checkpoint of a LoRA run (runs/grpo/step_100)")
     if not os.path.exists(path):
         steps = sorted((f for f in os.listdir(ckpt) if f.startswith("step_")), key=lambda f: (len(f), f))
         if steps or os.path.exists(os.path.join(ckpt, "latest")):

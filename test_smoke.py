@@ -4265,7 +4265,7 @@ def test_serve_sh_restart_brings_back_the_server_it_started_and_says_its_setting
     """The restart advice `bash serve.sh stop && bash serve.sh` started the default model on GPU 3, not the one-GPU
     quick start's server. `bash serve.sh restart` starts the last start's settings again (its MEM_FRACTION, its model
     with a space, its arguments after --), prints them, and a setting given now wins (the trainer's wrong-model
-    advice: MODEL=... bash serve.sh restart). With nothing started yet it says so."""
+    advice: MODEL=... bash serve.sh restart), as do SGLang's arguments after --. With nothing started yet it says so."""
     _fake_sglang(tmp_path, ANSWERS)
     p, _ = _run_serve_sh(tmp_path, "restart")
     assert p.returncode == 1 and p.stderr == (f"[serve.sh] nothing to restart: no {tmp_path}/serve.pid.settings (a start "
@@ -4281,11 +4281,11 @@ def test_serve_sh_restart_brings_back_the_server_it_started_and_says_its_setting
                 f"MODEL=/models/my\\ model GPU=0 TP=1 SERVERS=1 HOST=127.0.0.1 PORT={port} MEM_FRACTION=0.3 "
                 f"DTYPE=bfloat16 SEED=0 FP32_LM_HEAD=1 TIMEOUT=30 LOG={tmp_path}/serve.log PYTHON={tmp_path}/fakepython "
                 f"-- --context-length 64\n") in again.stdout, again.stdout
-        other, _ = _run_serve_sh(tmp_path, "restart", MODEL="other")
-        assert other.returncode == 0 and "serve.pid.settings; set now: MODEL): MODEL=other GPU=0 " \
-            in other.stdout, other.stdout
+        other, _ = _run_serve_sh(tmp_path, "restart", "--", "--context-length", "32", MODEL="other")
+        assert other.returncode == 0 and "serve.pid.settings; set now: MODEL the arguments after --): MODEL=other " \
+            "GPU=0 " in other.stdout and other.stdout.count(" -- --context-length 32\n") == 1, other.stdout
         first, second, third = _starts(tmp_path)
-        assert first == second and third == [x.replace("/models/my model", "other") for x in first], _starts(tmp_path)
+        assert first == second and third == [x.replace("/models/my model", "other") for x in first[:-1]] + ["32"]
         assert first[0] == "0" and "0.3" in first and first[-2:] == ["--context-length", "64"], first
     finally:
         _run_serve_sh(tmp_path, "stop")
