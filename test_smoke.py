@@ -567,10 +567,10 @@ def mixed_lengths_data(path, n=40):
 
 @pytest.fixture(scope="session")
 def two_step_run(tiny_model, tmp_path_factory):
-    """A finished 2-step run (its checkpoint step_2, metrics of steps 0-2), for tests to copy and break."""
+    """A finished 2-step run (its checkpoint step_2 alone, metrics of steps 0-2), for tests to copy and break."""
     d, s = tmp_path_factory.mktemp("two_step_run"), StandIn(tiny_model)
     try:
-        code, out = run(train_cmd(tiny_model, s.url, d))
+        code, out = run(train_cmd(tiny_model, s.url, d, "--keep_checkpoints", "1"))
         assert code == 0, out
     finally:
         s.close()
