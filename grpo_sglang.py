@@ -159,6 +159,7 @@ class Config:
     # eval, checkpoints, logging
     eval_every: int = arg(50, "evaluate (greedy, via the server) every N steps; 0 = only at start and end", "v >= 0")
     save_every: int = arg(100, "checkpoint every N steps (0 = only at the end)", "v >= 0")
+    keep_checkpoints: int = arg(3, "keep the run's newest N checkpoints, delete its older ones (0 = all)", "v >= 0")
     out_dir: str = arg("runs/grpo", "checkpoints, metrics.jsonl and config.json go here")
     resume: bool = arg(False, "continue the run in out_dir from its last checkpoint, with its flags (docs)")
     sample_every: int = arg(10, "print one completion every N steps", "v >= 0")
@@ -286,10 +287,11 @@ def add_lora(model, rank, alpha, targets, seed=0):
             m.lora_B = torch.nn.Parameter(torch.zeros(m.out_features, rank, device=m.weight.device))
             m.lora_scale, m.lora_on, m.forward = alpha / rank, True, lora_forward.__get__(m)
             found.append(name)
-    if not found:
+    missing = [t for t in targets if t not in {n.rsplit(".", 1)[-1] for n in found}]  # a typo trains the rest alone
+    if missing:
         have = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise UserError(f"--lora_targets {','.join(targets)}: {type(model).__name__} has no Linear of these names; "
-                        f"its Linears are named {','.join(have)}")
+        raise UserError(f"--lora_targets {','.join(missing)}: {type(model).__name__} has no Linear of "
+                        f"{'these names' if len(missing) > 1 else 'this name'}; its Linears are named {','.join(have)}")
     return model
 
 
@@ -741,6 +743,10 @@ class MetricsLog:
                f"step(s) per rollout; {cfg.steps} steps = {cfg.steps * cfg.prompts_per_step / n_train:.2f} epochs")
         print0("rollouts: " + ("async, one step off-policy: step s trains on a batch sampled from θ_{s-1} while the "
                                "server samples step s+1's from θ_s" if cfg.async_ else "sync, on-policy"))
+        keep = cfg.keep_checkpoints
+        print0(f"checkpoints: {os.path.join(cfg.out_dir, 'step_N')} " + (f"every {cfg.save_every} steps and " if
+               cfg.save_every else "") + "at the last step; " + (f"the newest {keep} kept, this run's older ones "
+               f"deleted (--keep_checkpoints)" if keep else "all kept (--keep_checkpoints 0)"))
         if self.master:
             # a resumed run drops the rows after its checkpoint, the eval it repeats and a row cut short (a kill)
             self.path = path = os.path.join(cfg.out_dir, "metrics.jsonl")
@@ -843,7 +849,7 @@ def parse_config(argv=None):
 RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
              "device", "micro_batch", "head_matmul", "grad_checkpointing", "compile", "max_nonfinite_steps",
              "server_url", "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync",
-             "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs"}
+             "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs", "keep_checkpoints"}
 
 
 def restore_config(cfg):
@@ -903,6 +909,11 @@ def check_config(cfg, world):
     if cfg.colocate and cfg.sync == "nccl":
         raise UserError("--sync nccl needs the server on another GPU than rank 0 (NCCL allows one rank per GPU); "
                         "drop --colocate or use --sync tensor")
+    names = [t.strip() for t in cfg.lora_targets.split(",")]  # "q_proj, v_proj": as meant
+    if not all(names):
+        raise UserError(f"--lora_targets {cfg.lora_targets!r} has an empty entry: name the Linears that get adapters, "
+                        f"separated by commas (e.g. q_proj,v_proj)")
+    cfg.lora_targets = ",".join(names)  # (also as config.json and adapter_config.json save them)
     servers = parse_servers(cfg)
     try:  # and written: a read-only folder would fail only after the model and optimizer were loaded
         os.makedirs(cfg.out_dir, exist_ok=True)
@@ -939,6 +950,9 @@ def parse_servers(cfg):
             ok = False
         if not ok:
             raise UserError(f"--server_url {u!r} is not a server address: it must look like http://127.0.0.1:30000")
+        if p.path.strip("/") or p.params or p.query or p.fragment:  # an endpoint pasted with it: the trainer adds those
+            raise UserError(f"--server_url {u!r} has a path ({u[len(p.scheme) + 3 + len(p.netloc):]}): give only the "
+                            f"server's address, scheme://host:port ({p.scheme}://{p.netloc})")
     urls = [u.rstrip("/") for u in urls]
     twice = [u for u in urls if urls.count(u) > 1]
     if twice:
@@ -966,6 +980,7 @@ def setup(cfg):
     servers = check_config(cfg, world)
     lock = lock_out_dir(cfg.out_dir) if rank == 0 else None  # held until the process ends
     ckpt = checkpoint_to_resume(cfg.out_dir, world, cfg.resume)
+    ckpt and check_lora_resume(cfg, ckpt)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if use_cuda:
@@ -1125,7 +1140,9 @@ def load_hf_dataset(cfg):
 
 
 def read_rows(path):
-    """A .jsonl file (one JSON object per line) or a .json file (a list of objects) -> rows; errors name the line."""
+    """A .jsonl file (one JSON object per line) or a .json file (a list of objects) -> rows; errors name the line. Also
+    one JSON document spanning lines in either: a list of objects, or an object whose one list of objects is the rows
+    ({"data": [...]}); what was read is said."""
     example = '{"question": "What is 2 + 3?", "answer": "5"}'
     if not os.path.exists(path):
         raise UserError(f"--dataset {path}: no such file")
@@ -1136,23 +1153,54 @@ def read_rows(path):
         text = open(path, encoding="utf-8").read()
     except UnicodeDecodeError:
         raise UserError(f"{path} is not UTF-8 text") from None
-    if path.endswith(".json") and text.lstrip().startswith("["):
+    items = json_document(path, text)
+    if items is None and path.endswith(".json") and text.lstrip().startswith("["):
         try:
-            items = list(enumerate(json.loads(text), 1))
+            json.loads(text)
         except json.JSONDecodeError as e:
             raise UserError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
-    else:
+    elif items is None:
         items = []
         for n, line in enumerate(text.splitlines(), 1):
             try:
                 items += [(n, json.loads(line))] if line.strip() else []
             except json.JSONDecodeError as e:
-                raise UserError(f"{path} line {n} is not valid JSON ({e.msg}): {line[:80]!r}") from None
+                doc = "" if n > 1 or line.strip() not in ("[", "{") else document_error(text)  # (a pretty-printed one)
+                raise UserError(f"{path} line {n} is not valid JSON ({e.msg}): {line[:80]!r}{doc}") from None
     bad = next((n for n, r in items if not isinstance(r, dict)), None)
     if bad or not items:
         raise UserError(f"{path}: " + (f"row {bad} is not a JSON object" if bad else "the file holds no rows") +
                         f"; each row must be an object like {example}")
     return [r for _, r in items]
+
+
+def json_document(path, text):
+    """The rows of a data file that is one JSON document, [(n, row)], saying what was read where it is not the file
+    type's own shape; None if the text is not one JSON document (JSON Lines, or broken)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    rows = lambda v: isinstance(v, list) and v and all(isinstance(r, dict) for r in v)
+    keys = [k for k, v in doc.items() if rows(v)] if isinstance(doc, dict) else []
+    if len(keys) > 1:
+        raise UserError(f"{path} is one JSON object with several lists of rows ({', '.join(map(repr, keys))}): keep "
+                        f"the one to train on (or give a folder of train.jsonl and test.jsonl)")
+    if keys or (isinstance(doc, list) and path.endswith(".jsonl")):
+        how = f"the list under its key {keys[0]!r}" if keys else "one JSON list"
+        items = doc[keys[0]] if keys else doc
+        print0(f"data: {path} holds one JSON document spanning lines: read {how} ({len(items)} rows)")
+        return list(enumerate(items, 1))
+    return list(enumerate(doc, 1)) if isinstance(doc, list) else [(1, doc)]  # a .json's list; a file of one row
+
+
+def document_error(text):
+    """Why a text that looks like one JSON document spanning lines is not one."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"; nor is the file one JSON document spanning lines (line {e.lineno}: {e.msg})"
+    return ""
 
 
 def load_models(cfg, rt):
@@ -1163,7 +1211,9 @@ def load_models(cfg, rt):
     if not hasattr(transformers.masking_utils, "find_packed_sequence_indices"):  # what pack_batch's rows need
         raise UserError(f"transformers {__version__} does not read packed sequences: pip install -U transformers")
     if cfg.resume and not rt.ckpt:
-        print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}")
+        print0(f"--resume: no checkpoint in {cfg.out_dir} yet, starting from {cfg.model}" + (
+            " (the run there stopped before its first: it starts again, with its flags)" if run_files(cfg.out_dir)
+            else ""))
     if rt.ckpt:
         check_architecture(rt.ckpt, cfg.model)
     lora = cfg.lora_rank > 0  # a LoRA checkpoint holds the adapters only: the base comes from --model
@@ -1312,14 +1362,22 @@ class Server:
         t0, link = time.time(), self.link
         for srv in link["servers"] if link else []:
             sums = srv.pop("sums", None)
-            got = checksums(sums.result()) if sums else {}
+            got = checked_sums(srv["url"], sums.result(), link["version"]) if sums else {}
             differ = [k for k, r in srv["recipes"].items() if sums and got.get(k) != link["hashes"].get(r)]
-            if "checked" not in srv:  # the first push
-                srv["recipes"], srv["checked"] = {k: r for k, r in srv["recipes"].items() if k not in differ}, True
+            if "checked" not in srv:  # the first push: which tensors are compared from now on
+                resumed = bool(self.rt.ckpt and sums)
+                known = comparable(self.cfg.out_dir, srv) if resumed else None  # the run's start found these
+                keep = known if known is not None else set(srv["recipes"]) - set(differ)
+                srv["recipes"], srv["checked"] = {k: r for k, r in srv["recipes"].items() if k in keep}, True
+                differ = [k for k in differ if known is not None and k in keep]  # a resume's first push dropped: stop
                 print0(f"weight check: {len(srv['recipes'])} of {len(srv['names'])} tensors of the server at "
                        f"{srv['url']} compared after every push" + ("" if srv["recipes"] else
-                       f" (/weights_checker: HTTP {srv['checker']}): only the log-prob check remains"))
-            elif differ:
+                       f" (/weights_checker: {srv['checker']}): only the log-prob check remains") + (
+                       "" if not resumed else " (those the run's first push found it holds as sent)" if known is not
+                       None else f" (those this resume's first push bore out: {WEIGHT_CHECK} there has no record of "
+                       f"this server's layout)"))
+                sums and not self.rt.ckpt and remember_comparable(self.cfg.out_dir, srv)
+            if differ:
                 raise UserError(f"weight sync check failed: the server at {srv['url']} holds other weights than the "
                                 f"trainer sent in the push of version {link['version']}: {len(differ)} of "
                                 f"{len(srv['recipes'])} tensors differ ({', '.join(n for _, n in differ[:3])}"
@@ -1365,6 +1423,14 @@ def call(cfg, url, path, payload=None, timeout=None, retries=None):
             except ValueError:
                 return r.text  # /flush_cache answers plain text
         except (requests.ConnectionError, requests.Timeout) as e:
+            if isinstance(e, requests.exceptions.SSLError):  # the same at every try: no retry
+                import re
+                why = next(iter(re.findall(r"\[SSL[^\]]*\][^'\"()]*", str(e))), str(e)[:200]).strip()
+                plain = "http://" + url.split("://", 1)[-1]
+                raise UserError(f"the TLS handshake with the server at {url} failed ({why}): " + (
+                    f"it speaks plain http, not https (as serve.sh starts it): use --server_url {plain}" if
+                    "WRONG_VERSION_NUMBER" in why else f"an http server (as serve.sh starts it) needs --server_url "
+                    f"{plain}; an https one, a certificate this machine trusts")) from None
             if attempt == retries:
                 hint = "Is it running? Start it with: bash serve.sh   (see serve.log)"
                 if isinstance(e, requests.ReadTimeout):  # it took the request, then said nothing in time
@@ -1389,7 +1455,7 @@ def check_server(cfg, url):
     same = os.path.exists(cfg.model) and os.path.realpath(served) == os.path.realpath(cfg.model)
     if served != cfg.model and not same:
         raise UserError(f"the server at {url} serves {served!r} but the trainer trains {cfg.model!r}.\n"
-                        f"Restart it with the same model: bash serve.sh stop && MODEL={cfg.model} bash serve.sh")
+                        f"Restart it with the trainer's model: MODEL={cfg.model} bash serve.sh restart")
     server_info = call(cfg, url, "/server_info", timeout=30)
     server_info = server_info if isinstance(server_info, dict) else {}
     try:  # the OpenAI-style model card says the server's real context length (its --context-length included)
@@ -1403,9 +1469,14 @@ def check_server(cfg, url):
                              timeout=cfg.request_timeout)  # the names of the tensors it holds (older servers: 404)
     except requests.RequestException as e:
         raise UserError(f"the SGLang server at {url} stopped answering ({e})") from None
+    checker, names = f"HTTP {sums.status_code}", []
+    if sums.status_code == 200:
+        try:
+            names = sorted(checksums(sums.json()))
+        except (ValueError, KeyError, TypeError, AttributeError):  # cut JSON, a proxy's HTML page: no usable checker
+            checker = f"HTTP 200, but no checksums: {sums.text[:200]!r}"
     return {"begin_end": r.status_code == 405, "tp": int(server_info.get("tp_size") or 1), "context": context,
-            "port": server_info.get("port"), "checker": sums.status_code,
-            "names": sorted(checksums(sums.json())) if sums.status_code == 200 else []}
+            "port": server_info.get("port"), "checker": checker, "names": names}
 
 
 def check_servers_once(cfg, rt, info):
@@ -1647,6 +1718,47 @@ def checksums(answer):
     """SGLang's /weights_checker answer -> {(its rank, the tensor's name): its hash}."""
     return {(r["parallelism_info"].get("rank", k), n): h for k, r in enumerate(answer["ranks"])
             for n, h in r["checksums"].items()}
+
+
+WEIGHT_CHECK = "weight_check.json"  # in out_dir: which tensors each server layout hashes as sent, for a resume
+
+
+def comparable(out_dir, srv):
+    """--resume: the tensors of `srv` (its (rank, name)s) that the run's fresh first push found it holds as sent, if
+    the run recorded a server of this layout (tensor-parallel size and names), else None. A fresh run's first push
+    sends the weights the server loaded at start (--model's), so a tensor whose hash differs there is one the server
+    holds in another form (a tensor-parallel shard, another dtype): known not to hash as sent. A resume's first push
+    sends the checkpoint's weights, which a server that drops pushes never holds: it cannot tell the two apart."""
+    try:
+        layouts = json.load(open(os.path.join(out_dir, WEIGHT_CHECK)))
+    except (OSError, ValueError):
+        return None
+    mine = sorted(map(tuple, srv["names"]))
+    for lay in layouts if isinstance(layouts, list) else []:
+        with contextlib.suppress(AttributeError, TypeError, KeyError):  # (an entry edited by hand: not this layout's)
+            if lay["tp"] == srv["tp"] and sorted(map(tuple, lay["names"])) == mine:
+                return {tuple(k) for k in lay["compared"]} & set(srv["recipes"])
+    return None
+
+
+def remember_comparable(out_dir, srv):
+    """A fresh run's first push: which tensors of srv's layout it compares (comparable() reads it on a resume)."""
+    path, old = os.path.join(out_dir, WEIGHT_CHECK), []
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # (none yet, or unreadable: replaced)
+        old = [lay for lay in json.load(open(path)) if lay.get("names") != [list(k) for k in srv["names"]]]
+    with contextlib.suppress(OSError):  # (a full disk: a resume then checks as a fresh start does, and says so)
+        write_whole(path, json.dumps(old + [{"tp": srv["tp"], "names": [list(k) for k in srv["names"]],
+                                            "compared": [list(k) for k in srv["recipes"]]}]))
+
+
+def checked_sums(url, answer, version):
+    """checksums(answer), or one error naming the server and what it answered instead (cut JSON, a proxy's page)."""
+    try:
+        return checksums(answer)
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise UserError(f"the server at {url} answered /weights_checker, after the push of version {version}, with no "
+                        f"checksums: {str(answer)[:200]!r}. The weight check cannot go on: is something in between (a "
+                        f"proxy), or is the server failing (serve.log)? Fix it, then --resume") from None
 
 
 def recipes(server, trainer):
@@ -1971,7 +2083,6 @@ def save_checkpoint(cfg, model, opt, tok, step):
             tok.save_pretrained(d)
             torch.save({"optimizer": osd, "step": step, "rng": rng, "config": saved_config(cfg)},
                        os.path.join(d, "trainer_state.pt"))
-            old = latest_checkpoint(cfg.out_dir)
             write_whole(os.path.join(cfg.out_dir, "latest"), f"step_{step}")
         except Exception as e:  # a full disk, a quota, permissions: say so, clean up
             shutil.rmtree(d, ignore_errors=True)
@@ -1979,9 +2090,22 @@ def save_checkpoint(cfg, model, opt, tok, step):
                             f"full? A checkpoint holds fp32 weights and Adam's two moments, ~{12 * n_params / 1e9:.1f} "
                             f"GB: free space or use another --out_dir. The previous checkpoint there is intact "
                             f"(--resume).") from None
-        if old and os.path.basename(old) != f"step_{step}":
+        for old in old_checkpoints(cfg.out_dir, step, cfg.keep_checkpoints):
             shutil.rmtree(old, ignore_errors=True)
     on_all_ranks(lambda: dist.get_rank() == 0 and write())  # every rank stops if the write failed
+
+
+def old_checkpoints(out_dir, step, keep):
+    """-> the run's checkpoints before step_{step} past its newest `keep` (0: none): folders step_N whose
+    trainer_state.pt says step N. Never another folder (a user's copy, a run's later one that a rollback left)."""
+    def step_of(d):
+        try:  # mmap: the optimizer state is not read
+            return torch.load(os.path.join(out_dir, d, "trainer_state.pt"), weights_only=True, mmap=True)["step"]
+        except Exception:
+            return None
+    ours = sorted(int(d[5:]) for d in os.listdir(out_dir) if d.startswith("step_") and d[5:].isdigit()
+                  and int(d[5:]) < step and d == f"step_{int(d[5:])}" and step_of(d) == int(d[5:]))
+    return [os.path.join(out_dir, f"step_{n}") for n in (ours[: max(len(ours) - keep + 1, 0)] if keep else [])]
 
 
 def load_checkpoint(ckpt_dir, model, opt):
@@ -2013,7 +2137,12 @@ def save_adapters(d, adapters, cfg):
 def load_adapters(ckpt, model):
     """save_adapters' file -> the model's adapters (before shard), which must be the same ones."""
     from safetensors.torch import load_file
-    got = load_file(os.path.join(ckpt, "adapter_model.safetensors"))
+    try:
+        got = load_file(os.path.join(ckpt, "adapter_model.safetensors"))
+    except Exception as e:  # a copy cut short, a disk error
+        raise UserError(f"{ckpt}/adapter_model.safetensors cannot be read ({type(e).__name__}: "
+                        f"{str(e).split('. ')[0][:150]}): the file is damaged (a copy cut short?); use another "
+                        f"checkpoint") from None
     mine = {f"base_model.model.{n}.weight": p for n, p in model.named_parameters() if n.endswith(("lora_A", "lora_B"))}
     bad = [k for k in mine.keys() | got.keys() if k not in got or k not in mine or got[k].shape != mine[k].shape]
     if bad:
@@ -2024,14 +2153,23 @@ def load_adapters(ckpt, model):
             p.copy_(got[k])
 
 
-def export_merged(ckpt, out):
+def export_merged(ckpt, out, base=None):
     """A LoRA checkpoint -> `out`, a plain HF model folder (bf16, each adapter merged into its weight) that serve.sh
-    serves: python -c "import grpo_sglang as g; g.export_merged('runs/grpo/step_100', 'runs/merged')" """
+    serves: python -c "import grpo_sglang as g; g.export_merged('runs/grpo/step_100', 'runs/merged')"
+    base: the base model, if it is no longer where training found it (adapter_config.json's base_model_name_or_path).
+    A mistake is one line, `error: ...` (print_user_error), not a traceback."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    c = adapter_config(ckpt)
     if os.path.exists(out) and os.listdir(out):
         raise UserError(f"{out} exists and is not empty: export into a new folder")
-    c = json.load(open(os.path.join(ckpt, "adapter_config.json")))
-    model = AutoModelForCausalLM.from_pretrained(c["base_model_name_or_path"], dtype=torch.bfloat16)
+    base = base or c["base_model_name_or_path"]
+    try:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    except (OSError, ValueError) as e:  # a folder moved (or a path relative to another directory), not on the hub
+        where = f"no folder {os.path.abspath(base)}" if not os.path.isdir(base) else str(e).split("\n")[0][:200]
+        raise UserError(f"export_merged: the base model of {ckpt}, {base!r}, cannot be loaded ({where}). If it moved "
+                        f"since training, say where it is now: export_merged({ckpt!r}, {out!r}, base='/path/to/it')"
+                        ) from None
     add_lora(model, c["r"], c["lora_alpha"], c["target_modules"])
     load_adapters(ckpt, model)
     for m in [m for m in model.modules() if hasattr(m, "lora_A")]:
@@ -2039,6 +2177,44 @@ def export_merged(ckpt, out):
         del m.lora_A, m.lora_B, m.forward  # a plain Linear again
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
+
+
+def adapter_config(ckpt):
+    """export_merged: a LoRA checkpoint's adapter_config.json; else one error that says what `ckpt` is instead."""
+    path = os.path.join(ckpt, "adapter_config.json")
+    if not os.path.isdir(ckpt):
+        raise UserError(f"export_merged: {ckpt}: " + ("no such folder" if not os.path.exists(ckpt) else "a file, not "
+                        "a folder") + ": give a checkpoint of a LoRA run (runs/grpo/step_100)")
+    if not os.path.exists(path):
+        steps = sorted((f for f in os.listdir(ckpt) if f.startswith("step_")), key=lambda f: (len(f), f))
+        if steps or os.path.exists(os.path.join(ckpt, "latest")):
+            raise UserError(f"export_merged: {ckpt} is a run's folder, not a checkpoint: give one of its checkpoints, "
+                            + (", ".join(os.path.join(ckpt, f) for f in steps) or "(none yet)")
+                            + (f" (the last: {latest_checkpoint(ckpt)})" if latest_checkpoint(ckpt) else ""))
+        if os.path.exists(os.path.join(ckpt, "config.json")):
+            raise UserError(f"export_merged: {ckpt} holds a whole model (no adapter_config.json), as a full "
+                            f"fine-tune's checkpoint does: it is already a servable model: serve it as it is (MODEL="
+                            f"{ckpt} bash serve.sh)")
+        raise UserError(f"export_merged: {ckpt} has no adapter_config.json: it is not a checkpoint of a LoRA run")
+    try:
+        c = json.load(open(path))
+        c = {k: c[k] for k in ("base_model_name_or_path", "r", "lora_alpha", "target_modules")}
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} cannot be read ({type(e).__name__}: {e}): the checkpoint is damaged; use another "
+                        f"checkpoint") from None
+    return c
+
+
+def print_user_error(kind, e, tb, hook=sys.excepthook):
+    """A UserError that reaches the top (python -c "import grpo_sglang as g; g.export_merged(...)") prints as one line,
+    `error: ...`, not a traceback; any other exception as Python prints it."""
+    if issubclass(kind, UserError):
+        print(f"error: {e}", file=sys.stderr)
+    else:
+        hook(kind, e, tb)
+
+
+sys.excepthook = print_user_error
 
 
 def run_files(out_dir):
@@ -2076,14 +2252,18 @@ def latest_checkpoint(out_dir):
 
 
 def checkpoint_to_resume(out_dir, world=1, resume=True):
-    """-> the checkpoint out_dir/latest names (--resume) or None (no run there); anything else: one error with a fix."""
+    """-> the checkpoint out_dir/latest names (--resume) or None (no run there, or one stopped before its first
+    checkpoint: it starts again); anything else: one error with a fix."""
     d, latest, why, there = latest_checkpoint(out_dir), os.path.join(out_dir, "latest"), None, run_files(out_dir)
     complete = lambda c: all(os.path.exists(os.path.join(c, f)) for f in ("config.json", "trainer_state.pt"))
+    unsaved = d is None and set(there) <= {"config.json", "metrics.jsonl"} and not past_first_save(out_dir)
     if there and not resume:  # it would overwrite that run's checkpoints and mix the two in metrics.jsonl
-        raise UserError(f"--out_dir {out_dir} already holds a run ({', '.join(there)}): continue it with --resume, "
-                        f"or start this one in another --out_dir (or delete that one)")
+        raise UserError(f"--out_dir {out_dir} already holds a run ({', '.join(there)}): " + (
+            "it stopped before its first checkpoint: --resume starts it again from --model with its flags, "
+            if unsaved else "continue it with --resume, ") + "or start this one in another --out_dir (or delete that "
+            "one)")
     if d is None:
-        if not there:
+        if not there or unsaved:  # a resume from step 0: the rows of the steps it redoes are dropped, as always
             return None
         why = f"{out_dir} holds a run ({', '.join(there)}) but no {latest}, and a resume never starts over"
     elif not os.path.isdir(d) or not complete(d):
@@ -2107,6 +2287,40 @@ def checkpoint_to_resume(out_dir, world=1, resume=True):
     fix = (f"Complete checkpoints here: {', '.join(others)}; to resume from the last one: echo {others[-1]} > {latest}"
            if others else "There is no other complete checkpoint here: start afresh in another --out_dir.")
     raise UserError(f"--resume: {why if d is None else f'{latest} names {os.path.basename(d)}, but {why}'}. {fix}")
+
+
+def check_lora_resume(cfg, ckpt):
+    """--resume: a LoRA checkpoint (adapter_config.json) needs --lora_rank, a full one none. They differ only where
+    the run's config.json is gone, and its flags with it: say which flags the checkpoint was trained with."""
+    lora, lost = os.path.join(ckpt, "adapter_config.json"), os.path.join(cfg.out_dir, "config.json")
+    why = f" ({lost}, which held the run's flags, is gone)" if not os.path.exists(lost) else ""
+    if os.path.exists(lora) and not cfg.lora_rank:
+        try:
+            c = json.load(open(lora))
+            flags = (f"--lora_rank {c['r']} --lora_alpha {c['lora_alpha']:g} --lora_targets "
+                     f"{','.join(c['target_modules'])}")
+        except (ValueError, KeyError, TypeError):
+            flags = "its --lora_rank, --lora_alpha and --lora_targets"
+        raise UserError(f"--resume: {ckpt} is a LoRA checkpoint (it holds adapter_config.json), but this run has no "
+                        f"--lora_rank{why}. Resume with {flags}, and the run's other flags")
+    if cfg.lora_rank and not os.path.exists(lora):
+        raise UserError(f"--resume: {ckpt} is a full fine-tune's checkpoint (no adapter_config.json), but this run has "
+                        f"--lora_rank {cfg.lora_rank}{why}. Resume without the LoRA flags")
+
+
+def past_first_save(out_dir):
+    """Whether the run in out_dir logged a step at which its flags (config.json) had a checkpoint written: then its
+    checkpoints were deleted, and a resume would start it over. Unreadable files: assume so."""
+    rows, metrics = [], os.path.join(out_dir, "metrics.jsonl")
+    try:
+        saved = json.load(open(os.path.join(out_dir, "config.json")))
+        first = min(int(saved["save_every"]) or int(saved["steps"]), int(saved["steps"]))
+        for line in open(metrics) if os.path.exists(metrics) else []:
+            with contextlib.suppress(ValueError):  # (a row a kill cut short)
+                rows.append(json.loads(line))
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+    return any(isinstance(r, dict) and "loss" in r and r.get("step", 0) >= first for r in rows)
 
 
 def all_reduce_named(values, op, device):

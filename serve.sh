@@ -10,6 +10,8 @@
 #   GPU=2,3 TP=2 SERVERS=2 bash serve.sh # two TP-2 servers, both on GPUs 2 and 3
 #   MODEL=/path/to/model bash serve.sh -- --context-length 4096   # anything after -- goes to SGLang
 #   bash serve.sh stop                   # stops every server this PIDFILE started
+#   bash serve.sh restart                # stops them and starts the same again: the last start's settings, printed
+#                                        # (in PIDFILE.settings; one set now wins: MODEL=other bash serve.sh restart)
 #
 # Settings (environment): MODEL, GPU, TP, SERVERS, HOST, PORT, MEM_FRACTION, ATTENTION_BACKEND, DTYPE, SEED,
 # FP32_LM_HEAD, SGLANG_API_KEY, EXTRA_ARGS, TIMEOUT (seconds to wait), LOG, PIDFILE, PYTHON.
@@ -19,6 +21,30 @@
 # Servers sharing a GPU split the default MEM_FRACTION (0.85); one you set must fit: servers per GPU x it <= 0.9.
 # At the end it prints the trainer's --server_url and --server_gpu for them. PORT..PORT+SERVERS-1 must be free.
 set -euo pipefail
+
+KEPT="MODEL GPU TP SERVERS HOST PORT MEM_FRACTION ATTENTION_BACKEND DTYPE SEED FP32_LM_HEAD EXTRA_ARGS TIMEOUT LOG"
+KEPT+=" PYTHON"  # (all the settings but PIDFILE, whose name holds them, and SGLANG_API_KEY, a secret)
+if [ "${1:-}" = "restart" ]; then  # the same servers again: the settings (not SGLANG_API_KEY) the last start wrote
+  saved=${PIDFILE:-serve.pid}.settings
+  [ -f "$saved" ] || { echo "[serve.sh] nothing to restart: no $saved (a start writes it): start with bash serve.sh" >&2
+                       exit 1; }
+  [ $# -eq 1 ] || [ "$2" = "--" ] || { echo "[serve.sh] restart takes SGLang's arguments after -- only (bash" \
+                                          "serve.sh restart -- --context-length 4096), not: ${*:2}" >&2; exit 1; }
+  now=(); for v in $KEPT; do [ -n "${!v+x}" ] && now+=("$v=${!v}"); done  # set on this command line: they win
+  ARGS=()
+  # shellcheck disable=SC1090
+  source "$saved"
+  changed=; for kv in ${now[@]+"${now[@]}"}; do
+    v=${kv%%=*}; [ "${!v:-}" = "${kv#*=}" ] || changed+=" $v"
+    export "${kv?}"
+  done
+  [ $# -gt 1 ] && ARGS=("${@:3}") && changed+=" the arguments after --"  # they replace the last start's
+  shown=; for v in $KEPT; do [ -n "${!v:-}" ] && shown+=" $v=$(printf %q "${!v}")" && export "${v?}"; done
+  echo "[serve.sh] restart with the settings of the last start ($saved${changed:+; set now:$changed}):$shown$(
+       )${ARGS[*]:+ -- ${ARGS[*]}}"
+  bash "${BASH_SOURCE[0]}" stop
+  exec bash "${BASH_SOURCE[0]}" -- ${ARGS[@]+"${ARGS[@]}"}
+fi
 
 MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
 GPU=${GPU:-3}
@@ -187,6 +213,11 @@ PY
 [ -z "$why" ] || die "$why"
 
 : > "$PIDFILE"
+{ for v in $KEPT; do  # for 'restart': this start's settings (a MEM_FRACTION only if set: a split is redone)
+    [ "$v" = MEM_FRACTION ] && [ -z "$MEM_SET" ] && continue
+    printf '%s=%q\n' "$v" "${!v:-}"
+  done
+  printf 'ARGS=(%s)\n' "$(for a in "$@"; do printf '%q ' "$a"; done)"; } > "$PIDFILE.settings"
 start=$(date +%s)
 # Servers that share a GPU start one after another: each sizes its KV cache from the memory it finds free, and two
 # sizing at once both count the same memory (seen on an H200: the second then refused to start).

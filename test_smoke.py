@@ -211,6 +211,7 @@ class StandIn:
         self.tp, self.miss, self.drop, self.half = tp, set(miss_pushes), set(drop_weights), set(drop_half)
         self.ranks = [{n: p.detach().to(torch.bfloat16) for n, p in self.model.named_parameters()} for _ in range(tp)]
         self.fuse, self.checker = fuse, checker  # /weights_checker: q/k/v, gate/up fused as SGLang holds them; or none
+        # (or (n, text): after n answers, `text` with HTTP 200, as a proxy's page or JSON cut short)
         self.garble = garble_rescores  # every re-scored sequence gets one logprob too few ("short"), the last one
         # None ("none"), for another token ("other_token") or its id reported as 0 ("id_0")
         self.digest, self.inits = self.weights_digest(), []
@@ -415,6 +416,9 @@ class StandIn:
                         return self.reply({"success": srv.groups.pop(req["group_name"], None) is not None, "message": ""})
                     if self.path == "/flush_cache":
                         return self.reply("Cache flushed.")
+                    if self.path == "/weights_checker" and type(srv.checker) is tuple and (
+                            srv.calls[self.path] > srv.checker[0]):
+                        return self.reply(srv.checker[1])
                     if self.path == "/weights_checker" and srv.checker and req.get("action") == "checksum":
                         return self.reply({"success": True, "message": "", "ranks": [
                             {"checksums": srv.checksums(r), "per_gpu_checksum": "", "parallelism_info": {
@@ -593,10 +597,10 @@ def mixed_lengths_data(path, n=40):
 
 @pytest.fixture(scope="session")
 def two_step_run(tiny_model, tmp_path_factory):
-    """A finished 2-step run (its checkpoint step_2, metrics of steps 0-2), for tests to copy and break."""
+    """A finished 2-step run (its checkpoint step_2 alone, metrics of steps 0-2), for tests to copy and break."""
     d, s = tmp_path_factory.mktemp("two_step_run"), StandIn(tiny_model)
     try:
-        code, out = run(train_cmd(tiny_model, s.url, d))
+        code, out = run(train_cmd(tiny_model, s.url, d, "--keep_checkpoints", "1"))
         assert code == 0, out
     finally:
         s.close()
@@ -656,11 +660,11 @@ def run_here(model_dir, url, out_dir, *extra, spy=None, kill_after=None):
             torch.multiprocessing.set_sharing_strategy(sharing)
 
 
-# The runs that a few tests below share: 5 steps, checkpoints every 2 (and at the end), a warmup and a cosine decay,
-# DAPO's overlong penalty, a seed that is not the default; once uninterrupted, once stopped dead after its step-2
-# checkpoint and resumed (without --seed: the run's own comes back).
-RESUMED_FLAGS = ("--steps", "5", "--save_every", "2", "--lr_warmup_steps", "1", "--lr_schedule", "cosine",
-                 "--min_lr_ratio", "0.5", "--max_new_tokens", "6", "--overlong_buffer", "4",
+# The runs that a few tests below share: 5 steps, checkpoints every 2 (and at the end) of which the newest 2 are kept,
+# a warmup and a cosine decay, DAPO's overlong penalty, a seed that is not the default; once uninterrupted, once
+# stopped dead after its step-2 checkpoint and resumed (without --seed: the run's own comes back).
+RESUMED_FLAGS = ("--steps", "5", "--save_every", "2", "--keep_checkpoints", "2", "--lr_warmup_steps", "1",
+                 "--lr_schedule", "cosine", "--min_lr_ratio", "0.5", "--max_new_tokens", "6", "--overlong_buffer", "4",
                  "--overlong_penalty", "0.5", "--reward", "has_number", "--eval_every", "0")
 
 
@@ -1544,6 +1548,32 @@ def test_bad_data_files_are_one_clear_error(tmp_path, name, content, says):
         g.load_splits(g.Config(dataset=str(tmp_path / name)))
 
 
+def test_a_data_file_that_is_one_json_document_is_read_and_said_or_its_shape_explained(tmp_path, capsys):
+    """A .json shaped {"data": [...]} and a .jsonl holding one pretty-printed list (or such an object) were blamed as
+    invalid JSON on line 1. They are read, and what was read is said at start; an object with several lists of rows,
+    or a pretty-printed document that is broken, says what is expected."""
+    rows = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "What is 2 + 2?", "answer": "4"}]
+    for name, doc, how in (("data.json", {"data": rows}, "the list under its key 'data'"),
+                           ("meta.json", {"version": 1, "tags": ["a"], "examples": rows},
+                            "the list under its key 'examples'"),
+                           ("pretty.jsonl", rows, "one JSON list"), ("pretty_object.jsonl", {"data": rows},
+                                                                      "the list under its key 'data'")):
+        (tmp_path / name).write_text(json.dumps(doc, indent=2))
+        assert g.read_rows(str(tmp_path / name)) == rows, name
+        assert capsys.readouterr().out == (f"data: {tmp_path / name} holds one JSON document spanning lines: read "
+                                           f"{how} (2 rows)\n"), name
+    for name, text, says in (
+            ("splits.json", json.dumps({"train": rows, "test": rows}), "splits.json is one JSON object with several "
+             "lists of rows ('train', 'test'): keep the one to train on (or give a folder of train.jsonl and test.jsonl)"),
+            ("cut.jsonl", json.dumps(rows, indent=2)[:-9], "cut.jsonl line 1 is not valid JSON (Expecting value): '['; "
+             "nor is the file one JSON document spanning lines (line 8: Expecting value)")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(g.UserError, match=re.escape(says)):
+            g.read_rows(str(tmp_path / name))
+    (tmp_path / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in rows))  # JSON Lines named .json: as before
+    assert g.read_rows(str(tmp_path / "lines.json")) == rows and capsys.readouterr().out == ""
+
+
 def test_a_broken_file_in_a_data_folder_is_named(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')
     (tmp_path / "test.jsonl").write_text('{"question": "What is 1 + 2?", "answer": "3"}\n{"question": "x" "answer": 1}\n')
@@ -1706,6 +1736,34 @@ def test_several_servers_flags_are_checked(urls, gpus, says, tmp_path):
         g.check_config(g.Config(server_url=urls, server_gpu=gpus, out_dir=str(tmp_path)), 1)
     assert g.parse_servers(g.Config(server_url="http://a:1, http://b:2/", server_gpu="0+1,3")) == [
         ("http://a:1", [0, 1]), ("http://b:2", [3])]
+
+
+def test_a_server_url_with_a_path_or_https_for_an_http_server_says_what_to_give(tmp_path):
+    """The URL with /generate (or another path) pasted got a 404, and https:// for serve.sh's http server "Is it
+    running?": now the first names the path and the address to give, before anything loads; the second, at the first
+    request and without retries, that the TLS handshake failed and the http:// URL to use."""
+    for url, path in (("http://127.0.0.1:30000/generate", "/generate"), ("http://h:1/v1/models?x=1", "/v1/models?x=1"),
+                      ("http://h:1,http://h:2/#frag", "/#frag")):
+        with pytest.raises(g.UserError, match=re.escape(f"has a path ({path}): give only the server's address, "
+                                                        f"scheme://host:port (")):
+            g.check_config(g.Config(server_url=url, out_dir=str(tmp_path)), 1)
+    assert g.parse_servers(g.Config(server_url="http://h:1/, http://h:2", server_gpu="1")) == [("http://h:1", [1]),
+                                                                                             ("http://h:2", [1])]
+    import time
+    http = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (BaseHTTPRequestHandler,), {
+        "do_GET": lambda self: (self.send_response(200), self.end_headers()), "log_message": lambda self, *a: None}))
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    port, t0 = http.server_address[1], time.time()
+    try:
+        with pytest.raises(g.UserError) as e:
+            g.call(g.Config(request_retries=3), f"https://127.0.0.1:{port}", "/health")
+    finally:
+        http.shutdown()
+        http.server_close()
+    assert time.time() - t0 < 5  # no retries (3 with backoff: 7 s of waiting)
+    assert str(e.value) == (f"the TLS handshake with the server at https://127.0.0.1:{port} failed ([SSL: "
+                            f"WRONG_VERSION_NUMBER] wrong version number): it speaks plain http, not https (as serve.sh "
+                            f"starts it): use --server_url http://127.0.0.1:{port}"), str(e.value)
 
 
 @pytest.mark.parametrize("urls, says", [
@@ -2598,6 +2656,29 @@ def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_mod
     assert [r["step"] for r in m] == [1, 2] and all(r["mismatch_mean"] < 0.1 and r["weights_checked"] == 0 for r in m)
 
 
+@pytest.mark.parametrize("after, text", [(0, '{"success": true, "message": "", "ranks": [{"checksums": {"model.'),
+                                         (0, "<html><body><h1>502 Bad Gateway</h1></body></html>"),
+                                         (2, "<html><body><h1>502 Bad Gateway</h1></body></html>")])
+def test_a_weights_checker_answering_no_checksums_is_no_checker_at_start_and_one_error_mid_run(tiny_model, tmp_path,
+                                                                                              after, text):
+    """/weights_checker answering HTTP 200 with JSON cut short or an HTML page (a proxy) was a traceback, at start or
+    mid-run. At start the server is one without a usable checker (its one line says what it answered; the log-prob
+    check remains, the run goes on); from its answer after the push of version 1 on, one error naming the server and
+    what it answered."""
+    code, out, _, s = run_against(tiny_model, tmp_path, {"checker": (after, text)}, "--steps", "3")
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert "Traceback" not in out, out
+    if after == 0:
+        assert code == 0 and len(m) == 3 and all(r["weights_checked"] == 0 for r in m), out
+        assert out.count(f"weight check: 0 of 0 tensors of the server at {s.url} compared after every push "
+                         f"(/weights_checker: HTTP 200, but no checksums: {text!r}): only the log-prob check "
+                         f"remains\n") == 1, out
+    else:
+        assert code == 1 and out.count("error:") == 1 and len(m) == 1, out
+        assert f"error: the server at {s.url} answered /weights_checker, after the push of version 1, with no " \
+               f"checksums: {text!r}. The weight check cannot go on" in out, out
+
+
 def test_recipes_name_the_trainer_tensors_that_make_each_server_tensor():
     """By name; else (SGLang's fused tensors) those of the same leaf under the same module that the server does not
     name, in the trainer's order; nothing for what the trainer has no part of (a buffer, a name of one dot)."""
@@ -2630,6 +2711,38 @@ def test_weights_dropped_in_whole_or_in_part_stop_the_run_at_the_next_step(tiny_
            f"push of version 2: {k} of 20 tensors differ (model." in out and "not load" in out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert [r["step"] for r in m] == [1, 2] and all(r["weights_checked"] == 20 for r in m)  # step 3 did not train
+
+
+def test_a_resumed_run_checks_the_tensors_its_fresh_start_did_and_a_dropped_first_push_stops_it(tiny_model, tmp_path):
+    """A resume's first push is the checkpoint's weights, which a server that drops pushes never holds: the weight
+    check, keeping the tensors that push bore out, left most out ("5 of 20 compared" at --lr 1e-4) and the run trained
+    to its end on a stale server. Now a resume compares the tensors its run's fresh first push found the server holds
+    as sent (out_dir/weight_check.json): the fault that stops a fresh run at step 3 (the test above) stops the resumed
+    one at step 3 too, before it trains. Without that record it learns from its own first push, as before, and says
+    so."""
+    flags = ("--lr", "1e-4", "--eval_every", "0")
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "run", "--steps", "2", *flags))
+    finally:
+        s.close()
+    assert code == 0 and "compared after every push\n" in out, out
+    record = json.load(open(tmp_path / "run" / "weight_check.json"))
+    assert [(r["tp"], len(r["names"]), len(r["compared"])) for r in record] == [(1, 20, 20)]
+    again = shutil.copytree(tmp_path / "run", tmp_path / "again")
+    (again / "weight_check.json").unlink()
+    code, out, _, s = run_against(tiny_model, tmp_path / "run", {"drop_weights": {"2", "3", "4", "5", "6"}},
+                                  "--steps", "6", "--resume", *flags)
+    k, n = held_differ(s, tmp_path / "run")  # the server's tensors (the base's) vs the checkpoint's
+    assert code == 1 and out.count("error:") == 1 and "Traceback" not in out and 10 <= k <= 20, (k, out)
+    assert f"weight check: 20 of 20 tensors of the server at {s.url} compared after every push (those the run's " \
+           f"first push found it holds as sent)\n" in out, out
+    assert f"error: weight sync check failed: the server at {s.url} holds other weights than the trainer sent in the " \
+           f"push of version 2: {k} of 20 tensors differ (model." in out, out
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2]  # step 3 never trained
+    code, out, _, s = run_against(tiny_model, again, {"drop_weights": {"2", "3"}}, "--steps", "3", "--resume", *flags)
+    assert f"weight check: {20 - k} of 20 tensors of the server at {s.url} compared after every push (those this " \
+           f"resume's first push bore out: weight_check.json there has no record of this server's layout)\n" in out, out
 
 
 def test_at_a_tiny_lr_the_log_prob_check_alone_does_not_see_dropped_weights(tiny_model, tmp_path):
@@ -3200,11 +3313,31 @@ def test_a_run_ends_with_a_checkpoint_of_its_last_step(resumed_runs):
         assert_server_has(run.stand_in.pushes[-1], ckpt_weights(run.dir))
 
 
-def test_a_checkpoint_replaces_the_one_before_and_latest_names_it(resumed_runs):
-    """Each save drops the checkpoint before it, once `latest` names the new one: one step_N folder stays."""
+def test_a_run_keeps_its_newest_checkpoints_and_latest_names_the_last(resumed_runs):
+    """--keep_checkpoints 2: each save, once `latest` names it, drops the run's checkpoints older than the newest 2,
+    also those a resumed run's first process wrote (step_2)."""
     for run in resumed_runs:
-        assert sorted(f for f in os.listdir(run.dir) if f.startswith("step_")) == ["step_5"]
+        assert sorted(f for f in os.listdir(run.dir) if f.startswith("step_")) == ["step_4", "step_5"]
         assert (run.dir / "latest").read_text() == "step_5"
+
+
+def test_keep_checkpoints_never_deletes_a_folder_the_run_did_not_write_and_is_said_at_start(tmp_path, capsys):
+    """The checkpoints a save drops are the run's own before it (step_N whose trainer_state.pt says step N), past the
+    newest --keep_checkpoints (0: none): never a user's copy under a checkpoint's name, a name it does not write, or
+    a later one (left by a rollback: `echo step_1 > latest`). The rule is one line at start."""
+    from types import SimpleNamespace
+    for name, step in (("step_1", 1), ("step_2", 2), ("step_3", 5), ("step_4", 4), ("step_04", 4), ("step_9", 9),
+                       ("best", 4)):
+        (tmp_path / name).mkdir()
+        torch.save({"step": step}, tmp_path / name / "trainer_state.pt")
+    (tmp_path / "step_x").mkdir()
+    old = lambda keep: sorted(os.path.basename(d) for d in g.old_checkpoints(str(tmp_path), 5, keep))
+    assert old(2) == ["step_1", "step_2"] and old(1) == ["step_1", "step_2", "step_4"] and old(4) == old(0) == []
+    for keep, says in ((3, "the newest 3 kept, this run's older ones deleted (--keep_checkpoints)"),
+                       (0, "all kept (--keep_checkpoints 0)")):
+        cfg = g.Config(out_dir="runs/x", save_every=50, keep_checkpoints=keep)
+        g.MetricsLog(cfg, SimpleNamespace(master=False, world=1), 0, 100)
+        assert f"\ncheckpoints: runs/x/step_N every 50 steps and at the last step; {says}\n" in capsys.readouterr().out
 
 
 def test_a_resumed_run_restores_its_flags_and_refuses_those_that_would_change_it(tiny_model, tmp_path):
@@ -3355,6 +3488,43 @@ def test_a_fresh_run_never_writes_into_another_runs_folder_and_a_resumed_one_log
         s.close()
     # the steps after the checkpoint and its evaluation, redone after the resume, are in the file once
     assert kinds() == [(0, True), (1, False), (2, False), (2, True), (3, False), (4, False), (4, True)]
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_started_again_by_resume(tiny_model, tmp_path):
+    """Run again, a run killed before its first checkpoint said "continue it with --resume", and --resume said "a
+    resume never starts over": no way on in that folder. Now the first says what --resume does there, and --resume
+    starts it again from --model with its flags (--steps 3 restored) and logs each step once. A folder whose
+    metrics.jsonl shows a step a checkpoint was due at (its checkpoints deleted) is still refused."""
+    kinds = lambda: [(r["step"], "eval_accuracy" in r) for r in read_metrics(tmp_path)]
+    s = StandIn(tiny_model, fail_generate_after=2)  # eval 0 and step 1; step 2's rollout fails: no checkpoint yet
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--save_every", "2"), timeout=120)
+        assert code == 1 and kinds() == [(0, True), (1, False)] and not (tmp_path / "latest").exists(), out
+    finally:
+        s.close()
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--save_every", "2"), timeout=120)
+        assert code == 1 and out.count(f"error: --out_dir {tmp_path} already holds a run (config.json, metrics.jsonl): "
+                                       f"it stopped before its first checkpoint: --resume starts it again from --model "
+                                       f"with its flags, or start this one in another --out_dir") == 1, out
+        assert "Traceback" not in out and not s.calls["/generate"], out
+        cmd = train_cmd(tiny_model, s.url, tmp_path, "--resume", "--save_every", "2")
+        code, out = run(cmd[: cmd.index("--steps")] + cmd[cmd.index("--steps") + 2:])  # its --steps 3 comes back
+        assert code == 0 and f"--resume: no checkpoint in {tmp_path} yet, starting from {tiny_model} (the run there " \
+                              f"stopped before its first: it starts again, with its flags)" in out, out
+    finally:
+        s.close()
+    assert kinds() == [(0, True), (1, False), (2, False), (2, True), (3, False), (3, True)]
+    gone = tmp_path / "gone"  # its checkpoints deleted (one was due at step 2: --save_every 2): no start over
+    gone.mkdir()
+    shutil.copy(tmp_path / "config.json", gone / "config.json")
+    shutil.copy(tmp_path / "metrics.jsonl", gone / "metrics.jsonl")
+    with pytest.raises(g.UserError, match=re.escape(f"holds a run (config.json, metrics.jsonl) but no {gone}/latest, "
+                                                    f"and a resume never starts over")):
+        g.checkpoint_to_resume(str(gone))
+    edit_config(gone, save_every=4, steps=10)
+    assert g.checkpoint_to_resume(str(gone)) is None  # none was due yet
 
 
 @pytest.mark.parametrize("whose, resume", [("--model's", False), ("--model's", True), ("another model's", False),
@@ -3893,15 +4063,18 @@ def test_the_docs_commands_use_only_flags_the_script_has():
                 after = cmd.split("grpo_sglang.py", 1)[1].split("#")[0]
                 used = {t.split("=")[0] for t in after.split() if t.startswith("--")}
                 seen += 1
-                assert used <= flags | {"--help"}, (os.path.basename(path), cmd, sorted(used - flags))
+                assert used <= flags | {"--help"}, (f"{os.path.relpath(path, HERE)}: this command uses flags the "
+                                                    f"script lacks, {sorted(used - flags)}: rename or drop them there "
+                                                    f"(the flags are Config's fields): {cmd.strip()}")
     assert seen >= 6, seen
     reference = open(os.path.join(HERE, "docs", "reference.md")).read()
     missing = [f for f in sorted(flags) if not f.startswith("--no-") and f"`{f}`" not in reference]
-    assert not missing, missing
+    assert not missing, f"docs/reference.md lacks the flags {missing}: run python3 tools/flags_md.py --write"
     sys.path.insert(0, os.path.join(HERE, "tools"))
     import flags_md  # the flag tables are Config's, as tools/flags_md.py writes them: a new help line shows there
     table = reference.split("<!-- flags: begin", 1)[1].split("-->", 1)[1].split("<!-- flags: end -->")[0]
-    assert table.strip() == flags_md.tables().strip(), "docs/reference.md's flag tables: python3 tools/flags_md.py"
+    assert table.strip() == flags_md.tables().strip(), ("docs/reference.md's flag tables are not Config's (a flag or "
+                                                        "its help changed): run python3 tools/flags_md.py --write")
 
 
 def test_the_readmes_size_claims_are_the_files():
@@ -3939,7 +4112,10 @@ def test_the_plot_tool_draws_a_runs_metrics_and_every_metric_is_in_the_glossary(
     names = {k for r in read_metrics(tmp_path / "run") for k in r}
     names = {"reward_<part>" if k.startswith("reward_") and k != "reward_mean" else k for k in names}
     missing = sorted(k for k in names if f"`{k}`" not in glossary)
-    assert not missing, missing
+    sections = re.findall(r"^## (.+)$", glossary, re.M)
+    assert not missing, (f"docs/metrics.md does not explain the metrics {missing}: for each, add a bullet under the "
+                         f"section it belongs to ({', '.join(sections)}): - `NAME`: what it is, its unit, how it is "
+                         f"aggregated (m.mean, m.sum or m.max), healthy values, what to do when it looks wrong")
 
 
 def test_the_index_names_every_section_and_every_story_function():
@@ -3947,18 +4123,30 @@ def test_the_index_names_every_section_and_every_story_function():
     names each function above grpo_sglang.py's fence, only functions the script has, and -k words of real tests."""
     import ast
     found = sections()
-    assert [n for n, _, _ in found] == list(range(1, len(found) + 1)), [n for n, _, _ in found]
-    assert re.findall(r"^ ?(\d+)\. (.+)$", __doc__, re.M) == [(str(n), t) for n, t, _ in found]
+    assert [n for n, _, _ in found] == list(range(1, len(found) + 1)), (
+        f"the section headers `# N. title` must number 1, 2, ... in order; they are {[n for n, _, _ in found]}")
+    index = re.findall(r"^ ?(\d+)\. (.+)$", __doc__, re.M)
+    assert index == [(str(n), t) for n, t, _ in found], (
+        "test_smoke.py's docstring must list each section as its header says, one line `N. title` each, in order: "
+        + "; ".join(f"{n}. {t}" for n, t, _ in found if (str(n), t) not in index))
     tests = [t for t in globals() if t.startswith("test_")]
-    assert sorted(t for _, _, ts in found for t in ts) == sorted(tests)  # no test outside a section, none twice
+    placed = [t for _, _, ts in found for t in ts]
+    assert sorted(placed) == sorted(tests), (  # no test outside a section, none twice
+        f"every test goes under one section header; outside one or twice: "
+        f"{sorted(set(t for t in tests if placed.count(t) != 1))}")
     mapped = {f: words.split(" or ") for fs, words in re.findall(r"^  ([\w, ]+) -> (.+)$", __doc__, re.M)
               for f in fs.split(", ")}
     src = open(os.path.join(HERE, "grpo_sglang.py")).read()
     fence = next(i for i, line in enumerate(src.splitlines(), 1) if line.startswith("# ---- Plumbing below"))
     story = [n.name for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.lineno < fence]
-    assert [f for f in story if f not in mapped] == [], "the docstring's map lacks these functions of the story"
-    assert [f for f in mapped if not hasattr(g, f)] == [], "the map names what grpo_sglang.py does not have"
-    assert [w for ws in mapped.values() for w in ws if not any(w in t for t in tests)] == [], "-k words of no test"
+    lacking = [f for f in story if f not in mapped]
+    assert not lacking, (f"test_smoke.py's docstring map lacks these functions above grpo_sglang.py's fence: "
+                         f"{lacking}: add a line `  NAME -> WORDS` to it (WORDS: -k words of the tests that check it, "
+                         f"joined by ' or ')")
+    gone = [f for f in mapped if not hasattr(g, f)]
+    assert not gone, f"test_smoke.py's docstring map names what grpo_sglang.py does not have: {gone}: drop or rename"
+    idle = [w for ws in mapped.values() for w in ws if not any(w in t for t in tests)]
+    assert not idle, f"test_smoke.py's docstring map has -k words that select no test: {idle}: fix them"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -4137,6 +4325,36 @@ def test_serve_sh_refuses_a_second_start_while_its_servers_load_and_keeps_their_
     try:  # at once again on the port it freed, where its health checks' connections still wait (TIME_WAIT)
         again, _ = _run_serve_sh(tmp_path, PORT=str(port))
         assert again.returncode == 0 and "healthy after" in again.stdout, again.stdout + again.stderr
+    finally:
+        _run_serve_sh(tmp_path, "stop")
+
+
+def test_serve_sh_restart_brings_back_the_server_it_started_and_says_its_settings(tmp_path):
+    """The restart advice `bash serve.sh stop && bash serve.sh` started the default model on GPU 3, not the one-GPU
+    quick start's server. `bash serve.sh restart` starts the last start's settings again (its MEM_FRACTION, its model
+    with a space, its arguments after --), prints them, and a setting given now wins (the trainer's wrong-model
+    advice: MODEL=... bash serve.sh restart), as do SGLang's arguments after --. With nothing started yet it says so."""
+    _fake_sglang(tmp_path, ANSWERS)
+    p, _ = _run_serve_sh(tmp_path, "restart")
+    assert p.returncode == 1 and p.stderr == (f"[serve.sh] nothing to restart: no {tmp_path}/serve.pid.settings (a start "
+                                              f"writes it): start with bash serve.sh\n") and not _starts(tmp_path), p.stderr
+    port = free_port()
+    settings = dict(GPU="0", MEM_FRACTION="0.3", MODEL="/models/my model", PORT=str(port))
+    try:
+        p, _ = _run_serve_sh(tmp_path, "--", "--context-length", "64", **settings)
+        assert p.returncode == 0 and "healthy after" in p.stdout, p.stdout + p.stderr
+        again, _ = _run_serve_sh(tmp_path, "restart")  # none of them given again
+        assert again.returncode == 0 and "stopped server" in again.stdout and "healthy after" in again.stdout, again
+        assert (f"[serve.sh] restart with the settings of the last start ({tmp_path}/serve.pid.settings): "
+                f"MODEL=/models/my\\ model GPU=0 TP=1 SERVERS=1 HOST=127.0.0.1 PORT={port} MEM_FRACTION=0.3 "
+                f"DTYPE=bfloat16 SEED=0 FP32_LM_HEAD=1 TIMEOUT=30 LOG={tmp_path}/serve.log PYTHON={tmp_path}/fakepython "
+                f"-- --context-length 64\n") in again.stdout, again.stdout
+        other, _ = _run_serve_sh(tmp_path, "restart", "--", "--context-length", "32", MODEL="other")
+        assert other.returncode == 0 and "serve.pid.settings; set now: MODEL the arguments after --): MODEL=other " \
+            "GPU=0 " in other.stdout and other.stdout.count(" -- --context-length 32\n") == 1, other.stdout
+        first, second, third = _starts(tmp_path)
+        assert first == second and third == [x.replace("/models/my model", "other") for x in first[:-1]] + ["32"]
+        assert first[0] == "0" and "0.3" in first and first[-2:] == ["--context-length", "64"], first
     finally:
         _run_serve_sh(tmp_path, "stop")
 
@@ -4483,6 +4701,74 @@ def test_lora_export_writes_a_plain_model_of_the_merged_weights(tiny_model, tmp_
         g.export_merged(ckpt, str(tmp_path / "run"))
 
 
+def lora_checkpoint(base, d, step=1):
+    """A LoRA checkpoint of --model `base` (rank 4, alpha 8, TARGETS) written by hand as save_checkpoint writes one,
+    at `step` (of a run on one rank), in folder d; B is 0, as at the start. -> d"""
+    from transformers import AutoConfig, AutoTokenizer
+    model = g.add_lora(g.load_policy(str(base), torch.device("cpu"), False, torch.bfloat16), 4, 8.0, TARGETS, seed=3)
+    g.save_adapters(str(d), {n: p.detach() for n, p in model.named_parameters() if ".lora_" in n},
+                    g.Config(model=str(base), lora_rank=4, lora_alpha=8.0, lora_targets=",".join(TARGETS)))
+    AutoConfig.from_pretrained(base).save_pretrained(d)
+    AutoTokenizer.from_pretrained(str(base)).save_pretrained(d)
+    torch.save({"optimizer": {}, "step": step, "rng": [None], "config": {}}, os.path.join(d, "trainer_state.pt"))
+    return d
+
+
+def test_lora_export_mistakes_are_one_clear_line_each(tiny_model, tmp_path):
+    """export_merged raised raw tracebacks for the common mistakes: a run's folder for its step_N, a full fine-tune's
+    checkpoint (or any model folder), an adapter file cut in half, the base model's folder moved since training. Each
+    is one error saying what to give instead (the moved base: base=, which then exports), and from `python -c` it is
+    one line, no traceback."""
+    from transformers import AutoModelForCausalLM
+    base, run_dir = shutil.copytree(tiny_model, tmp_path / "base"), tmp_path / "run"
+    ckpt, out = lora_checkpoint(base, run_dir / "step_2", 2), str(tmp_path / "out")
+    shutil.copytree(ckpt, run_dir / "step_1")
+    (run_dir / "latest").write_text("step_2")
+    cut = shutil.copytree(ckpt, tmp_path / "cut")
+    cut_in_half(cut / "adapter_model.safetensors")
+    for given, says in (
+            (run_dir, f"export_merged: {run_dir} is a run's folder, not a checkpoint: give one of its checkpoints, "
+                      f"{run_dir}/step_1, {run_dir}/step_2 (the last: {run_dir}/step_2)"),
+            (tiny_model, f"export_merged: {tiny_model} holds a whole model (no adapter_config.json), as a full "
+                         f"fine-tune's checkpoint does: it is already a servable model: serve it as it is (MODEL="
+                         f"{tiny_model} bash serve.sh)"),
+            (cut, f"{cut}/adapter_model.safetensors cannot be read (SafetensorError: Error while deserializing header: "
+                  f"incomplete metadata, file not fully covered): the file is damaged (a copy cut short?); use another "
+                  f"checkpoint")):
+        with pytest.raises(g.UserError) as e:
+            g.export_merged(str(given), out)
+        assert str(e.value) == says and not os.path.exists(out)
+    code, said = run([sys.executable, "-c", f"import grpo_sglang as g; g.export_merged({str(run_dir)!r}, {out!r})"])
+    assert code == 1 and said == f"error: export_merged: {run_dir} is a " \
+        f"run's folder, not a checkpoint: give one of its checkpoints, {run_dir}/step_1, {run_dir}/step_2 (the last: " \
+        f"{run_dir}/step_2)\n", said
+    os.rename(base, tmp_path / "moved")
+    with pytest.raises(g.UserError, match=re.escape(
+            f"export_merged: the base model of {ckpt}, {str(base)!r}, cannot be loaded (no folder {base}). If it moved "
+            f"since training, say where it is now: export_merged({str(ckpt)!r}, {out!r}, base='/path/to/it')")):
+        g.export_merged(str(ckpt), out)
+    g.export_merged(str(ckpt), out, base=str(tmp_path / "moved"))
+    assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
+
+
+def test_a_lora_run_whose_config_json_is_lost_resumed_without_lora_flags_names_them(tiny_model, tmp_path):
+    """A LoRA run's config.json (its flags) lost, resumed without --lora_rank: transformers said "no file named
+    model.safetensors". Now one line, before any server is asked, that it is a LoRA checkpoint and the flags it was
+    trained with; and the other way round (a full checkpoint resumed with --lora_rank)."""
+    lora_checkpoint(tiny_model, tmp_path / "step_1")
+    (tmp_path / "latest").write_text("step_1")
+    code, out = run(train_cmd(tiny_model, f"http://127.0.0.1:{free_port()}", tmp_path, "--resume"), timeout=120)
+    says = (f"error: --resume: {tmp_path}/step_1 is a LoRA checkpoint (it holds adapter_config.json), but this run has "
+            f"no --lora_rank ({tmp_path}/config.json, which held the run's flags, is gone). Resume with --lora_rank 4 "
+            f"--lora_alpha 8 --lora_targets {','.join(TARGETS)}, and the run's other flags")
+    assert code == 1 and out.count(says) == 1 and out.count("error:") == 1 and "Traceback" not in out, out
+    full = shutil.copytree(tiny_model, tmp_path / "full" / "step_1")
+    with pytest.raises(g.UserError, match=re.escape(
+            f"--resume: {full} is a full fine-tune's checkpoint (no adapter_config.json), but this run has --lora_rank 4 "
+            f"({tmp_path}/full/config.json, which held the run's flags, is gone). Resume without the LoRA flags")):
+        g.check_lora_resume(g.Config(lora_rank=4, out_dir=str(tmp_path / "full")), str(full))
+
+
 @pytest.mark.parametrize("checker", [True, False])
 def test_lora_a_server_sampling_from_the_base_model_is_caught(tiny_model, tmp_path, checker):
     """negative_control.py --base_only: from the push of version 2 on, the server gets the base model's weights (the
@@ -4505,6 +4791,26 @@ def test_lora_targets_that_name_no_linear_or_the_head_are_one_clear_error(tiny_m
     code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--lora_rank", "4", "--lora_targets", targets))
     assert code == 1 and "Traceback" not in out and out.count("error:") == 1, out
     assert f"error: {says}" in out
+
+
+def test_lora_targets_are_trimmed_and_a_typo_or_an_empty_entry_is_one_clear_error(tiny_model, tmp_path):
+    """`--lora_targets q_proj,v_prj` (a typo) and `"q_proj, v_proj"` (a space) both trained q_proj alone, silently:
+    names are trimmed, each must name a Linear of the model (the error lists its names), and an empty entry is an
+    error before anything loads."""
+    cfg = g.Config(lora_targets=" q_proj, v_proj ", out_dir=str(tmp_path))
+    g.check_config(cfg, 1)
+    assert cfg.lora_targets == "q_proj,v_proj"  # (so config.json and adapter_config.json hold it)
+    adapt = lambda targets: g.add_lora(g.load_policy(tiny_model, torch.device("cpu"), False, torch.bfloat16), 4, 8.0,
+                                       targets)
+    assert sorted({n.rsplit(".", 1)[-1] for n, m in adapt(cfg.lora_targets.split(",")).named_modules()
+                   if hasattr(m, "lora_A")}) == ["q_proj", "v_proj"]
+    with pytest.raises(g.UserError, match=re.escape(
+            "--lora_targets v_prj: LlamaForCausalLM has no Linear of this name; its Linears are named down_proj,"
+            "gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj")):
+        adapt(["q_proj", "v_prj"])
+    for bad in ("q_proj,,v_proj", "q_proj,", " "):
+        with pytest.raises(g.UserError, match=re.escape(f"--lora_targets {bad!r} has an empty entry: name the Linears")):
+            g.check_config(g.Config(lora_targets=bad, out_dir=str(tmp_path)), 1)
 
 
 

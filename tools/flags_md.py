@@ -1,6 +1,7 @@
 """docs/reference.md's flag tables, written from grpo_sglang.Config (its groups, defaults, rules and help lines):
 
     python3 tools/flags_md.py            # prints them; test_smoke checks that docs/reference.md holds exactly this
+    python3 tools/flags_md.py --write    # writes them into docs/reference.md (between its flags markers)
 """
 import dataclasses
 import os
@@ -35,5 +36,14 @@ def tables():
     return "\n".join(out)
 
 
+def write(path=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "reference.md")):
+    """The tables into `path`, between `<!-- flags: begin ... -->` and `<!-- flags: end -->`."""
+    text = open(path).read()
+    head, rest = text.split("<!-- flags: begin", 1)
+    marker, rest = rest.split("-->", 1)
+    tail = rest.split("<!-- flags: end -->", 1)[1]
+    open(path, "w").write(f"{head}<!-- flags: begin{marker}-->\n{tables()}\n<!-- flags: end -->{tail}")
+
+
 if __name__ == "__main__":
-    print(tables())
+    write() if "--write" in sys.argv[1:] else print(tables())
