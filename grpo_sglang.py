@@ -786,7 +786,8 @@ class MetricsLog:
                f"check {f('check_mismatch_mean', '.4f')} mismatch {f('mismatch_mean', '.4f')} "
                f"from v{m['sampled_from_version']}")
         if self.cfg.sample_every and m["step"] % self.cfg.sample_every == 0:
-            print0(f"  sample (reward {float(seqs['reward'][0]):g}): {seqs['text'][0][:300]!r}")
+            said = " | ".join(m["content"] for m in seqs["messages"][0][1:])  # the episode after its prompt
+            print0(f"  sample (reward {float(seqs['reward'][0]):g}): {said[:300]!r}")
         if m.get("empty_batch_skips"):
             print0(f"warning: every sequence of step {m['step']} had weight 0: its update was skipped")
         self.write(m)
