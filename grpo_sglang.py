@@ -39,6 +39,7 @@ import json
 import math
 import os
 import random
+import re
 import socket
 import sys
 import tempfile
@@ -1010,8 +1011,8 @@ def setup(cfg):
                            server_idx=server_idx, ckpt=ckpt, lock=lock)
 
 
-def load_splits(cfg, task):
-    """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated)."""
+def load_splits(cfg, task=None):
+    """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated); built in: the task's."""
     if cfg.dataset == "builtin":
         arithmetic = task.rows is reward_fns.arithmetic_rows  # (--builtin_max_operand sizes them)
         rows = task.rows(cfg.builtin_max_operand) if arithmetic else task.rows()
@@ -1073,14 +1074,17 @@ def load_data(cfg, context=None):
     if fmt == "chat" and not tok.chat_template:
         raise UserError(f"--prompt_format chat, but the tokenizer of {cfg.model} has no chat template (a base "
                         f"model?): use --prompt_format plain (or auto)")
-    name = cfg.task if cfg.task != "auto" else "arithmetic" if cfg.dataset == "builtin" else "gsm8k"
-    t = reward_fns.TASKS[name]
-    try:
-        reward_fn = reward_fns.combine(cfg.reward, name)  # (sample, warnings) -> (reward, its named parts)
+    builtin = cfg.dataset == "builtin"
+    name = cfg.task if cfg.task != "auto" else "arithmetic" if builtin else None  # a dataset's: by its answers
+    try:  # a typo in --reward is said before any data loads
+        reward_fns.combine(cfg.reward, name or "gsm8k")
     except ValueError as e:
         raise UserError(f"--reward: {e}") from None
-    if cfg.dataset == "builtin" and not t.rows:
+    if builtin and not reward_fns.TASKS[name].rows:
         raise UserError(f"--dataset builtin: --task {name} has no built-in rows: give it a --dataset")
+    raw_train, raw_eval, held_out = load_splits(cfg, reward_fns.TASKS[name] if builtin else None)
+    name, why = (name, "") if name else pick_task(cfg, raw_train + raw_eval)
+    t, reward_fn = reward_fns.TASKS[name], reward_fns.combine(cfg.reward, name)  # (sample, warnings) -> (reward, parts)
     if "builtin_max_operand" in getattr(cfg, "given", ()) and not (cfg.dataset == "builtin" and
                                                                    t.rows is reward_fns.arithmetic_rows):
         raise UserError(f"--builtin_max_operand sizes the built-in rows of --task arithmetic only (here --task {name}, "
@@ -1101,7 +1105,6 @@ def load_data(cfg, context=None):
                             f"is {context} tokens, prompt and completion together. Lower --max_new_tokens.")
         print0(f"prompts longer than {max_len} tokens are skipped: the server's context ({context}) minus "
                f"--max_new_tokens")
-    raw_train, raw_eval, held_out = load_splits(cfg, t)
     evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, max_len, numeric=t.numeric)
     held = {r["question"] for r in evals} if cfg.dataset != "builtin" else ()  # (built in: disjoint, or a game's)
     train = tokenize_rows(raw_train, tok, cfg, instruction, fmt, skipped, max_len, held, t.numeric)
@@ -1110,15 +1113,31 @@ def load_data(cfg, context=None):
     print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat"
                                       else "('question\\ninstruction\\n')"))
     if not train or not evals:
-        fields = any("_field" in why for why in skipped) and raw_train
+        missing = raw_train and all(r.get(cfg.prompt_field) is None or r.get(cfg.answer_field) is None
+                                    for r in raw_train + raw_eval)
         hint = (f"; the rows have the fields {sorted(raw_train[0])}: name the question's and the answer's with "
-                f"--prompt_field and --answer_field" if fields else "")
+                f"--prompt_field and --answer_field" if missing else "")
+        if not missing and any("without a number" in w for w in skipped):
+            hint += f"; --task {name} needs answers that hold a number: --task exact or choice (or auto) takes others"
         hint += "; raise --max_prompt_tokens (or lower --max_new_tokens)" if any("longer" in w for w in skipped) else ""
         raise UserError(f"no usable rows left for {'training' if not train else 'evaluation'} (skipped: "
                         f"{dict(skipped)}){hint}")
     print0(f"task: {name}" + (f", episodes of up to {max_turns} replies (its environment: {t.env.__name__})"
-                              if max_turns > 1 else ""))
+                              if max_turns > 1 else "") + why)
     return tok, train, evals, task
+
+
+def pick_task(cfg, rows):
+    """--task auto for a dataset, by its answers: gsm8k (the last number) if every answer holds a number, choice if
+    every one is a letter A-J, else exact (normalised exact match). -> (name, the start line's reason)"""
+    answers = [str(r[cfg.answer_field]).strip() for r in rows if r.get(cfg.answer_field) is not None]
+    if all(reward_fns.extract_number(a) is not None for a in answers):
+        return "gsm8k", ""
+    letters = all(re.fullmatch(r"\(?[A-Ja-j]\)?\.?", a) for a in answers)
+    words = sum(reward_fns.extract_number(a) is None for a in answers)
+    return ("choice" if letters else "exact"), (f" (--task auto: {words} of {len(answers)} answers are no number"
+                                                + (", each a letter" if letters else "") + "; --task gsm8k, exact, "
+                                                "choice or yours chooses)")
 
 
 def load_hf_dataset(cfg):

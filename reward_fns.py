@@ -111,6 +111,45 @@ def arithmetic_reward(completion: str, answer: str) -> float:
     return float(arithmetic_correct(completion, answer))
 
 
+# Answers that are not numbers: words (exact) or the letter of a choice (choice).
+_LEAD_RE = re.compile(r"^(?:(?:so|thus|therefore)\s*,?\s*)?(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*", re.I)
+_LETTER_RE = re.compile(r"(?<![A-Za-z])\(?([A-J])\)?(?![A-Za-z])")  # capitals: 'a' is an article
+
+
+def normalize_text(text: str) -> str:
+    """'The  Eiffel-Tower.' -> 'eiffel tower': lower case, no punctuation, articles or extra spaces (SQuAD's way)."""
+    text = re.sub(r"[^\w\s]", " ", text.lower())
+    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
+
+
+def final_line(completion: str) -> str:
+    """The answer a completion gives: after its last '####' if it has one, else its last non-empty line, without a
+    lead-in such as 'The answer is'."""
+    text = completion.rsplit("####", 1)[1] if "####" in completion else completion
+    lines = [line for line in text.strip().splitlines() if line.strip()] or [""]
+    return _LEAD_RE.sub("", lines[-1].strip())
+
+
+def exact_correct(completion: str, answer: str) -> bool:
+    """The completion's final line (final_line) equals the answer once both are normalized: 'Paris.' for 'paris'."""
+    return bool(normalize_text(answer)) and normalize_text(final_line(completion)) == normalize_text(answer)
+
+
+def exact_reward(completion: str, answer: str) -> float:
+    return float(exact_correct(completion, answer))
+
+
+def choice_correct(completion: str, answer: str) -> bool:
+    """The letter the final line names (its last standalone capital A-J: 'B', '(B)', 'The answer is B.') is the
+    answer's ('B', '(B)', 'b')."""
+    got, want = _LETTER_RE.findall(final_line(completion)), _LETTER_RE.findall(answer.strip().upper())
+    return bool(got and want) and got[-1].upper() == want[0].upper()
+
+
+def choice_reward(completion: str, answer: str) -> float:
+    return float(choice_correct(completion, answer))
+
+
 def gsm8k_format_reward(completion: str, answer: str) -> float:
     """A shaped reward: correctness plus a small bonus for the '#### <number>' format (see format_reward)."""
     return gsm8k_reward(completion, answer) + 0.1 * format_reward(completion)
@@ -184,7 +223,7 @@ def combine(spec, task):
 
 
 REWARD_FNS = {"gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward, "format": format_reward,
-              "gsm8k_format": gsm8k_format_reward}
+              "gsm8k_format": gsm8k_format_reward, "exact": exact_reward, "choice": choice_reward}
 
 
 def get_reward_fn(name: str):
@@ -325,6 +364,8 @@ TASKS = {
     "arithmetic": Task("arithmetic", arithmetic_correct, "Answer with the number only.", rows=arithmetic_rows),
     "gsm8k": Task("gsm8k", gsm8k_correct, "Solve the problem step by step, then give the final answer on its own line "
                                           "as '#### <number>'."),
+    "exact": Task("exact", exact_correct, "Answer with the answer only.", numeric=False),
+    "choice": Task("choice", choice_correct, "Answer with the letter of the right choice only.", numeric=False),
     "guess": Task("guess", guess_correct, env=guess_env, max_turns=GUESS_TURNS, rows=guess_rows),
     "calculator": Task("calculator", calculator_correct, "To use a calculator, reply with calc: followed by the "
                        "expression (for example calc: 12 * 34) and I will tell you the result.",

@@ -1527,6 +1527,29 @@ def test_unusable_rows_are_counted_and_skipped(tiny_model, tmp_path):
         g.load_splits(g.Config(dataset=str(tmp_path / "missing.jsonl")))
 
 
+def test_answers_that_are_not_numbers_train_with_the_check_that_fits_them(tiny_model, tmp_path):
+    """--task auto by the answers: numbers -> gsm8k, letters -> choice, words -> exact (said at start); word answers
+    are kept (not 'answer without a number'); exact and choice read the completion's final line. A task that needs
+    numbers, given word answers, says which task takes them (not to rename the fields, which were right)."""
+    rf = reward_fns
+    assert rf.exact_correct("The answer is Paris.", "paris") and rf.exact_correct("#### the Eiffel Tower", "Eiffel tower")
+    assert not rf.exact_correct("Paris, or Lyon", "Paris") and not rf.exact_correct("Lyon", "Paris")
+    assert rf.choice_correct("I think it is (B)", "B") and rf.choice_correct("C.", "(c)")
+    assert not rf.choice_correct("A or B", "A") and not rf.choice_correct("no idea", "A")
+    for answers, task in ((["12", "#### 7"], "gsm8k"), (["A", "(b)", "C."], "choice"), (["Paris", "12"], "exact")):
+        path = tmp_path / f"{task}.jsonl"
+        path.write_text("".join(json.dumps({"question": f"Q{k}?", "answer": answers[k % len(answers)]}) + "\n"
+                                for k in range(20)))
+        _, train, evals, t = g.load_data(g.Config(model=tiny_model, dataset=str(path)))
+        assert t.name == task and len(train) + len(evals) == 20, (task, len(train), len(evals))
+        assert t.correct is rf.TASKS[task].correct
+    (tmp_path / "words.jsonl").write_text("".join(json.dumps({"question": f"Q{k}?", "answer": "Paris"}) + "\n"
+                                                  for k in range(20)))
+    with pytest.raises(g.UserError, match="--task gsm8k needs answers that hold a number: --task exact or choice") as e:
+        g.load_data(g.Config(model=tiny_model, dataset=str(tmp_path / "words.jsonl"), task="gsm8k"))
+    assert "--prompt_field" not in str(e.value)  # the fields were right
+
+
 def test_prompts_that_are_all_too_long_say_so_not_the_fields(tiny_model, tmp_path):
     cfg = g.Config(model=tiny_model, dataset="builtin", builtin_max_operand=2, max_prompt_tokens=3, out_dir=str(tmp_path))
     with pytest.raises(g.UserError) as e:
@@ -4036,17 +4059,14 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
                     "--max_new_tokens", "40")
     code, out = run([cmd[0], str(root / "grpo_sglang.py"), *cmd[2:]])
     assert code == 0 and "task: arithmetic_retry, episodes of up to 3 replies (its environment: retry_env)" in out, out
-    (_, _, _, _, rows), (_, _, _, _, command) = recipes["dataset"]
-    rows = [json.loads(line) for line in rows.splitlines()]
-    assert set(rows[0]) == {"problem", "solution"}
-    with open(tmp_path / "my.jsonl", "w") as f:  # the README's two rows, and more like them: 10% are held out
-        f.writelines(json.dumps(r) + "\n" for r in rows + [{"problem": f"What is {k} + 1?", "solution": f"#### {k + 1}"}
-                                                          for k in range(18)])
+    (file, _, _, _, rows), (_, _, _, _, command) = recipes["dataset"]
+    assert open(os.path.join(HERE, file)).read().startswith(rows)  # the file's first rows, as the README shows them
     flags = command.replace("\\\n", " ").split("grpo_sglang.py", 1)[1].split()
-    flags = [str(tmp_path / "my.jsonl") if f == "my.jsonl" else f for f in flags if f not in ("--colocate",)]
+    flags = [f for f in flags if f not in ("--colocate",)]
     k = flags.index("--model")
     code, out = run(train_cmd(tiny_model, server.url, tmp_path / "data_run", "--steps", "1", *flags[:k], *flags[k + 2:]))
-    assert code == 0 and "eval prompts from " + str(tmp_path / "my.jsonl") in out, out
+    assert code == 0 and "eval prompts from data/capitals.jsonl" in out, out
+    assert "task: exact (--task auto: 40 of 40 answers are no number; --task gsm8k, exact, choice or yours" in out, out
 
 
 def test_the_docs_commands_use_only_flags_the_script_has():
