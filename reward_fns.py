@@ -155,13 +155,14 @@ def gsm8k_format_reward(completion: str, answer: str) -> float:
     return gsm8k_reward(completion, answer) + 0.1 * format_reward(completion)
 
 
-def safe_reward(fn, completion: str, answer: str, warnings, sample=None):
-    """Call fn (with the sample if it takes one); anything other than a finite real number (or a dict of them)
-    becomes 0.0 and a counted warning. One NaN reward would turn the whole group's advantages into NaN."""
-    name = getattr(fn, "__name__", repr(fn))
+def safe_reward(fn, completion: str, answer: str, warnings, sample=None, name=None):
+    """Call fn (with the sample if it takes one); anything other than a finite real number (or a dict of them; {}:
+    no part applies, 0) becomes 0.0 and a counted warning, under `name` (the --reward term as written; else the
+    function's). One NaN reward would turn the whole group's advantages into NaN."""
+    name = name or getattr(fn, "__name__", repr(fn))
     try:
         r = fn(completion, answer, sample=sample) if wants_sample(fn) else fn(completion, answer)
-        bad = [why for v in (r.values() if isinstance(r, dict) and r else [r]) if (why := not_a_number(v))]
+        bad = [why for v in (r.values() if isinstance(r, dict) else [r]) if (why := not_a_number(v))]
         if not bad:
             return {k: float(v) for k, v in r.items()} if isinstance(r, dict) else float(r)
         reason = bad[0]
@@ -190,6 +191,20 @@ def wants_sample(fn):
         return False
 
 
+def check_signature(name, fn):
+    """A reward must take (completion, answer), or (completion, answer, sample): else one error at start, not a run
+    that trains on zeros with a warning a step."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: it will say so when called
+        return
+    try:
+        sig.bind("completion", "answer", **({"sample": {}} if "sample" in sig.parameters else {}))
+    except TypeError as e:
+        raise ValueError(f"{name!r}: {getattr(fn, '__name__', fn)}{sig} cannot be called as a reward ({e}): it must "
+                         f"take (completion, answer), or (completion, answer, sample) to see the sequence") from None
+
+
 def combine(spec, task):
     """--reward -> fn(sample, warnings) -> (reward, {part: value}). spec: 'auto' (the task's reward), a name in
     REWARD_FNS, or a weighted mix 'name:weight,name:weight' (TRL's reward_funcs + reward_weights): the reward is the
@@ -204,6 +219,7 @@ def combine(spec, task):
         except ValueError as e:
             raise ValueError(str(e) if "unknown" in str(e) else f"{item!r}: the weight must be a finite number "
                              f"(e.g. gsm8k:1,format:0.1)") from None
+        check_signature(name, terms[-1][1])
     if not any(w for _, _, w in terms):  # every reward 0: every advantage 0, a run that trains on nothing
         raise ValueError(f"{spec!r}: every weight is 0, so every reward would be 0: give at least one term a weight "
                          f"other than 0 (e.g. gsm8k:1,format:0.1)")
@@ -211,7 +227,7 @@ def combine(spec, task):
     def reward(sample, warnings):
         total, parts = 0.0, {}
         for name, fn, weight in terms:
-            r = safe_reward(fn, sample["text"], sample["answer"], warnings, sample)
+            r = safe_reward(fn, sample["text"], sample["answer"], warnings, sample, name)
             if isinstance(r, dict):
                 parts.update(r)
                 r = sum(r.values())

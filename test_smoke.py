@@ -1375,6 +1375,23 @@ def test_safe_reward_good_values():
     assert not w
 
 
+def test_a_rewards_signature_is_checked_at_start_and_its_warnings_name_the_term_as_written(monkeypatch):
+    """A reward that cannot be called as one (f(completion)) is one error naming the --reward term, before any step;
+    a warning names the term the user wrote, not the Python function (a lambda); a dict with no entries is no part,
+    no warning (the README says a dict's parts are summed: none, 0)."""
+    monkeypatch.setitem(reward_fns.REWARD_FNS, "short", lambda completion: 1.0)
+    monkeypatch.setitem(reward_fns.REWARD_FNS, "bonus", lambda c, a: {} if c else {"bonus": 1.0})
+    monkeypatch.setitem(reward_fns.REWARD_FNS, "boom", lambda c, a, sample: 1 / 0)
+    with pytest.raises(ValueError, match=r"'short': <lambda>\(completion\) cannot be called as a reward .* it must "
+                                         r"take \(completion, answer\), or \(completion, answer, sample\)"):
+        reward_fns.combine("gsm8k:1,short:0.5", "gsm8k")
+    w = {}
+    f = reward_fns.combine("gsm8k:1,bonus:0.5,boom:1", "gsm8k")
+    assert f({"text": "#### 3", "answer": "3"}, w) == (1.0, {"gsm8k": 1.0, "boom": 0.0})
+    assert f({"text": "", "answer": "3"}, w) == (0.5, {"gsm8k": 0.0, "bonus": 1.0, "boom": 0.0})
+    assert w == {"boom: raised ZeroDivisionError": 2}
+
+
 def test_registry():
     """(adding a reward, one that takes the sample too, needs no edit here; accuracy is counted by the check)"""
     check_registry(reward_fns)

@@ -473,6 +473,13 @@ M = [  # (name, file, old, new, -k expression)
   'got[0].upper() == want[0].upper()', 'not_numbers_train'),
  ('answers: the numberless hint names the fields', 'grpo_sglang.py',
   '        if not missing and any("without a number" in w for w in skipped):', '        if False:', 'not_numbers_train'),
+ ('rewards: a signature never checked', 'reward_fns.py', '        check_signature(name, terms[-1][1])\n', '',
+  'signature_is_checked'),
+ ('rewards: warnings name the function, not the term', 'reward_fns.py',
+  'r = safe_reward(fn, sample["text"], sample["answer"], warnings, sample, name)',
+  'r = safe_reward(fn, sample["text"], sample["answer"], warnings, sample)', 'signature_is_checked'),
+ ('rewards: an empty dict warned about', 'reward_fns.py', '(r.values() if isinstance(r, dict) else [r])',
+  '(r.values() if isinstance(r, dict) and r else [r])', 'signature_is_checked'),
  ('calculator: pairs drawn twice', 'reward_fns.py', 'random.Random(seed).sample(range(900 * 90), n)',
   '[random.Random(seed).randrange(900 * 90) for _ in range(n)]', 'built_in_tasks_load'),
 ]
