@@ -101,6 +101,9 @@ class Config:
                                "0 <= v <= max_new_tokens")  # more would penalise even an empty completion
     overlong_penalty: float = arg(1.0, "the penalty at max_new_tokens (it falls linearly from 0 to -this)", "v >= 0")
     filter_flat_groups: bool = arg(False, "DAPO's dynamic sampling, no resampling: groups with equal rewards weigh 0")
+    dynamic_sampling: int = arg(0, "DAPO's dynamic sampling: up to N more rounds of new prompts a step, until every "
+                                   "group has rewards that differ (flat ones left at the cap weigh 0; 0: off)",
+                                "v >= 0")
     async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
     # LoRA: the base frozen in bf16, only the adapters train (fp32); the server gets W + (alpha / rank) B A
     lora_rank: int = arg(0, "LoRA adapters of this rank on --lora_targets, the rest frozen (0: full fine-tune)",
@@ -322,6 +325,15 @@ def prompts_for_step(n_rows, step, per_step, seed):
     return idx
 
 
+def rank_rounds(n_rows, step, per_step, seed, rank, world, rounds=1):
+    """This rank's row indices of `step` in `rounds` rounds of per_step / world: the step takes per_step x rounds rows
+    of the shuffled stream, each rank a slice; round 0 is what a step trains on without --dynamic_sampling, and rows a
+    step does not need are skipped, not reused (a pure function of the step: a resumed run draws what it would have)."""
+    n = per_step // world
+    idx = prompts_for_step(n_rows, step, per_step * rounds, seed)[rank * n * rounds: (rank + 1) * n * rounds]
+    return [idx[r * n: (r + 1) * n] for r in range(rounds)]
+
+
 # ---- The rollout: an episode per sequence. A turn: the server samples the model's reply to the episode so far (token
 # ids in, ids and their log-probs out); the task's environment reads the conversation and answers with the next user
 # message, whose tokens extend the episode with mask 0 (the model did not sample them), or ends it. A single-turn task
@@ -374,6 +386,28 @@ def rollout(cfg, server, task, rows, version, greedy=False):
             e["messages"].append({"role": "user", "content": said})
     return {"rows": rows, "version": version, "sampling": sampling, "srv": srv, "episodes": eps,
             "span": (t0, time.time())}
+
+
+def sample_groups(cfg, server, task, rounds, version):
+    """The step's rollout of this rank's groups: round 0's prompts and, with --dynamic_sampling (DAPO, Yu et al. 2025,
+    3.2), round after round of new ones while fewer than len(rounds[0]) groups have rewards that differ. -> a batch of
+    len(rounds[0]) groups: the first groups with differing rewards, in the order drawn, then flat ones if the rounds
+    ran out (they weigh 0: weights()); plus how many groups were drawn and kept, in how many rounds."""
+    batch = rollout(cfg, server, task, rounds[0], version)
+    if len(rounds) == 1:
+        return batch
+    G, n, drawn = cfg.group_size, len(rounds[0]), []  # drawn: (differ?, batch, group) in the order drawn
+    for k, rows in enumerate(rounds):
+        b = batch if k == 0 else rollout(cfg, server, task, rows, version)
+        rewards = [task.reward(row, Counter())[0] for row in samples(sequences(b, G, "cpu"))]  # (score's, again)
+        drawn += [(len(set(rewards[g * G: (g + 1) * G])) > 1, b, g) for g in range(len(rows))]
+        if sum(d for d, _, _ in drawn) >= n:
+            break
+    kept = ([x for x in drawn if x[0]] + [x for x in drawn if not x[0]])[:n]
+    return {**batch, "rows": [b["rows"][g] for _, b, g in kept], "span": (batch["span"][0], time.time()),
+            "episodes": [e for _, b, g in kept for e in b["episodes"][g * G: (g + 1) * G]],
+            "srv": [s for _, b, g in kept for s in b["srv"][g * G: (g + 1) * G]],
+            "groups": {"drawn": len(drawn), "kept": sum(d for d, _, _ in kept), "rounds": k + 1}}
 
 
 def env_ids(tok, fmt, task):
@@ -512,7 +546,7 @@ def weights(cfg, seqs):
     w = torch.ones_like(seqs["reward"])
     if cfg.mask_truncated:  # TRL's mask_truncated_completions: a cut answer's ending says nothing of its reward
         w = w * (seqs["truncated"] == 0)
-    if cfg.filter_flat_groups:  # DAPO: a group whose rewards are all equal has no signal (its advantages are 0)
+    if cfg.filter_flat_groups or cfg.dynamic_sampling:  # DAPO: a group of equal rewards has advantages 0: no signal
         w = w * ~flat_groups(seqs["reward"], cfg.group_size).repeat_interleave(cfg.group_size)
     return w
 
@@ -578,9 +612,9 @@ def main(cfg):
     tok, train_rows, evals, task = load_data(cfg, server.context)  # task: reward, correct, env (reward_fns.py)
     model, ref, opt, start = load_models(cfg, rt)
     log = MetricsLog(cfg, rt, start, len(train_rows))
-    n, pad = cfg.prompts_per_step // rt.world, tok.pad_token_id or 0
-    my_prompts = lambda step: [train_rows[i] for i in prompts_for_step(len(train_rows), step, cfg.prompts_per_step,
-                                                                       cfg.seed)[rt.rank * n: (rt.rank + 1) * n]]
+    pad = tok.pad_token_id or 0
+    my_prompts = lambda step: [[train_rows[i] for i in r] for r in rank_rounds(  # [round 0's rows, round 1's ...]
+        len(train_rows), step, cfg.prompts_per_step, cfg.seed, rt.rank, rt.world, 1 + cfg.dynamic_sampling)]
 
     t0 = time.time()
     nbytes = server.push(model, start)  # the server starts from our weights (also after a resume)
@@ -591,8 +625,8 @@ def main(cfg):
         clock, m = Clock(), Metrics()  # m: the step's named metrics (Metrics: a sum, a mean or a maximum)
         # 1. rollout. Sync: sample now from θ_step. Async: this batch was sampled from θ_{step-1} during the last
         #    step, and the server samples the next one from θ_step while we train on this one.
-        batch = next_batch or on_all_ranks(rollout, cfg, server, task, my_prompts(step), step)
-        pending = (POOL.submit(rollout, cfg, server, task, my_prompts(step + 1), step)
+        batch = next_batch or on_all_ranks(sample_groups, cfg, server, task, my_prompts(step), step)
+        pending = (POOL.submit(sample_groups, cfg, server, task, my_prompts(step + 1), step)
                    if cfg.async_ and step + 1 < cfg.steps else None)
         check = server.check(batch, step, model, pad)  # async: the server re-scores some of it with θ_step, meanwhile
         seqs = sequences(batch, cfg.group_size, rt.device)  # the step's table: a row per sequence (an episode)
@@ -603,6 +637,9 @@ def main(cfg):
         clock.lap("train")
         # 3. rewards, then group-relative advantages and a weight per sequence (a filter sets it to 0)
         warn = score(seqs, task, cfg.group_size, m)
+        if "groups" in batch:  # --dynamic_sampling: what the step drew to fill its batch (summed over ranks)
+            m.sum("groups_drawn", batch["groups"]["drawn"]), m.sum("groups_kept", batch["groups"]["kept"])
+            m.mean("sampling_rounds", batch["groups"]["rounds"], 1)
         shape_rewards(cfg, seqs, m)  # the flags' reward terms (DAPO's overlong penalty)
         seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)
         seqs["weight"] = weights(cfg, seqs)  # (N,): 1, or 0 for a sequence the flags filter out

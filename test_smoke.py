@@ -18,7 +18,7 @@ part; then the tests, in these sections (each a header `# N. title` below):
 13. docs and tools: the README's recipes and size claims, the docs' flags, the profile and plot tools, this index
 14. serve.sh: its settings, layouts and ports, and its start and stop
 15. LoRA: adapters that start at 0, their gradients, the merged push, the base as reference, checkpoints and resume
-16. episodes: multi-turn rollouts, the environment's tokens (mask 0) in the loss, the check, ranks and resume
+16. episodes: multi-turn rollouts, the environment's tokens (mask 0), the check, ranks, resume; dynamic sampling
 17. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
 
 Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serve.sh setting) is tested in that
@@ -42,6 +42,7 @@ its fence) and of its main plumbing -> the -k words that select the tests that c
   aggregate, loss_norm -> aggregate_modes or advantages_may_be_per_token
   prompts_for_step -> prompts_for_step or epochs_are_shuffled or resumed_run_samples_and_trains_exactly
   rollout, env_ids -> an_episode_appends or template_that_rewrites or episodes_train or ends_after_one_turn
+  sample_groups, rank_rounds -> dynamic_sampling or rounds_of_prompts
   sequences, samples, score -> score_counts_correctness or a_reward_part_is_its_mean
   micro_batches -> micro_batches
   rows_of -> train_step_is_the_grpo_objective or per_token_advantages_of_the_table
@@ -4852,7 +4853,7 @@ def test_lora_targets_are_trimmed_and_a_typo_or_an_empty_entry_is_one_clear_erro
 
 
 # ---------------------------------------------------------------------------------------------
-# 16. episodes: multi-turn rollouts, the environment's tokens (mask 0) in the loss, the check, ranks and resume
+# 16. episodes: multi-turn rollouts, the environment's tokens (mask 0), the check, ranks, resume; dynamic sampling
 
 class Scripted:
     """A server that replies from a script, one list of (ids, finish) per call, log-prob -0.5 a token; it records each
@@ -5143,6 +5144,84 @@ def test_a_resumed_run_of_episodes_is_the_run_that_never_stopped(tiny_model, tmp
     (rows, w, gen), (rows1, w1, gen1) = got["ref"], got["resumed"]
     assert len(rows) == 4 and rows == rows1 and all(torch.equal(w[k], w1[k]) for k in w)
     assert gen == gen1  # every reply of every turn: steps 1-2 before the stop, 3-4 after
+
+
+def test_dynamic_sampling_fills_the_batch_with_groups_whose_rewards_differ_in_the_order_drawn(tiny_model):
+    """--dynamic_sampling 2, 2 prompts a round, groups of 2, a reward of 1 for the replies '1' and '3' (by hand):
+    round 0 draws A (1, 1: flat) and B (1, 2); round 1 draws C (2, 2: flat) and D (3, 4): B and D fill the batch, in that
+    order, after 2 rounds of 3. With every group flat the rounds run out (3), and the first two drawn fill it (they weigh
+    0). The batch's advantages, by the std of the batch, are those of its own groups: the ones left out are nowhere."""
+    from types import SimpleNamespace
+    cfg = g.Config(group_size=2, dynamic_sampling=2, scale_rewards="batch")
+    task = SimpleNamespace(env=None, max_turns=1, decode=lambda ids: str(ids[0]), correct=lambda c, a: False,
+                           reward=lambda row, warn: (float(row["text"] in ("1", "3")), {}))
+    rows = [{"ids": [4, k], "answer": "1", "text": name} for k, name in enumerate("ABCDEF")]
+    rounds = [rows[0:2], rows[2:4], rows[4:6]]
+    reply = lambda *ids: [([i, 3], "stop") for i in ids]
+    server = Scripted([reply(1, 1, 1, 2), reply(2, 2, 3, 4)])  # (a third round would find no script: an error)
+    batch = g.sample_groups(cfg, server, task, rounds, 0)
+    assert [r["text"] for r in batch["rows"]] == ["B", "D"] and len(server.asked) == 2
+    assert [e["completion"][0] for e in batch["episodes"]] == [1, 2, 3, 4] and batch["srv"] == [0] * 4
+    assert batch["groups"] == {"drawn": 4, "kept": 2, "rounds": 2}
+    seqs = g.sequences(batch, 2, "cpu")
+    g.score(seqs, task, 2, g.Metrics())
+    dist_init()
+    try:  # rewards 1, 0, 1, 0: (r - the group's mean 0.5) / the batch's std (4 x 0.25 / 3) ** 0.5 (A and C: nowhere)
+        assert g.advantages(cfg, seqs["reward"]).tolist() == pytest.approx([0.5 / (1 / 3) ** 0.5 * x for x in (1, -1, 1, -1)],
+                                                                          rel=1e-3)
+    finally:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    assert g.weights(cfg, seqs).tolist() == [1, 1, 1, 1]
+    server = Scripted([reply(2, 2, 1, 1), reply(2, 2, 3, 3), reply(4, 4, 1, 1)])  # every group flat
+    batch = g.sample_groups(cfg, server, task, rounds, 0)
+    assert [r["text"] for r in batch["rows"]] == ["A", "B"] and batch["groups"] == {"drawn": 6, "kept": 0, "rounds": 3}
+    seqs = g.sequences(batch, 2, "cpu")
+    g.score(seqs, task, 2, g.Metrics())
+    assert g.weights(cfg, seqs).tolist() == [0, 0, 0, 0]  # flat: no signal, out of the loss
+    # without the flag: round 0 as drawn, one rollout, nothing else
+    server = Scripted([reply(1, 1, 1, 2)])
+    batch = g.sample_groups(dataclasses.replace(cfg, dynamic_sampling=0), server, task, rounds[:1], 0)
+    assert [r["text"] for r in batch["rows"]] == ["A", "B"] and "groups" not in batch
+
+
+def test_a_steps_rounds_of_prompts_are_a_pure_function_of_the_step_slices_of_one_stream_per_rank():
+    """rank_rounds: each rank's rounds are slices of the step's per_step x rounds rows of the shuffled stream, disjoint
+    over ranks and rounds; round 0 with one round is the step's prompts as ever (prompts_for_step, rank slices)."""
+    for world in (1, 2):
+        got = [g.rank_rounds(50, 3, 4, 0, r, world, 3) for r in range(world)]
+        flat = [i for rank in got for rnd in rank for i in rnd]
+        assert flat == g.prompts_for_step(50, 3, 12, 0) and len(set(flat)) == 12
+        assert all(len(rnd) == 4 // world for rank in got for rnd in rank)
+        one = [g.rank_rounds(50, 3, 4, 0, r, world)[0] for r in range(world)]
+        assert [i for x in one for i in x] == g.prompts_for_step(50, 3, 4, 0)
+
+
+DYNAMIC = ("--dynamic_sampling", "2", "--reward", "has_number", "--eval_every", "0")
+
+
+def test_dynamic_sampling_on_two_ranks_and_resumed_is_the_run_that_never_stopped(tiny_model, tmp_path):
+    """--dynamic_sampling 2 end to end: on two ranks every rank ends its step with as many groups (no hang; the
+    rounds each drew are logged), and a run stopped after step 2 and resumed draws and trains exactly as the run that
+    never stopped (the rounds are a pure function of the step)."""
+    got = {}
+    for key, steps in (("ref", ("4",)), ("resumed", ("2", "4")), ("ranks", ("2",))):
+        s = StandIn(tiny_model)
+        try:
+            for n in steps:
+                resume = ("--resume",) if n == "4" and key == "resumed" else ()
+                code, out = run(train_cmd(tiny_model, s.url, tmp_path / key, *DYNAMIC, "--steps", n, "--save_every", "2",
+                                          *resume, nproc=2 if key == "ranks" else 1, rewards=True))
+                assert code == 0, out
+            got[key] = ([{k: v for k, v in r.items() if not k.startswith(("time", "span", "rollout_"))}
+                         for r in read_metrics(tmp_path / key) if "loss" in r], ckpt_weights(tmp_path / key),
+                        s.generations)
+        finally:
+            s.close()
+    (rows, w, gen), (rows1, w1, gen1), (ranks, _, _) = got["ref"], got["resumed"], got["ranks"]
+    assert len(rows) == 4 and rows == rows1 and gen == gen1 and all(torch.equal(w[k], w1[k]) for k in w)
+    assert all(1 <= r["sampling_rounds"] <= 3 and r["groups_drawn"] >= 2 for r in rows + ranks), rows + ranks
+    assert all(r["groups_kept"] <= 2 and r["groups_drawn"] == 2 * r["sampling_rounds"] for r in rows), rows
 
 
 # ---------------------------------------------------------------------------------------------
