@@ -610,7 +610,7 @@ def main(cfg):
     rt = setup(cfg)                 # flags, ranks, GPUs, process group: checked before anything heavy
     server = Server(cfg, rt)        # up? our model? how do weights get there? (rollouts, check, pushes)
     tok, train_rows, evals, task = load_data(cfg, server.context)  # task: reward, correct, env (reward_fns.py)
-    model, ref, opt, start = load_models(cfg, rt)
+    model, ref, opt, start, state = load_models(cfg, rt)  # state: what steps keep for later ones (checkpointed)
     log = MetricsLog(cfg, rt, start, len(train_rows))
     pad = tok.pad_token_id or 0
     my_prompts = lambda step: [[train_rows[i] for i in r] for r in rank_rounds(  # [round 0's rows, round 1's ...]
@@ -656,7 +656,7 @@ def main(cfg):
         # 6. log (the metrics over micro-batches and ranks), checkpoint, evaluate
         log.step(step_metrics(cfg, step + 1, batch, m.reduce(rt.device), clock, t_run, nbytes, rt), seqs, warn)
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
-            save_checkpoint(cfg, model, opt, tok, step + 1)
+            save_checkpoint(cfg, model, opt, tok, step + 1, state)
         if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
             log.write(evaluate(cfg, server, task, evals, step + 1))
     server.close()
@@ -1262,7 +1262,7 @@ def document_error(text):
 
 def load_models(cfg, rt):
     """-> the policy (fp32 master weights, FSDP2; --lora_rank: a bf16 base and fp32 adapters), the reference (beta >
-    0), AdamW over what trains, the step to start from (resume)."""
+    0), AdamW over what trains, the step to start from and the steps' state (resume; else 0, {})."""
     import transformers.masking_utils
     from transformers import AutoModelForCausalLM, __version__
     if not hasattr(transformers.masking_utils, "find_packed_sequence_indices"):  # what pack_batch's rows need
@@ -1289,13 +1289,13 @@ def load_models(cfg, rt):
     # frozen parameters (LoRA's base) get no gradient, hence no state
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             fused=rt.device.type == "cuda")
-    start = load_checkpoint(rt.ckpt, model, opt) if rt.ckpt else 0
+    start, state = load_checkpoint(rt.ckpt, model, opt) if rt.ckpt else (0, {})
     if rt.ckpt:
         print0(f"resumed from {rt.ckpt} at step {start}")
     if start >= cfg.steps:
         raise UserError(f"--resume: the checkpoint in {cfg.out_dir} is at step {start} and --steps is {cfg.steps}: "
                         f"nothing left to train (raise --steps)")
-    return model, ref, opt, start
+    return model, ref, opt, start, state
 
 
 def check_architecture(ckpt, model):
@@ -2115,13 +2115,17 @@ def reshard_after_no_grad(model, args, out):
                 m.reshard()
 
 
-def save_checkpoint(cfg, model, opt, tok, step):
+def save_checkpoint(cfg, model, opt, tok, step, state=None):
+    """out_dir/step_{step}: the weights (LoRA: the adapters), the tokenizer, and trainer_state.pt: the optimizer, the
+    step, each rank's RNG states and each rank's `state` (what main() keeps across steps: a dict of plain values,
+    lists, strings and tensors), then 'latest' names it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)  # LoRA: the adapters
     msd, osd = get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, opt, options=opts)
     rng = [None] * dist.get_world_size()
     dist.all_gather_object(rng, {"torch": torch.get_rng_state(), "python": random.getstate(),
-                                 "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None})
+                                 "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+                                 "state": state or {}})
     n_params = sum(t.numel() for t in msd.values())
 
     def write():  # rank 0
@@ -2166,7 +2170,8 @@ def old_checkpoints(out_dir, step, keep):
 
 
 def load_checkpoint(ckpt_dir, model, opt):
-    """Optimizer and this rank's RNG states from save_checkpoint's folder (weights: with the model). -> the step."""
+    """Optimizer and this rank's RNG states from save_checkpoint's folder (weights: with the model). -> the step, this
+    rank's state (main()'s; {} in a checkpoint from before it was kept)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     st = torch.load(os.path.join(ckpt_dir, "trainer_state.pt"), weights_only=True)
     set_optimizer_state_dict(model, opt, st["optimizer"], options=StateDictOptions(full_state_dict=True))
@@ -2175,7 +2180,7 @@ def load_checkpoint(ckpt_dir, model, opt):
     random.setstate(rng["python"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
-    return st["step"]
+    return st["step"], rng.get("state", {})
 
 
 def save_adapters(d, adapters, cfg):

@@ -642,8 +642,8 @@ def run_here(model_dir, url, out_dir, *extra, spy=None, kill_after=None):
         spy and spy(seqs, cfg)
         return train(cfg, model, opt, seqs, *a)
 
-    def saved(cfg, model, opt, tok, step):
-        save(cfg, model, opt, tok, step)
+    def saved(cfg, model, opt, tok, step, state=None):  # (the steps' state passed through)
+        save(cfg, model, opt, tok, step, state)
         if step == kill_after:
             raise Killed
     with pytest.MonkeyPatch.context() as mp:
@@ -4039,7 +4039,8 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     recipe's file and command."""
     import importlib.util
     recipes = readme_recipes()
-    assert list(recipes) == ["concise", "filter", "ranks", "loss", "dataset", "environment", "selfcheck"], list(recipes)
+    assert list(recipes) == ["concise", "filter", "ranks", "loss", "sft", "state", "dataset", "environment",
+                             "selfcheck"], list(recipes)
     root = tmp_path / "copy"
     root.mkdir()
     for f in ("grpo_sglang.py", "reward_fns.py"):
@@ -4085,6 +4086,61 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     code, out = run(train_cmd(tiny_model, server.url, tmp_path / "data_run", "--steps", "1", *flags[:k], *flags[k + 2:]))
     assert code == 0 and "eval prompts from data/capitals.jsonl" in out, out
     assert "task: exact (--task auto: 40 of 40 answers are no number; --task gsm8k, exact, choice or yours" in out, out
+
+
+def test_the_readmes_sft_term_and_replay_queue_recipes_run_as_written(tiny_model, tmp_path):
+    """The recipes of a term with its own normaliser and of state kept across steps, applied to a copy as written: the
+    SFT term is -0.1 x the mean log-prob of the right answers' tokens, whatever the batch's token count (a step at
+    advantage 0, where only that term is left, against the trainer's own log-probs); the replay queue brings back
+    prompts nobody got right, and a run stopped after step 2 and resumed is the run that never stopped (the queue went
+    into the checkpoint)."""
+    import importlib.util
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    recipes = readme_recipes()
+    root = tmp_path / "copy"
+    root.mkdir()
+    for f in ("grpo_sglang.py", "reward_fns.py"):
+        shutil.copy(os.path.join(HERE, f), root / f)
+    apply_recipe(recipes["sft"] + recipes["state"], root)
+    spec = importlib.util.spec_from_file_location("grpo_sglang_state", root / "grpo_sglang.py")
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    dist_init()
+    try:
+        model = copy.shard(copy.load_policy(tiny_model, torch.device("cpu"), False), init_device_mesh("cpu", (1,)),
+                           torch.bfloat16)
+        seqs = copy.sequences(known_batch(), 4, "cpu")
+        right = torch.tensor([float(k in GOOD) for k in range(12)])  # 5 of 12 right: 17 of the 42 tokens
+        seqs.update(adv=torch.zeros(12), weight=torch.ones(12), reward=right, correct=right)
+        m = copy.Metrics()
+        copy.train(copy.Config(group_size=4, micro_batch=3), model, torch.optim.SGD(model.parameters(), lr=0.0), seqs,
+                   copy.micro_batches(seqs, 3, 0), 1, lambda s, m: None, m)
+        got = m.reduce("cpu")["loss"]
+    finally:
+        dist.destroy_process_group()
+    tokens = seqs["mask"] * right.unsqueeze(1)
+    want = -0.1 * (seqs["lp0"] * tokens).sum() / tokens.sum()  # (divided by all 42 tokens: 2.5x smaller)
+    assert tokens.sum() == 17 and seqs["mask"].sum() == 42 and got == pytest.approx(want.item(), rel=1e-5)
+    got = {}
+    for key, steps in (("ref", ("4",)), ("resumed", ("2", "4"))):
+        s = StandIn(tiny_model)
+        try:
+            for n in steps:
+                cmd = train_cmd(tiny_model, s.url, tmp_path / key, "--steps", n, "--save_every", "2", "--eval_every", "0",
+                                "--prompts_per_step", "4", "--builtin_max_operand", "4",  # 23 rows: 16 drawn, 1 a step replayed
+                                *(("--resume",) if n == "4" and key == "resumed" else ()))
+                code, out = run([cmd[0], str(root / "grpo_sglang.py"), *cmd[2:]])
+                assert code == 0, out
+            got[key] = ([{k: v for k, v in r.items() if not k.startswith(("time", "span", "rollout_"))}
+                         for r in read_metrics(tmp_path / key) if "loss" in r], ckpt_weights(tmp_path / key), s.rollouts)
+        finally:
+            s.close()
+    (rows, w, asked), (rows1, w1, asked1) = got["ref"], got["resumed"]
+    assert len(rows) == 4 and rows == rows1 and asked == asked1 and all(torch.equal(w[k], w1[k]) for k in w)
+    state = torch.load(tmp_path / "resumed" / "step_2" / "trainer_state.pt", weights_only=True)["rng"][0]["state"]
+    prompts = [tuple(p) for req in asked for p in req[::4]]  # each request: its prompts, 4 copies each
+    assert len(asked) == 4 and len(state["replay"]) >= 1 and len(set(prompts)) < 16  # a missed prompt came back
 
 
 def test_the_docs_commands_use_only_flags_the_script_has():

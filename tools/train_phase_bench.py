@@ -166,7 +166,7 @@ def main():
     if args.reshard:  # grpo_sglang.shard's behaviour for large models, at any size
         shard = g.shard
         g.shard = lambda *a, **k: shard(*a, **k, keep_params=0)
-    model, ref, opt, _ = g.load_models(cfg, rt)
+    model, ref, opt, _, _ = g.load_models(cfg, rt)
     n_params = sum(p.numel() for p in model.parameters())
     flat = {"flat": model.varlen} if hasattr(model, "varlen") else {}  # (older scripts: rows as long as the longest)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
