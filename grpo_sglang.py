@@ -336,8 +336,8 @@ def rank_rounds(n_rows, step, per_step, seed, rank, world, rounds=1):
 
 # ---- The rollout: an episode per sequence. A turn: the server samples the model's reply to the episode so far (token
 # ids in, ids and their log-probs out); the task's environment reads the conversation and answers with the next user
-# message, whose tokens extend the episode with mask 0 (the model did not sample them), or ends it. A single-turn task
-# is an episode of one turn.
+# message, whose tokens (the chat template's: env_ids, below the fence) extend the episode with mask 0 (the model did
+# not sample them), or ends it. A single-turn task is an episode of one turn.
 
 def rollout(cfg, server, task, rows, version, greedy=False):
     """group_size episodes per prompt row (greedy: one) from θ_version -> the rollout batch:
@@ -408,33 +408,6 @@ def sample_groups(cfg, server, task, rounds, version):
             "episodes": [e for _, b, g in kept for e in b["episodes"][g * G: (g + 1) * G]],
             "srv": [s for _, b, g in kept for s in b["srv"][g * G: (g + 1) * G]],
             "groups": {"drawn": len(drawn), "kept": sum(d for d, _, _ in kept), "rounds": k + 1}}
-
-
-def env_ids(tok, fmt, task):
-    """-> ids(text, last): the tokens that end the model's reply (whose last token is `last`), add the environment's
-    message `text` as the next user turn and open the model's next reply. With a chat template: its rendering of the
-    message after a fixed conversation minus the conversation's own, checked to extend it (TRL's and SkyRL's way; the
-    episode itself is never re-tokenized: its text could split into other tokens than the model sampled). Plain
-    prompts: the text on a line of its own."""
-    if fmt == "plain":
-        return lambda text, last: tok("\n" + text + "\n", add_special_tokens=False)["input_ids"]
-    render = lambda msgs, gen: list(tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen,
-                                                            return_dict=False))
-    talk = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    opened, whole = render(talk[:1], True), render(talk, False)
-    hello = tok("Hello", add_special_tokens=False)["input_ids"]
-    close = whole[len(opened) + len(hello):]  # what ends a reply: ChatML's <|im_end|> and a newline
-
-    def ids(text, last):
-        more = render(talk + [{"role": "user", "content": text}], True)
-        if whole[: len(opened) + len(hello)] != opened + hello or more[: len(whole)] != whole:
-            raise UserError(f"--task {task}: the chat template of this tokenizer does not render a conversation as its "
-                            f"earlier turns followed by the new one (it rewrites earlier turns, or a reply's tokens), "
-                            f"so the environment's messages cannot be appended as token ids. Use --prompt_format "
-                            f"plain, or a model whose template only appends turns")
-        return (close[1:] if close[:1] == [last] else close) + more[len(whole):]  # a reply cut short: closed here
-    ids("Hi", None)  # the template checked before anything heavy
-    return ids
 
 
 # ---- One training step, in the order the math reads: the step's sequences, the no-grad forwards (the old
@@ -1162,6 +1135,33 @@ def load_data(cfg, context=None):
     print0(f"task: {name}" + (f", episodes of up to {max_turns} replies (its environment: {t.env.__name__})"
                               if max_turns > 1 else "") + why)
     return tok, train, evals, task
+
+
+def env_ids(tok, fmt, task):
+    """-> ids(text, last): the tokens that end the model's reply (whose last token is `last`), add the environment's
+    message `text` as the next user turn and open the model's next reply. With a chat template: its rendering of the
+    message after a fixed conversation minus the conversation's own, checked to extend it (TRL's and SkyRL's way; the
+    episode itself is never re-tokenized: its text could split into other tokens than the model sampled). Plain
+    prompts: the text on a line of its own."""
+    if fmt == "plain":
+        return lambda text, last: tok("\n" + text + "\n", add_special_tokens=False)["input_ids"]
+    render = lambda msgs, gen: list(tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen,
+                                                            return_dict=False))
+    talk = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    opened, whole = render(talk[:1], True), render(talk, False)
+    hello = tok("Hello", add_special_tokens=False)["input_ids"]
+    close = whole[len(opened) + len(hello):]  # what ends a reply: ChatML's <|im_end|> and a newline
+
+    def ids(text, last):
+        more = render(talk + [{"role": "user", "content": text}], True)
+        if whole[: len(opened) + len(hello)] != opened + hello or more[: len(whole)] != whole:
+            raise UserError(f"--task {task}: the chat template of this tokenizer does not render a conversation as its "
+                            f"earlier turns followed by the new one (it rewrites earlier turns, or a reply's tokens), "
+                            f"so the environment's messages cannot be appended as token ids. Use --prompt_format "
+                            f"plain, or a model whose template only appends turns")
+        return (close[1:] if close[:1] == [last] else close) + more[len(whole):]  # a reply cut short: closed here
+    ids("Hi", None)  # the template checked before anything heavy
+    return ids
 
 
 def pick_task(cfg, rows):

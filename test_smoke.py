@@ -848,9 +848,9 @@ def check_registry(rf):
 
 
 def readme_recipes():
-    """The README's Hacking guide: {recipe: [(file, function, mode, anchor, code)]}, from the comment before each code
-    block (<!-- recipe NAME: FILE FUNCTION MODE "ANCHOR" -->), in the README's order."""
-    readme = open(os.path.join(HERE, "README.md")).read()
+    """The Hacking guide (docs/hacking.md, the README's index): {recipe: [(file, function, mode, anchor, code)]}, from
+    the comment before each code block (<!-- recipe NAME: FILE FUNCTION MODE "ANCHOR" -->), in the guide's order."""
+    readme = open(os.path.join(HERE, "docs", "hacking.md")).read()
     got = collections.defaultdict(list)
     for name, file, fn, mode, anchor, code in re.findall(r'<!-- recipe (\w+): (\S+) (\S+) (\w+)(?: "([^\n]*)")? -->\n'
                                                          r"```\w*\n(.*?)```", readme, re.S):
