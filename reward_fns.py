@@ -1,37 +1,30 @@
 """
-Reward functions for GRPO. Each one is pure: (completion: str, answer: str) -> float, or a dict of named parts
-{name: float} (the reward is their sum; each part is logged as reward_<name>, its mean over the rows that
-have it). A function that also takes a parameter named `sample` gets the sequence's row of the trainer's table:
-token ids ("prompt", "completion"), "length", "finish" ('stop', or 'length' when max_new_tokens cut it), the
-server's log-probs ("server_lp"), and in training the reference's ("ref_lp", when --beta > 0) -- e.g. a length
-penalty:
+Rewards, tasks and their environments for GRPO.
+
+A reward is pure: (completion: str, answer: str) -> float, or a dict of named parts {name: float} (the reward is
+their sum; each part is logged as reward_<name>, its mean over the rows that have it). `completion` is the last reply
+(in a single-turn task, the completion). A function that also takes a parameter named `sample` gets the sequence's
+row of the trainer's table: token ids ("prompt", "completion"), "length", "finish" ('stop'; 'length' when
+--max_new_tokens cut it; 'turns' when the replies ran out), "messages" and "turns" (the whole episode), the server's
+log-probs ("server_lp"), and in training the reference's ("ref_lp", when --beta > 0) -- e.g. a length penalty:
     def short(completion, answer, sample): return gsm8k_reward(completion, answer) - 0.001 * sample["length"]
 
-Two registries at the bottom:
+Two registries:
   REWARD_FNS   what the trainer may train on (--reward NAME, or a weighted mix --reward gsm8k:1,format:0.1).
                Add yours there; shaped rewards are fine.
-  CORRECT      each task's correctness check (completion, answer) -> bool: the trainer's `accuracy` and the
-               held-out `eval_accuracy` count it, whatever the reward, so shaping never inflates them.
+  TASKS        --task NAME: a task is its reward (what --reward auto trains on), its correctness check (what
+               `accuracy` and the held-out `eval_accuracy` count, whatever the reward: shaping never inflates them),
+               its instruction, its built-in rows (--dataset builtin) and, for episodes of several turns, its
+               environment: (messages, answer) -> the next user message, or None (the episode ends).
 
-extract_number(text)   Parse the model's final numeric answer into a normalized string
-                       ("1,234" -> "1234", "$5" -> "5", "3.50" -> "3.5", "42." -> "42").
-                       Precedence: the number after the LAST "####" (GSM8K style, and the
-                       format our prompt asks for) wins; else the LAST \\boxed{...}; else
-                       the LAST number anywhere in the text. None if there is no number.
-gsm8k_correct / _reward  whether (1.0 / 0.0) the completion's final number equals the final number
-                       of the GSM8K answer ("...reasoning...\\n#### 72", or just "72").
-format_reward          1.0 if the completion has a line "#### <number>" or a "\\boxed{<number>}".
-                       A small *shaping* reward: it teaches the output format early on, when
-                       correctness rewards are still mostly zero. Weight it low (e.g. 0.1),
-                       otherwise the policy learns to format wrong answers nicely.
-arithmetic_correct / _reward  Built-in offline task ("What is 7 + 12?" -> "19"): whether the
-                       LAST number in the completion equals the answer.
-gsm8k_format_reward    gsm8k_reward + 0.1 * format_reward: an example of a shaped reward.
-safe_reward            Wraps any reward fn so a buggy or weird return value can never crash
-                       (or poison with NaN) a training step: it becomes 0.0 plus a counted warning.
-REWARD_FNS / get_reward_fn   Name -> reward registry, used by the trainer's --reward flag.
+extract_number(text)   the model's final numeric answer, normalized ("1,234" -> "1234", "$5" -> "5", "3.50" -> "3.5"):
+                       the number after the LAST "####" wins; else the LAST \\boxed{...}; else the LAST number.
+gsm8k, arithmetic      the final (GSM8K) or last (the built-in "What is 7 + 12?") number equals the answer's.
+exact, choice          answers that are not numbers: the final line equals the answer, normalized; or names its letter.
+format                 1.0 for a line "#### <number>" or a "\\boxed{<number>}": a small shaping reward (weight ~0.1).
+guess, calculator      the built-in tasks of episodes: guess the number ("higher"/"lower"), a calculator tool.
+safe_reward            a reward's bad value or exception -> 0.0 and a counted warning (one NaN would poison a group).
 combine                --reward -> the trainer's reward: (sample, warnings) -> (reward, {part: value}).
-CORRECT                Task -> correctness check: what accuracy counts.
 """
 import inspect
 import math
