@@ -4914,14 +4914,15 @@ def test_lora_targets_are_trimmed_and_a_typo_or_an_empty_entry_is_one_clear_erro
 class Scripted:
     """A server that replies from a script, one list of (ids, finish) per call, log-prob -0.5 a token; it records each
     call's prompts and token budgets. (One server: every episode on it.)"""
-    def __init__(self, calls):
-        self.calls, self.asked = list(calls), []
+    def __init__(self, calls, servers=1):
+        self.calls, self.asked, self.servers, self.srv = list(calls), [], servers, []
 
     def place(self, n_rows, n):
-        return [0] * (n_rows * n)
+        return [k % self.servers for k in range(n_rows * n)]
 
     def sample(self, prompts, budgets, sampling, version, srv):
         self.asked.append(([list(p) for p in prompts], list(budgets)))
+        self.srv.append(list(srv))
         return [(ids, [-0.5] * len(ids), fin) for ids, fin in self.calls.pop(0)]
 
 
@@ -4936,10 +4937,10 @@ def tiny_task(tiny_model, env, max_turns=3):
 
 
 def test_an_episode_appends_each_reply_sampled_and_each_environment_message_with_mask_0(tiny_model):
-    """rollout() by hand: two episodes of one prompt. Episode 0 replies 'is' (ended by <|im_end|>), the environment
-    answers 'the number ?' (its ids: the template's user turn and the opening of the next reply, mask 0, log-prob 0),
-    then its second reply is cut by the token budget (what is left of --max_new_tokens: 4): finish 'length', no more
-    turns. Episode 1 replies 'number': the environment says done (finish 'stop'). A reply that ended without
+    """rollout() by hand: two episodes of one prompt, on two servers. Episode 0 replies 'number': the environment says
+    done (finish 'stop'). Episode 1 replies 'is' (ended by <|im_end|>), the environment answers 'the number ?' (its
+    ids: the template's user turn and the opening of the next reply, mask 0, log-prob 0), then its second reply, asked
+    of its own server, is cut by the token budget (what is left of --max_new_tokens: 4): 'length'. A reply that ended without
     <|im_end|> gets it from the environment's tokens; out of turns the environment's last message is not appended
     (finish 'turns'); a message that would leave no room for a reply ends the episode ('length')."""
     tok, task = tiny_task(tiny_model, lambda m, a: None if "number" in m[-1]["content"] else "the number ?")
@@ -4949,19 +4950,20 @@ def test_an_episode_appends_each_reply_sampled_and_each_environment_message_with
     says = [START, USER, THE, NUMBER, Q, END, START, ASSISTANT]  # the environment's turn, then the model's opened
     cfg = g.Config(group_size=2, max_new_tokens=14, temperature=0.7)
     rows = [{"ids": [START, USER, WHAT, END, START, ASSISTANT], "answer": "1", "text": "What"}]
-    server = Scripted([[([IS, END], "stop"), ([NUMBER, END], "stop")], [([WHAT, IS, THE, NUMBER], "length")]])
+    server = Scripted([[([NUMBER, END], "stop"), ([IS, END], "stop")], [([WHAT, IS, THE, NUMBER], "length")]], servers=2)
     batch = g.rollout(cfg, server, task, rows, 3)
-    e0, e1 = batch["episodes"]
+    e1, e0 = batch["episodes"]  # (e0: the episode of two turns, on server 1)
     assert e0["completion"] == [IS, END] + says + [WHAT, IS, THE, NUMBER]
     assert e0["mask"] == [1, 1] + [0] * 8 + [1] * 4 and e0["server_lp"] == [-0.5] * 2 + [0.0] * 8 + [-0.5] * 4
     assert (e0["turns"], e0["finish"], e1["turns"], e1["finish"]) == (2, "length", 1, "stop")
     assert [m["content"] for m in e0["messages"]] == ["What", "is", "the number ?", "What is the number"]
     assert e1["completion"] == [NUMBER, END] and e1["mask"] == [1, 1]
     assert server.asked[0][1] == [14, 14] and server.asked[1] == ([rows[0]["ids"] + [IS, END] + says], [4])
-    assert batch["sampling"]["temperature"] == 0.7 and batch["version"] == 3 and batch["srv"] == [0, 0]
+    assert batch["sampling"]["temperature"] == 0.7 and batch["version"] == 3 and batch["srv"] == [0, 1]
+    assert server.srv == [[0, 1], [1]]  # its second turn on its own server (its prefix is cached there)
     seqs = g.sequences(batch, 2, "cpu")  # the table: the mask is the one truth of which tokens count
-    assert seqs["mask"].sum(1).tolist() == [6, 2] and seqs["length"].tolist() == [14, 2]
-    assert seqs["text"] == ["What is the number", "number"] and seqs["truncated"].tolist() == [1, 0]
+    assert seqs["mask"].sum(1).tolist() == [2, 6] and seqs["length"].tolist() == [2, 14]
+    assert seqs["text"] == ["number", "What is the number"] and seqs["truncated"].tolist() == [0, 1]
     # a reply stopped without <|im_end|>: the environment's tokens close it; out of turns: finish 'turns'
     tok, task = tiny_task(tiny_model, lambda m, a: "the number ?", max_turns=2)
     server = Scripted([[([IS], "stop")], [([IS, END], "stop")]])
@@ -5136,6 +5138,23 @@ def test_episodes_train_and_every_check_passes_on_the_sampled_tokens(tiny_model,
     assert "episodes of up to 3 replies" in out and all(r["check_mismatch_max"] < 0.01 for r in m), m
     stale = [r["staleness_max"] for r in m if r.get("staleness_max") is not None]  # re-scored at step 2
     assert mode == "--no-async" or (stale and max(stale) < 1.0), m
+
+
+def test_episodes_train_with_every_mode_at_once_and_two_servers(tiny_model, tmp_path):
+    """'talk' on two ranks and two servers with --mu 2, --beta 0.1, LoRA, --tis_mode sequence_mask, --filter_flat_groups
+    and --dynamic_sampling 1, async: it trains, both servers play episodes of several turns, and the check passes."""
+    a, b = StandIn(tiny_model), StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, f"{a.url},{b.url}", tmp_path, *TALK, "--async", "--prompts_per_step", "4",
+                                  "--server_gpu", "0,1", "--mu", "2", "--beta", "0.1", "--lora_rank", "4",
+                                  "--tis_mode", "sequence_mask", "--filter_flat_groups", "--dynamic_sampling", "1",
+                                  nproc=2, rewards=True), timeout=300)
+    finally:
+        a.close(), b.close()
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path) if "loss" in r]
+    assert len(m) == 2 and all(r["check_mismatch_mean"] < 0.01 and math.isfinite(r["loss"]) for r in m), m
+    assert max(r["turns_mean"] for r in m) > 1 and episodes_in(a) > 0 and episodes_in(b) > 0, m
 
 
 def test_an_episode_that_ends_after_one_turn_is_the_single_turn_run_bit_for_bit(tiny_model, tmp_path):

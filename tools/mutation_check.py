@@ -498,6 +498,8 @@ M = [  # (name, file, old, new, -k expression)
   'sft_term_and_replay'),
  ('docs: the replay recipe never replays', 'docs/hacking.md', 'range(min(len(r) // 4, len(state.get("replay", []))))',
   'range(0)', 'sft_term_and_replay'),
+ ('episodes: a later turn sent to another server', 'grpo_sglang.py', '[srv[i] for i in live])', 'srv[: len(live)])',
+  'an_episode_appends'),
  ('calculator: pairs drawn twice', 'reward_fns.py', 'random.Random(seed).sample(range(900 * 90), n)',
   '[random.Random(seed).randrange(900 * 90) for _ in range(n)]', 'built_in_tasks_load'),
 ]
