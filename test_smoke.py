@@ -661,6 +661,27 @@ def run_here(model_dir, url, out_dir, *extra, spy=None, kill_after=None):
             torch.multiprocessing.set_sharing_strategy(sharing)
 
 
+def stopped_and_resumed(model_dir, out_dir, *flags, script=None):
+    """A run of 4 steps at once ('ref'), and the same stopped after step 2 and resumed ('resumed'), each against a
+    stand-in of its own (the test rewards and tasks registered; `script`: a copy of the trainer) -> {key: (its training
+    rows without timings, its final weights, its stand-in)}."""
+    got = {}
+    for key, steps in (("ref", ("4",)), ("resumed", ("2", "4"))):
+        s = StandIn(model_dir)
+        try:
+            for n in steps:
+                resume = ("--resume",) if n == "4" and key == "resumed" else ()
+                cmd = train_cmd(model_dir, s.url, out_dir / key, *flags, "--steps", n, "--save_every", "2", *resume,
+                                rewards=script is None)
+                code, out = run(cmd if script is None else [cmd[0], script, *cmd[2:]])
+                assert code == 0, out
+        finally:
+            s.close()
+        got[key] = ([{k: v for k, v in r.items() if not k.startswith(("time", "span", "rollout_"))}
+                     for r in read_metrics(out_dir / key) if "loss" in r], ckpt_weights(out_dir / key), s)
+    return got
+
+
 # The runs that a few tests below share: 5 steps, checkpoints every 2 (and at the end) of which the newest 2 are kept,
 # a warmup and a cosine decay, DAPO's overlong penalty, a seed that is not the default; once uninterrupted, once
 # stopped dead after its step-2 checkpoint and resumed (without --seed: the run's own comes back).
@@ -4122,22 +4143,11 @@ def test_the_readmes_sft_term_and_replay_queue_recipes_run_as_written(tiny_model
     tokens = seqs["mask"] * right.unsqueeze(1)
     want = -0.1 * (seqs["lp0"] * tokens).sum() / tokens.sum()  # (divided by all 42 tokens: 2.5x smaller)
     assert tokens.sum() == 17 and seqs["mask"].sum() == 42 and got == pytest.approx(want.item(), rel=1e-5)
-    got = {}
-    for key, steps in (("ref", ("4",)), ("resumed", ("2", "4"))):
-        s = StandIn(tiny_model)
-        try:
-            for n in steps:
-                cmd = train_cmd(tiny_model, s.url, tmp_path / key, "--steps", n, "--save_every", "2", "--eval_every", "0",
-                                "--prompts_per_step", "4", "--builtin_max_operand", "4",  # 23 rows: 16 drawn, 1 a step replayed
-                                *(("--resume",) if n == "4" and key == "resumed" else ()))
-                code, out = run([cmd[0], str(root / "grpo_sglang.py"), *cmd[2:]])
-                assert code == 0, out
-            got[key] = ([{k: v for k, v in r.items() if not k.startswith(("time", "span", "rollout_"))}
-                         for r in read_metrics(tmp_path / key) if "loss" in r], ckpt_weights(tmp_path / key), s.rollouts)
-        finally:
-            s.close()
-    (rows, w, asked), (rows1, w1, asked1) = got["ref"], got["resumed"]
-    assert len(rows) == 4 and rows == rows1 and asked == asked1 and all(torch.equal(w[k], w1[k]) for k in w)
+    (rows, w, s), (rows1, w1, s1) = stopped_and_resumed(  # 23 rows: 16 drawn, one a step replayed
+        tiny_model, tmp_path, "--eval_every", "0", "--prompts_per_step", "4", "--builtin_max_operand", "4",
+        script=str(root / "grpo_sglang.py")).values()
+    asked = s.rollouts
+    assert len(rows) == 4 and rows == rows1 and asked == s1.rollouts and all(torch.equal(w[k], w1[k]) for k in w)
     state = torch.load(tmp_path / "resumed" / "step_2" / "trainer_state.pt", weights_only=True)["rng"][0]["state"]
     prompts = [tuple(p) for req in asked for p in req[::4]]  # each request: its prompts, 4 copies each
     assert len(asked) == 4 and len(state["replay"]) >= 1 and len(set(prompts)) < 16  # a missed prompt came back
@@ -5202,23 +5212,9 @@ def test_a_resumed_run_of_episodes_is_the_run_that_never_stopped(tiny_model, tmp
     """'talk': 4 steps at once, and 2 steps then --resume to 4: the same episodes after the resume, the same metrics
     at every step and the same weights at the end, to the bit. (On-policy: an --async resume samples its first batch
     from the checkpoint's weights, not the step before's: docs/design.md, Exact resume.)"""
-    got = {}
-    for key in ("ref", "resumed"):
-        s = StandIn(tiny_model)
-        try:
-            for steps in (("4",) if key == "ref" else ("2", "4")):
-                resume = ("--resume",) if steps == "4" and key == "resumed" else ()
-                code, out = run(train_cmd(tiny_model, s.url, tmp_path / key, *TALK, "--save_every", "2",
-                                          "--eval_every", "0", "--steps", steps, *resume, rewards=True))
-                assert code == 0, out
-            got[key] = ([{k: v for k, v in r.items() if not k.startswith(("time", "span", "rollout_"))}
-                         for r in read_metrics(tmp_path / key) if "loss" in r], ckpt_weights(tmp_path / key),
-                        s.generations)
-        finally:
-            s.close()
-    (rows, w, gen), (rows1, w1, gen1) = got["ref"], got["resumed"]
+    (rows, w, s), (rows1, w1, s1) = stopped_and_resumed(tiny_model, tmp_path, *TALK).values()
     assert len(rows) == 4 and rows == rows1 and all(torch.equal(w[k], w1[k]) for k in w)
-    assert gen == gen1  # every reply of every turn: steps 1-2 before the stop, 3-4 after
+    assert s.generations == s1.generations  # every reply of every turn: steps 1-2 before the stop, 3-4 after
 
 
 def test_dynamic_sampling_fills_the_batch_with_groups_whose_rewards_differ_in_the_order_drawn(tiny_model):
@@ -5279,22 +5275,15 @@ def test_dynamic_sampling_on_two_ranks_and_resumed_is_the_run_that_never_stopped
     """--dynamic_sampling 2 end to end: on two ranks every rank ends its step with as many groups (no hang; the
     rounds each drew are logged), and a run stopped after step 2 and resumed draws and trains exactly as the run that
     never stopped (the rounds are a pure function of the step)."""
-    got = {}
-    for key, steps in (("ref", ("4",)), ("resumed", ("2", "4")), ("ranks", ("2",))):
-        s = StandIn(tiny_model)
-        try:
-            for n in steps:
-                resume = ("--resume",) if n == "4" and key == "resumed" else ()
-                code, out = run(train_cmd(tiny_model, s.url, tmp_path / key, *DYNAMIC, "--steps", n, "--save_every", "2",
-                                          *resume, nproc=2 if key == "ranks" else 1, rewards=True))
-                assert code == 0, out
-            got[key] = ([{k: v for k, v in r.items() if not k.startswith(("time", "span", "rollout_"))}
-                         for r in read_metrics(tmp_path / key) if "loss" in r], ckpt_weights(tmp_path / key),
-                        s.generations)
-        finally:
-            s.close()
-    (rows, w, gen), (rows1, w1, gen1), (ranks, _, _) = got["ref"], got["resumed"], got["ranks"]
-    assert len(rows) == 4 and rows == rows1 and gen == gen1 and all(torch.equal(w[k], w1[k]) for k in w)
+    (rows, w, s), (rows1, w1, s1) = stopped_and_resumed(tiny_model, tmp_path, *DYNAMIC).values()
+    assert len(rows) == 4 and rows == rows1 and s.generations == s1.generations and all(torch.equal(w[k], w1[k]) for k in w)
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "ranks", *DYNAMIC, "--steps", "2", nproc=2, rewards=True))
+        assert code == 0, out
+    finally:
+        s.close()
+    ranks = [r for r in read_metrics(tmp_path / "ranks") if "loss" in r]
     assert all(1 <= r["sampling_rounds"] <= 3 and r["groups_drawn"] >= 2 for r in rows + ranks), rows + ranks
     assert all(r["groups_kept"] <= 2 and r["groups_drawn"] == 2 * r["sampling_rounds"] for r in rows), rows
 
