@@ -1,7 +1,8 @@
 """CPU tests of grpo_sglang.py, no GPU and no model hub. They run the real script (a subprocess: 1 process, then
-torchrun with 2) or its functions in-process, on a tiny model built from a config (build_tiny), against a stand-in
-server (StandIn) that speaks SGLang's endpoints and loads the weights it is sent. First come the helpers, all in one
-part; then the tests, in these sections (each a header `# N. title` below):
+torchrun with 2; forked from a Python that has imported the libraries once, see Forked) or its functions in-process,
+on a tiny model built from a config (build_tiny), against a stand-in server (StandIn) that speaks SGLang's endpoints
+and loads the weights it is sent. First come the helpers, all in one part; then the tests, in these sections (each a
+header `# N. title` below):
 
  1. the GRPO math and the logged metrics on hand-computed values
  2. rewards: parsing answers, the registry, scoring, a user's own reward
@@ -103,6 +104,10 @@ from reward_fns import (arithmetic_reward, extract_number, format_reward, get_re
 # -- a tiny model from a config, a free port, a process group of one
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# One thread for this process's own torch work (the stand-in's sampling, the in-process steps), as run() gives the
+# script: with a thread per core, each op waits for every thread, and on cores that other processes also use that
+# made the stand-in's rollouts 20-50x slower (a 4-step run 106 s against 35 s on 2 busy cores).
+torch.set_num_threads(1)
 
 
 WORDS = ["user", "assistant", "What", "is", "+", "?", "Answer", "with", "the", "number", "only", "."]
@@ -515,8 +520,9 @@ def run(cmd, timeout=300):
     # output to a file, not a pipe: torch's shared-memory manager (CPU tensors shared by file name)
     # outlives the trainer and would hold a pipe open
     import tempfile
-    with tempfile.TemporaryFile("w+") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env, cwd=HERE)
+    with tempfile.NamedTemporaryFile("w+") as f:
+        p = Forked.start(cmd, env, f.name) or subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                                               env=env, cwd=HERE)
         try:
             code = p.wait(timeout)
         except subprocess.TimeoutExpired:  # a hung run must not slow every later test: end all of it
@@ -524,6 +530,149 @@ def run(cmd, timeout=300):
             raise
         f.seek(0)
         return code, f.read()
+
+
+ZYGOTE = r"""import json, os, runpy, signal, sys, traceback, warnings
+os.environ.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # as run() gives every run
+import requests, safetensors.torch, torch, torch.distributed.fsdp, torch.distributed.checkpoint.state_dict
+import torch.distributed.run, torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler as sh
+import transformers, transformers.masking_utils
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from sglang.srt.utils import MultiprocessingSerializer
+from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+FRESH = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+
+
+def python(argv, env, out=None, worker=False):
+    # in a forked child: `python [-u] SCRIPT ARGS` as a fresh interpreter runs it (its signal handlers, environment,
+    # argv, sys.path, unbuffered output: to the file `out`, else to this process's); a worker of torchrun's ends
+    # without its launcher's atexit handlers
+    for sig, handler in FRESH.items():
+        signal.signal(sig, handler)
+    if out:
+        fd = os.open(out, os.O_WRONLY | os.O_APPEND)
+        os.dup2(fd, 1), os.dup2(fd, 2), os.close(fd)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    sys.stdin = open(os.devnull)
+    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")
+    os.environ.clear(), os.environ.update(env)
+    argv = argv[1:] if argv[0] == "-u" else argv
+    try:
+        if argv[:2] == ["-m", "torch.distributed.run"]:  # torchrun itself; it forks its workers (below)
+            sys.argv = ["torchrun", *argv[2:]]
+            runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+        else:
+            sys.argv, sys.path[0] = argv, os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:  # as Python exits: an int, None (0) or a message (printed, 1)
+        code = e.code if isinstance(e.code, int) or e.code is None else print(e.code) or 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if worker:
+        sys.stdout.flush()
+        os._exit(code)
+    sys.exit(code)  # (atexit handlers and non-daemon threads as at any interpreter's end)
+
+
+class Worker:
+    # torchrun's worker, forked (not `python -u SCRIPT`), in a session of its own as torchrun starts it
+    def __init__(self, handler, args, env):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # (torchrun's store runs a thread)
+            self.pid, self.returncode, self.args = os.fork(), None, args
+        if self.pid == 0:
+            os.setsid()
+            python(list(args[1:]), env, worker=True)
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            self.returncode = os.waitstatus_to_exitcode(status) if pid else None
+        return self.returncode
+
+    def wait(self, timeout=None):
+        import subprocess, time
+        end = None if timeout is None else time.time() + timeout
+        while self.poll() is None:
+            if end is not None and time.time() > end:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+sh.SubprocessHandler._popen = lambda self, args, env: Worker(self, args, env)
+assert len(os.listdir("/proc/self/task")) == 1  # no thread when it forks (datasets' pyarrow would start one)
+for line in sys.stdin:  # {argv, env, out} -> the run's pid, then its exit code
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        python(req["argv"], req["env"], req["out"])
+    print(pid, flush=True)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+class Forked:
+    """A run of a script (in one process, or torchrun's) forked from a Python that has imported torch,
+    transformers and SGLang's classes once (the zygote, one per test process), and not started afresh: the imports
+    are most of a run's start-up (~9 s of a 10 s 2-step run; ~15 s of torchrun's with 2 workers). The run is a
+    child of its own with the script as __main__, as `python SCRIPT ARGS` runs it, and nothing of the tests' process
+    in it: none of this project's modules are imported before it runs. torchrun runs as itself and forks its workers
+    where it would start them (each in a session of its own). Tests that start a run themselves (a signal, a second
+    trainer) run a fresh Python, and so does a run while another is on (a thread's)."""
+    lock, zygote, pending = threading.Lock(), None, False
+
+    def __init__(self, pid, cmd):
+        self.pid, self.cmd = pid, cmd
+
+    @classmethod
+    def line(cls, timeout=None):
+        """The zygote's next line, read unbuffered (select then sees all that is left), or None after `timeout`."""
+        import select
+        got = b""
+        while not got.endswith(b"\n"):
+            if not select.select([cls.zygote.stdout], [], [], timeout)[0]:
+                return None
+            got += os.read(cls.zygote.stdout.fileno(), 1) or b"?\n"  # (b"": it died)
+        return got.decode()
+
+    @classmethod
+    def start(cls, cmd, env, out):
+        """-> the run (pid, wait(timeout)), or None: not a script's run, the zygote busy or gone."""
+        if cmd[0] != sys.executable or not (cmd[1].endswith(".py") or cmd[1:3] == ["-m", "torch.distributed.run"]):
+            return None
+        if not cls.lock.acquire(blocking=False):
+            return None
+        try:
+            if cls.pending:  # the exit code of a run that timed out (and was killed)
+                cls.line()
+                cls.pending = False
+            if cls.zygote is None or cls.zygote.poll() is not None:
+                cls.zygote = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS="1"))
+            cls.zygote.stdin.write((json.dumps({"argv": cmd[1:], "env": env, "out": out}) + "\n").encode())
+            cls.zygote.stdin.flush()
+            pid = int(cls.line())
+        except (OSError, ValueError):  # it died (its error is in the test's output): a fresh Python runs it
+            cls.zygote = None
+            cls.lock.release()
+            return None
+        return cls(pid, cmd)
+
+    def wait(self, timeout=None):
+        try:
+            code = self.line(timeout)
+            if code is None:
+                Forked.pending = True
+                raise subprocess.TimeoutExpired(self.cmd, timeout)
+            return int(code)
+        finally:
+            Forked.lock.release()
+
+    def kill(self):
+        os.kill(self.pid, 9)
 
 
 def kill_tree(pid):
@@ -3001,8 +3150,11 @@ def test_ranks_that_would_run_different_numbers_of_micro_batches_stop_with_one_e
     assert code == 1 and out.count(says) == 1 and "seqs['weight'] to 0" in out, out
 
 
-def test_run_ends_every_process_of_a_run_that_times_out(tmp_path, monkeypatch):
-    """torchrun starts each worker in a session of its own: a timed-out run must not leave them running."""
+@pytest.mark.parametrize("forked", [False, True])
+def test_run_ends_every_process_of_a_run_that_times_out(tmp_path, monkeypatch, forked):
+    """torchrun starts each worker in a session of its own: a timed-out run must not leave them running, whether
+    run() started torchrun afresh or forked it (Forked). The run times out once both workers run (its wait ends
+    then, as a timeout's would), not after a fixed time that a slow machine might spend starting them."""
     import psutil
     import time
     (tmp_path / "pids").mkdir()
@@ -3011,11 +3163,23 @@ def test_run_ends_every_process_of_a_run_that_times_out(tmp_path, monkeypatch):
                       "time.sleep(600)\n")
     monkeypatch.setenv("PIDS", str(tmp_path / "pids"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={free_port()}", str(script)]
-    t0 = time.time()
+    way = Forked if forked else subprocess.Popen
+    if not forked:
+        monkeypatch.setattr(Forked, "start", lambda *a: None)
+    wait, timed_out = way.wait, []
+
+    def times_out_once_both_run(self, timeout=None):
+        deadline = time.time() + 240
+        while len(os.listdir(tmp_path / "pids")) < 2 and time.time() < deadline and psutil.pid_exists(self.pid):
+            time.sleep(0.05)
+        monkeypatch.setattr(way, "wait", wait)  # (kill_tree's own waits are real ones)
+        timed_out.append(time.time())
+        return wait(self, 0.001)  # -> TimeoutExpired
+    monkeypatch.setattr(way, "wait", times_out_once_both_run)
     with pytest.raises(subprocess.TimeoutExpired):
-        run(cmd, timeout=40)
+        run(cmd)
     pids = [int(p) for p in os.listdir(tmp_path / "pids")]
-    assert len(pids) == 2 and time.time() - t0 < 60, pids  # both workers had started
+    assert len(pids) == 2 and time.time() - timed_out[0] < 20, pids  # both workers had started; all ended at once
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
