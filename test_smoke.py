@@ -621,7 +621,8 @@ class Forked:
     child of its own with the script as __main__, as `python SCRIPT ARGS` runs it, and nothing of the tests' process
     in it: none of this project's modules are imported before it runs. torchrun runs as itself and forks its workers
     where it would start them (each in a session of its own). Tests that start a run themselves (a signal, a second
-    trainer) run a fresh Python, and so does a run while another is on (a thread's)."""
+    trainer) run a fresh Python, and so does a run while another is on (a thread's), and every run once the zygote
+    has failed (its error is in the test's output)."""
     lock, zygote, pending = threading.Lock(), None, False
 
     def __init__(self, pid, cmd):
@@ -643,6 +644,8 @@ class Forked:
         """-> the run (pid, wait(timeout)), or None: not a script's run, the zygote busy or gone."""
         if cmd[0] != sys.executable or not (cmd[1].endswith(".py") or cmd[1:3] == ["-m", "torch.distributed.run"]):
             return None
+        if cls.zygote is False:
+            return None
         if not cls.lock.acquire(blocking=False):
             return None
         try:
@@ -655,8 +658,8 @@ class Forked:
             cls.zygote.stdin.write((json.dumps({"argv": cmd[1:], "env": env, "out": out}) + "\n").encode())
             cls.zygote.stdin.flush()
             pid = int(cls.line())
-        except (OSError, ValueError):  # it died (its error is in the test's output): a fresh Python runs it
-            cls.zygote = None
+        except (OSError, ValueError):  # it died: a fresh Python runs this run and every later one
+            cls.zygote = False
             cls.lock.release()
             return None
         return cls(pid, cmd)
