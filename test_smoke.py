@@ -24,7 +24,7 @@ header `# N. title` below):
 Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serve.sh setting) is tested in that
 topic's section; section 10 holds the faults of no one topic.
 
-Run them all:        python -m pytest -q -n 2 test_smoke.py            (pytest-xdist: about 5-6 minutes on 2 cores)
+Run them all:        python -m pytest -q -n 2 test_smoke.py            (pytest-xdist: about 4-7 minutes on 2 cores)
 Run section N:       python test_smoke.py N [pytest's flags]           (e.g. python test_smoke.py 14 -x)
 Run tests by name:   python -m pytest -q test_smoke.py -k 'WORDS'      (words of test names, joined by or/and/not)
 
