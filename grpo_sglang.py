@@ -141,7 +141,6 @@ class Config:
                                    "the server's fp32 head forms from its bf16 weights) or 'fp32' (exact, slower; the "
                                    "gradient's matmuls in fp32 too)", ("bf16", "fp32"))
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
-    compile: bool = arg(False, "torch.compile each transformer block: a faster train phase after ~1-1.5 min compiling")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient", "v >= 1")
     device: str = arg("auto", "'cuda', 'cpu' (tests) or 'auto'", ("auto", "cuda", "cpu"))
     seed: int = arg(0, "seed for data order and torch")
@@ -643,9 +642,9 @@ def main(cfg):
 
 def pack_batch(samples, pad_id, device):
     """[{prompt, completion}] -> the sequences end to end (first fit, longest first) in rows as long as the longest,
-    position_ids restarting at 0 for each (transformers keeps attention within each); a row with pads is padded to a
-    multiple of 8 (--compile: fewer graphs). src[j] of the flat rows predicts tgt[j], its log-prob at dst[:, j] of
-    the (B, C) result. -> {ids, pos (R, L), src, tgt (n,), dst (2, n), mask (B, C), C, tokens}"""
+    position_ids restarting at 0 for each (transformers keeps attention within each), shorter rows padded to it.
+    src[j] of the flat rows predicts tgt[j], its log-prob at dst[:, j] of the (B, C) result.
+    -> {ids, pos (R, L), src, tgt (n,), dst (2, n), mask (B, C), C, tokens}"""
     lens = [len(s["prompt"]) + len(s["completion"]) for s in samples]
     L, C = max(lens), max(len(s["completion"]) for s in samples)
     ids, pos, src, tgt, dst = [], [], [], [], []
@@ -659,7 +658,6 @@ def pack_batch(samples, pad_id, device):
         tgt += c
         dst += [(i, k) for k in range(len(c))]
         ids[r], pos[r] = ids[r] + p + c, pos[r] + list(range(lens[i]))
-    L = -(-L // 8) * 8 if any(len(row) < L for row in ids) else L
     ids, pos = [row + [pad_id] * (L - len(row)) for row in ids], [row + [0] * (L - len(row)) for row in pos]
     n = torch.tensor([len(s["completion"]) for s in samples])
     t = lambda x: torch.tensor(x, dtype=torch.long, device=device)
@@ -859,7 +857,7 @@ def parse_config(argv=None):
 
 # Flags a resumed run may change: how and where it runs, not what it trains (docs/reference.md, "Resume").
 RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
-             "device", "micro_batch", "head_matmul", "grad_checkpointing", "compile", "max_nonfinite_steps",
+             "device", "micro_batch", "head_matmul", "grad_checkpointing", "max_nonfinite_steps",
              "server_url", "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync",
              "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs", "keep_checkpoints"}
 
@@ -1279,12 +1277,12 @@ def load_models(cfg, rt):
     if lora:
         add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(","), cfg.seed)
         rt.ckpt and load_adapters(rt.ckpt, model)
-    model = shard(model, rt.mesh, torch.bfloat16, cfg.head_matmul, cfg.compile)
+    model = shard(model, rt.mesh, torch.bfloat16, cfg.head_matmul)
     ref = model if lora and cfg.beta > 0 else None  # (its adapters off: old_and_ref_logprobs)
     if cfg.beta > 0 and not lora:
         ref = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.bfloat16, attn_implementation="sdpa")
         ref = ref.to(rt.device).eval()
-        ref = shard(ref, rt.mesh, torch.bfloat16, cfg.head_matmul, cfg.compile, frozen=True).requires_grad_(False)
+        ref = shard(ref, rt.mesh, torch.bfloat16, cfg.head_matmul, frozen=True).requires_grad_(False)
     # fused: one kernel, no temporaries (foreach AdamW copies a moment per step: a 7B model's OOM on one H200);
     # frozen parameters (LoRA's base) get no gradient, hence no state
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -2069,15 +2067,13 @@ def fuse_rms_norms(model):
                 m.forward = fused.__get__(m)
 
 
-def shard(model, mesh, param_dtype, head_matmul="fp32", compile_blocks=False, frozen=False, unit_params=1e8,
-          keep_params=2e9):
+def shard(model, mesh, param_dtype, head_matmul="fp32", frozen=False, unit_params=1e8, keep_params=2e9):
     """FSDP2: transformer blocks in units of ~`unit_params` parameters (hooks cost CPU per unit), bf16 compute. Under
     `keep_params`, gathered weights stay from forward to backward and over an update's micro-batches (`frozen`: step to
     step): ~0.29 -> 0.21 s a SmolLM2 train phase. The root runs in fp32: bf16 logits step by 0.125 at |logit| ~ 20."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.utils._pytree import tree_map
-    # a block's inputs in bf16, always views (FSDP gives a unit's first block a view: --compile would build 2 graphs)
-    to_compute = lambda t: t.to(param_dtype).view_as(t) if torch.is_tensor(t) and t.is_floating_point() else t
+    to_compute = lambda t: t.to(param_dtype) if torch.is_tensor(t) and t.is_floating_point() else t  # a block's input
     block = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     fuse_rms_norms(model)
     units, keep = [[]], sum(p.numel() for p in model.parameters()) < keep_params
@@ -2087,8 +2083,6 @@ def shard(model, mesh, param_dtype, head_matmul="fp32", compile_blocks=False, fr
         units[-1].append(m)
         # cast here too: FSDP does not when checkpointing re-runs a block (fp32 rotary cos/sin met bf16 values)
         m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)
-        if compile_blocks:
-            m.forward = torch.compile(m.forward, dynamic=True)  # packed rows change shape every step
     for unit in units if units[0] else []:
         fully_shard(unit, mesh=mesh, mp_policy=block, reshard_after_forward=not keep)
     install_head(model, head_matmul)

@@ -4,7 +4,7 @@ batch of new lengths (so new packed shapes, as in a real run). A benchmark of th
 grpo_sglang.py (e.g. `-- --attention sdpa`).
 
     torchrun --nproc_per_node 1 tools/train_phase_bench.py --shape smol --steps 30 --out FILE.json \
-        [--cudnn] [--reshard] [--profile DIR] [-- <more grpo_sglang.py flags, e.g. --compile>]
+        [--cudnn] [--reshard] [--profile DIR] [-- <more grpo_sglang.py flags, e.g. --grad_checkpointing>]
 
 --shape: a random-weight model built from a config in code (weights do not change the time): smol (SmolLM2-135M's
 shapes: 16 prompts x 8, 128 new tokens, micro-batch 128, beta 0.04, as results/run_x2.sh's SMOL runs) or q15
