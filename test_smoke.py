@@ -955,9 +955,11 @@ def known_batch(temperature=1.0):
 
 def one_step(cfg, model, batch, tok, reward, weight=None, ref=None):
     """One step in-process, the way main() runs it: the table, micro-batches, the no-grad forwards, rewards,
-    advantages and weights, then train(). batch: {rows, outs} of one-turn episodes. -> (the table, the step's
-    metrics)."""
-    seqs = table(batch["rows"], batch["outs"], tok, cfg.group_size, cfg.temperature)
+    advantages and weights, then train(). batch: a rollout batch (known_batch), or {rows, outs} of one-turn episodes
+    sampled at cfg.temperature. -> (the table, the step's metrics)."""
+    if "outs" in batch:
+        batch = single_turns(batch["rows"], batch["outs"], tok, cfg.group_size, cfg.temperature)
+    seqs = g.sequences(batch, cfg.group_size, "cpu")
     mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
     g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
     m = g.Metrics()
@@ -1836,7 +1838,7 @@ def test_a_question_held_out_for_evaluation_never_trains_even_as_a_duplicate_row
     raw_train, raw_eval, _ = g.load_splits(cfg)  # 4 rows (10%) held out; their twins are among the 36 others
     twins = sum(r["question"] in {e["question"] for e in raw_eval} for r in raw_train)
     assert len(raw_eval) == 4 and twins >= 1
-    _, train, evals, _, _ = g.load_data(cfg)
+    _, train, evals, _ = g.load_data(cfg)
     assert len(evals) == 4 and len(train) == 36 - twins
     assert not {r["question"] for r in train} & {r["question"] for r in evals}
     assert (f"skipped {twins} rows ({{'question also held out for evaluation (a duplicate)': {twins}}})"
@@ -1845,7 +1847,7 @@ def test_a_question_held_out_for_evaluation_never_trains_even_as_a_duplicate_row
     folder.mkdir()
     for split, part in (("train", rows[:15]), ("test", rows[10:])):
         (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    _, train, evals, _, _ = g.load_data(g.Config(model=tiny_model, dataset=str(folder), eval_size=200))
+    _, train, evals, _ = g.load_data(g.Config(model=tiny_model, dataset=str(folder), eval_size=200))
     assert [r["question"] for r in train] == [r["question"] for r in rows[:10]] and len(evals) == 10
     assert "skipped 5 rows ({'question also held out for evaluation (a duplicate)': 5})" in capsys.readouterr().out
 
@@ -2394,7 +2396,7 @@ def test_train_step_is_the_grpo_objective_of_each_sequence_with_its_own_advantag
         class Tok:
             def decode(self, ids, skip_special_tokens):
                 return texts[tuple(ids)]
-        table = g.sequences(known_batch(), Tok(), G, "cpu")  # (its lengths make the micro-batches, as in the step)
+        table = g.sequences(known_batch(T), G, "cpu")  # (its lengths make the micro-batches, as in the step)
         rows = lambda x: [x[k, : len(c)] for k, c in enumerate(completions)]
         # the trainer's logprobs and entropies before the step; the server's differ by known amounts
         before, ents = map(rows, as_trained(model, table, 3, T))
@@ -2438,12 +2440,12 @@ def test_the_kl_metric_counts_only_the_sequences_with_a_weight(tiny_model):
     try:
         model, ref = sharded(tiny_model), sharded(tiny_model, frozen=True, noise=0.05)
         T = 0.8
-        table = g.sequences(known_batch(), KnownTok(), 4, "cpu")
+        table = g.sequences(known_batch(T), 4, "cpu")
         d = as_trained(ref, table, 3, T)[0] - as_trained(model, table, 3, T)[0]
         k3 = [(torch.exp(d) - d - 1)[k, : len(c)] for k, c in enumerate(COMPLETIONS)]
         cfg = g.Config(beta=0.1, temperature=T, group_size=4, micro_batch=3, max_grad_norm=1e9)
         weight = torch.tensor([1.0] * 4 + [0.0] * 4 + [1.0] * 4)
-        _, got = one_step(cfg, model, known_batch(), KnownTok(), lambda c, a: float(c == "good"), weight, ref=ref)
+        _, got = one_step(cfg, model, known_batch(T), KnownTok(), lambda c, a: float(c == "good"), weight, ref=ref)
     finally:
         dist.destroy_process_group()
     kept = [k for k in range(12) if weight[k]]
@@ -2460,10 +2462,10 @@ def test_entropy_with_mu_2_is_logged_from_the_first_pass_per_token(tiny_model):
     dist_init()
     try:
         model, T = sharded(tiny_model), 0.8
-        table = g.sequences(known_batch(), KnownTok(), 4, "cpu")
+        table = g.sequences(known_batch(T), 4, "cpu")
         ents = as_trained(model, table, 3, T)[1]
         cfg = g.Config(mu=2, temperature=T, group_size=4, micro_batch=3, max_grad_norm=1e9)
-        _, got = one_step(cfg, model, known_batch(), KnownTok(), lambda c, a: float(c == "good"))
+        _, got = one_step(cfg, model, known_batch(T), KnownTok(), lambda c, a: float(c == "good"))
         after = as_trained(model, table, 3, T)[1]
     finally:
         dist.destroy_process_group()
@@ -3052,7 +3054,8 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
         m = re.search(r"holds other weights than the trainer sent in the push of version (\d+)", log)  # the hashes
         return int(m.group(1)) + 1 if m else None
     runs = glob.glob(os.path.join(HERE, "results", "**", "*.metrics.jsonl"), recursive=True)
-    good = [p for p in runs if not os.path.basename(p).startswith(("check_v2_", "neg_", "dropped_", "base_only")) or "check_v2_main" in p]
+    negative = ("check_v2_", "neg_", "dropped_", "base_only", "episodes_dropped_")  # the controls, checked below
+    good = [p for p in runs if not os.path.basename(p).startswith(negative) or "check_v2_main" in p]
     assert len(good) >= 7, good  # 300 steps, lr 5e-5 async, the three seeds of the curve, lr 1e-5 and 1e-6
     for path in good:
         assert replay(path) is None, path
@@ -3070,6 +3073,8 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
     assert replay(os.path.join(lora, "base_only.metrics.jsonl")) == 11
     trust = os.path.join(HERE, "results", "h200", "trust")  # the weight hashes: the push after step 11 dropped
     assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
+    episodes = os.path.join(HERE, "results", "h200", "episodes")  # episodes: pushes dropped after version 6, tag kept
+    assert replay(os.path.join(episodes, "episodes_dropped_tag_kept.metrics.jsonl")) == 7
 
 
 # ---------------------------------------------------------------------------------------------
