@@ -16,6 +16,7 @@
 #               on the same held-out rows with one reply and no environment (--max_turns 1, evaluated only)
 #   episodes_neg  a calculator run whose pushes from step 6 on are dropped with their tag kept (negative_control.py)
 #   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server (tools/turn_cost.py)
+#   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
 #
 #   M=/path/to/model RES=/tmp/res bash tools/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
 # (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
@@ -135,6 +136,12 @@ for phase in $phases; do
     log "turn_cost: tools/turn_cost.py"
     timeout 300 python3 tools/turn_cost.py --model "$M" --out "$RES/turn_cost.json" > "$RES/turn_cost.log" 2>&1
     log "turn_cost: exit $?: $(tail -n 1 "$RES/turn_cost.log" | cut -c1-300)" ;;
+  dapo)
+    server
+    for ds in 3 0; do
+      run "dapo_ds$ds" "/tmp/runs/dapo_ds$ds" 600 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" \
+          --dynamic_sampling "$ds" --out_dir "/tmp/runs/dapo_ds$ds"
+    done ;;
   *) log "unknown phase $phase" ;;
   esac
 done
