@@ -5,7 +5,9 @@
 Each model lands in OUT_DIR/<name> (config.json, generation_config.json, *.safetensors, tokenizer files), ready
 for `MODEL=OUT_DIR/<name> bash serve.sh` and `grpo_sglang.py --model OUT_DIR/<name>`:
 
+    qwen2.5-0.5b-random  Qwen2ForCausalLM, the shapes of Qwen2.5-0.5B-Instruct (0.49e9 parameters, 1.0 GB)
     qwen2.5-1.5b-random  Qwen2ForCausalLM, the shapes of Qwen2.5-1.5B-Instruct (1.54e9 parameters, 3.1 GB)
+    qwen2.5-3b-random    Qwen2ForCausalLM, the shapes of Qwen2.5-3B-Instruct   (3.09e9 parameters, 6.2 GB)
     qwen2.5-7b-random    Qwen2ForCausalLM, the shapes of Qwen2.5-7B-Instruct   (7.62e9 parameters, 15.2 GB)
     qwen3-tiny-random    a 4-layer Qwen3ForCausalLM, the tokenizer's vocabulary, untied LM head
     gemma3-tiny-random   a 4-layer Gemma3ForCausalLM (text only), sliding window 512, tied LM head
@@ -29,10 +31,18 @@ def configs(vocab):
     """name -> config (without token ids). `vocab` is the kit tokenizer's size, for the tiny models."""
     qwen25 = dict(rope_theta=1e6, max_position_embeddings=32768, rms_norm_eps=1e-6, hidden_act="silu")
     return {
+        # https://huggingface.co/Qwen/Qwen2.5-0.5B-Instruct/blob/main/config.json
+        "qwen2.5-0.5b-random": Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                           num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                           tie_word_embeddings=True, **qwen25),
         # https://huggingface.co/Qwen/Qwen2.5-1.5B-Instruct/blob/main/config.json
         "qwen2.5-1.5b-random": Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                                            num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
                                            tie_word_embeddings=True, **qwen25),
+        # https://huggingface.co/Qwen/Qwen2.5-3B-Instruct/blob/main/config.json
+        "qwen2.5-3b-random": Qwen2Config(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                                         num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+                                         tie_word_embeddings=True, **qwen25),
         # https://huggingface.co/Qwen/Qwen2.5-7B-Instruct/blob/main/config.json
         "qwen2.5-7b-random": Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                                          num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,

@@ -17,6 +17,10 @@
 #   episodes_neg  a calculator run whose pushes from step 6 on are dropped with their tag kept (negative_control.py)
 #   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server (tools/turn_cost.py)
 #   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
+#   fit         what fits my GPU: for each Qwen2.5 shape in $FIT_SHAPES (random weights, tools/make_models.py;
+#               default "0.5b 1.5b 3b 7b"), its server at MEM_FRACTION 0.3, then FIT_STEPS (4) steps of the quick
+#               start's batch (16 x 8, 128 tokens, --micro_batch 32) full and --lora_rank 16, each without and with
+#               --grad_checkpointing: the trainer's peak (metrics' peak_mem_gb), the GPU's use (nvidia-smi every 0.5 s)
 #
 #   M=/path/to/model RES=/tmp/res bash tools/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
 # (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
@@ -141,6 +145,21 @@ for phase in $phases; do
     for ds in 3 0; do
       run "dapo_ds$ds" "/tmp/runs/dapo_ds$ds" 600 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" \
           --dynamic_sampling "$ds" --out_dir "/tmp/runs/dapo_ds$ds"
+    done ;;
+  fit)
+    for shape in ${FIT_SHAPES:-0.5b 1.5b 3b 7b}; do
+      make_model "qwen2.5-$shape-random"; FM=$MODELS/qwen2.5-$shape-random
+      server "$FM"
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits > "$RES/fit_${shape}_server_mib.txt"
+      for mode in full lora; do for ck in 0 1; do
+        name=fit_${shape}_${mode}_ck$ck; flags=()
+        [ $mode = lora ] && flags+=("${LORA[@]}"); [ $ck = 1 ] && flags+=(--grad_checkpointing)
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$RES/${name}_gpu_mib.txt" & smi=$!
+        run "$name" "/tmp/runs/$name" 300 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$FM" \
+            --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --lr 1e-5 \
+            --steps "${FIT_STEPS:-4}" --eval_every 0 --save_every 0 "${flags[@]}" --out_dir "/tmp/runs/$name"
+        kill $smi
+      done; done
     done ;;
   *) log "unknown phase $phase" ;;
   esac
