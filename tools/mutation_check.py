@@ -4,6 +4,8 @@ promise a user relies on (a flag, an error, the sync check) that a one-line slip
 
     python3 tools/mutation_check.py [name-substring ...]         # from the repo root, CPU only
     python3 tools/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
+    python3 tools/mutation_check.py --shard I/N [...]             # every N-th entry from the I-th (0-based): run
+                                                                  # N of them side by side, one per core
 """
 import os, shutil, subprocess, sys, tempfile
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -499,8 +501,12 @@ M = [  # (name, file, old, new, -k expression)
  ('calculator: pairs drawn twice', 'reward_fns.py', 'random.Random(seed).sample(range(900 * 90), n)',
   '[random.Random(seed).randrange(900 * 90) for _ in range(n)]', 'built_in_tasks_load'),
 ]
-full = "--full" in sys.argv
-only = [a for a in sys.argv[1:] if a != "--full"]
+args = sys.argv[1:]
+full = "--full" in args
+shard = args[args.index("--shard") + 1] if "--shard" in args else "0/1"
+i_, n_ = map(int, shard.split("/"))
+M = M[i_::n_]
+only = [a for k, a in enumerate(args) if a not in ("--full", "--shard") and (k == 0 or args[k - 1] != "--shard")]
 for name, f, old, new, k in M:
     if only and not any(o in name for o in only):
         continue
