@@ -79,18 +79,20 @@ def build(shape, d):
 
 
 def made_up_batch(cfg, vocab, truncated, rng, device):
-    """The trainer's table (grpo_sglang.sequences) for made-up rollouts of the built-in task's lengths."""
+    """The trainer's table (grpo_sglang.sequences of a rollout batch of one-turn episodes) for made-up rollouts of the
+    built-in task's lengths."""
     n = cfg.prompts_per_step * cfg.group_size
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(40, 52))] for _ in range(cfg.prompts_per_step)]
     lens = [cfg.max_new_tokens if rng.random() < truncated else
             min(cfg.max_new_tokens - 1, max(4, round(math.exp(rng.gauss(math.log(30), 0.5))))) for _ in range(n)]
-    comps = [[rng.randrange(3, vocab) for _ in range(k)] for k in lens]
-    C, t = max(lens), torch.tensor(lens, device=device)
-    lp = [[-abs(rng.gauss(0, 1)) for _ in c] + [0.0] * (C - len(c)) for c in comps]
-    return {"prompt": [prompts[i // cfg.group_size] for i in range(n)], "completion": comps, "length": t,
-            "truncated": (t == cfg.max_new_tokens).float(), "group": torch.arange(n, device=device) // cfg.group_size,
-            "mask": (torch.arange(C, device=device) < t.unsqueeze(1)).float(),
-            "server_lp": torch.tensor(lp, device=device)}
+    eps = [{"prompt": prompts[i // cfg.group_size], "completion": [rng.randrange(3, vocab) for _ in range(k)],
+            "mask": [1] * k, "server_lp": [-abs(rng.gauss(0, 1)) for _ in range(k)], "answer": "1", "turns": 1,
+            "finish": "length" if k == cfg.max_new_tokens else "stop",
+            "messages": [{"role": "user", "content": "?"}, {"role": "assistant", "content": "1"}]}
+           for i, k in enumerate(lens)]
+    batch = {"episodes": eps, "srv": [0] * n, "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p,
+                                                            "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens}}
+    return g.sequences(batch, cfg.group_size, device)
 
 
 def write_peak(snapshot, base, path):
