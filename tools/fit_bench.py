@@ -32,12 +32,12 @@ import train_phase_bench as tpb  # noqa: E402  (build, made_up_batch)
 g = tpb.g
 
 SHAPES = {
-    "q05": dict(cls="Qwen2Config", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
-                max_position_embeddings=32768),
-    "q3": dict(cls="Qwen2Config", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-               num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
-               max_position_embeddings=32768),
+    "q05": dict(cls="Qwen2Config", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
+    "q3": dict(cls="Qwen2Config", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+               num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+               rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
 }
 QUICK = ["--prompts_per_step", "16", "--group_size", "8", "--max_new_tokens", "128", "--micro_batch", "32",
          "--lr", "1e-5", "--beta", "0.04"]

@@ -1,7 +1,8 @@
-"""results/h200/{quickstart,trl,trust,lora,episodes}/summary.json (and the curves) from the logs and metrics there,
-so that every number the README quotes is computed from files in the repository.
+"""results/h200/{quickstart,trl,trust,lora,episodes,fit}/summary.json (and the curves) from the logs and metrics
+there, so that every number the README quotes is computed from files in the repository.
 
-    python tools/summarize_gpu.py            # from the repo root; needs matplotlib for the curve
+    python tools/summarize_gpu.py [part ...]   # from the repo root (parts: the functions below; default all);
+                                               # needs matplotlib for the curves
 """
 import json
 import os
@@ -219,6 +220,56 @@ def episodes():
     return out
 
 
+def fit():
+    """What fits my GPU: the trainer's peak per shape and variant (tools/fit_bench.py, one H200, no server) and, derived
+    from it, the GPU memory a colocated run needs: the trainer's peak + the server's bf16 weights and a KV cache for
+    the batch + the slack the 7B LoRA run colocated at 722847b showed (GPU in use, nvidia-smi, minus its trainer's peak
+    and its server's MEM_FRACTION share: CUDA contexts, SGLang's CUDA graphs, the allocators' cache)."""
+    d, gb = os.path.join(R, "fit"), 2**20 / 1e9  # (MiB -> GB)
+    lora = json.load(open(os.path.join(R, "lora", "summary.json")))["q7_lora"]
+    total_mib = int(re.search(r"H200, (\d+) MiB", open(os.path.join(d, "versions.txt")).read()).group(1))
+    smi = max(int(x) for x in open(os.path.join(R, "lora", "q7_gpu_mem.txt")).read().split())
+    slack = round((smi - 0.3 * total_mib) * gb - lora["peak_gb"], 1)  # (the q7 server ran at MEM_FRACTION 0.3)
+    # Qwen2.5's shapes: parameters in bf16 on the server; KV bytes a token = 2 (K, V) x layers x kv heads x 128 x 2
+    shapes = {"q05": ("Qwen2.5-0.5B", 24, 2, 64), "q15": ("Qwen2.5-1.5B", 28, 2, 128), "q3": ("Qwen2.5-3B", 36, 2, 128),
+              "q7": ("Qwen2.5-7B", 28, 4, 128)}
+    cards = [(24, "24 GB"), (40, "40 GB"), (48, "48 GB"), (80, "80 GB"), (total_mib / 1024, "141 GB (H200)")]  # GiB
+    tokens = 16 * 8 * (46 + 128)  # the batch: 128 sequences, prompts ~46 tokens, 128 new tokens
+    out = {"commit": "142fb1d", "date": "2026-12-02", "gpu_total_gb": round(total_mib * gb, 1), "slack_gb": slack,
+           "slack_from": "results/h200/lora q7_lora (722847b): max GPU in use %.1f GB - server share 0.3 x %.1f GB - "
+                         "trainer peak %.1f GB" % (smi * gb, total_mib * gb, lora["peak_gb"]),
+           "command": "for s in q05 q15 q3 q7; do timeout 150 torchrun --nproc_per_node 1 tools/fit_bench.py "
+                      "--shape $s --out $OUT/fit/$s.json; done   (one call, the image's python: torch 2.11, "
+                      "transformers 5.17)",
+           "shapes": {}}
+    for key, (name, layers, kv, hd) in shapes.items():
+        r = json.load(open(os.path.join(d, f"{key}.json")))
+        params = next((v["params"] for v in r["variants"].values() if "params" in v and "lora" not in v["flags"]), None)
+        server = round(2 * (params or 7.616e9) / 1e9 + tokens * 2 * layers * kv * hd * 2 / 1e9, 1)
+        row = {"model": name, "server_weights_kv_gb": server, "variants": {}}
+        for v in ("full", "full_ckpt", "lora", "lora_ckpt"):
+            got = r["variants"].get(v)
+            if got is None and key == "q7" and v == "lora_ckpt":  # the real colocated run at 722847b
+                got = {"peak_gb": lora["peak_gb"], "seconds_median": lora["train_s"], "from": "results/h200/lora "
+                       "q7_lora (722847b): a real colocated run, 10 steps, its train phase"}
+            if got is None:
+                row["variants"][v] = {"measured": False}
+                continue
+            if got.get("oom"):
+                row["variants"][v] = {"oom": True, "fits": "no single GPU here: the trainer alone ran out of the "
+                                      "H200's memory", "error": got["error"][:120]}
+                continue
+            need = round(got["peak_gb"] + server + slack, 1)
+            fits = next((label for cap, label in cards if cap * 2**30 / 1e9 >= need), "none")
+            row["variants"][v] = {"trainer_peak_gb": round(got["peak_gb"], 1), "need_gb": need, "smallest_gpu": fits,
+                                  "train_s": round(got["seconds_median"], 2), **({"from": got["from"]} if "from" in got
+                                                                                 else {})}
+        out["shapes"][key] = row
+    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    return out
+
+
 if __name__ == "__main__":
-    for f in (quickstart, trust, trl, lora, episodes):
-        print(f.__name__, json.dumps(f()))
+    parts = {f.__name__: f for f in (quickstart, trust, trl, lora, episodes, fit)}
+    for name in sys.argv[1:] or parts:
+        print(name, json.dumps(parts[name]()))
