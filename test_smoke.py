@@ -4364,6 +4364,27 @@ def test_the_profile_tool_profiles_the_steps_it_is_asked_for(tiny_model, server,
     assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2, 3, 4]
 
 
+def test_the_benchmark_tools_run_the_trainers_step_on_a_tiny_shape(tmp_path):
+    """tools/fit_bench.py (what fits my GPU) and tools/train_phase_bench.py run the trainer's own step on made-up
+    rollouts (through sequences(), as a real batch): on the CPU, a tiny Llama (2 layers, 64 wide, MLP 128, 4 heads of
+    16, 2 KV heads), each variant its steps; LoRA 16 trains r x (in + out) per adapted Linear and nothing else."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"]
+    code, out = run(torchrun + [os.path.join(HERE, "tools", "fit_bench.py"), "--shape", "tiny", "--models",
+                                str(tmp_path), "--steps", "2", "--variants", "full,lora_ckpt", "--out",
+                                str(tmp_path / "fit.json")], timeout=240)
+    assert code == 0, out[-3000:]
+    fit = json.load(open(tmp_path / "fit.json"))["variants"]
+    linears = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 128), (64, 128), (128, 64)]  # q k v o gate up down
+    assert fit["lora_ckpt"]["trainable"] == 2 * sum(16 * (i + o) for i, o in linears)
+    assert fit["full"]["trainable"] == fit["full"]["params"] == fit["lora_ckpt"]["params"] - fit["lora_ckpt"]["trainable"]
+    assert all(len(v["steps"]) == 2 and v["seconds_median"] > 0 for v in fit.values())
+    code, out = run(torchrun + [os.path.join(HERE, "tools", "train_phase_bench.py"), "--shape", "tiny", "--models",
+                                str(tmp_path), "--steps", "2", "--out", str(tmp_path / "phase.json")], timeout=240)
+    assert code == 0, out[-3000:]
+    phase = json.load(open(tmp_path / "phase.json"))
+    assert len(phase["steps"]) == 2 and all(s["tokens"] > 0 and s["grad_norm"] > 0 for s in phase["steps"])
+
+
 def test_the_plot_tool_draws_a_runs_metrics_and_every_metric_is_in_the_glossary(tiny_model, server, tmp_path):
     """tools/plot_metrics.py draws the learning curve of a run's metrics.jsonl (a stand-in run with most features on);
     and every metric that run logs is explained in docs/metrics.md."""
