@@ -1,8 +1,8 @@
 """What fits my GPU, the trainer's side: its peak memory and train-phase time on one GPU, no server, for a
 random-weight model of a real shape, full fine-tune and `--lora_rank 16`, each without and with
 `--grad_checkpointing`, at the quick start's batch. grpo_sglang.py's own functions (load_models, micro_batches,
-old_and_ref_logprobs, advantages, weights, train) on made-up rollouts (train_phase_bench.py's), one variant after the
-other in one process (each loads the model afresh; the peak is reset in between).
+old_and_ref_logprobs, advantages, weights, train) on made-up rollouts (train_phase_bench.py's batch and phase), one
+variant after the other in one process (each loads the model afresh; the peak is reset in between).
 
     torchrun --nproc_per_node 1 tools/fit_bench.py --shape q05 --out FILE.json [--steps 3] [-- more flags]
 
@@ -28,17 +28,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train_phase_bench as tpb  # noqa: E402  (build, made_up_batch)
+import train_phase_bench as tpb  # noqa: E402  (SHAPES, build, made_up_batch, train_phase)
 g = tpb.g
 
-SHAPES = {
-    "q05": dict(cls="Qwen2Config", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
-                rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
-    "q3": dict(cls="Qwen2Config", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-               num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
-               rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
-}
 QUICK = ["--prompts_per_step", "16", "--group_size", "8", "--max_new_tokens", "128", "--micro_batch", "32",
          "--lr", "1e-5", "--beta", "0.04"]
 VARIANTS = {"full": [], "full_ckpt": ["--grad_checkpointing"], "lora": ["--lora_rank", "16", "--lr", "1e-4"],
@@ -63,11 +55,7 @@ def measure(path, flags, steps, rt):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.time()
-        mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
-        g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
-        seqs["reward"] = torch.rand(len(seqs["length"]), device=rt.device)
-        seqs["adv"], seqs["weight"] = g.advantages(cfg, seqs["reward"]), g.weights(cfg, seqs)
-        g.train(cfg, model, opt, seqs, mbs, 1, lambda s, m: None, g.Metrics())
+        tpb.train_phase(cfg, model, ref, opt, seqs, g.Metrics())
         if cuda:
             torch.cuda.synchronize()
         res["steps"].append({"step": step, "seconds": time.time() - t0,
@@ -85,7 +73,9 @@ def main():
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     p.add_argument("--out", required=True)
     args, rest = p.parse_known_args()
-    tpb.SHAPES.update(SHAPES)
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: {', '.join(map(repr, unknown))} unknown; choose from {', '.join(VARIANTS)}")
     path = tpb.build(args.shape, os.path.join(args.models, args.shape))
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")

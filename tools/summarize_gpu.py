@@ -230,9 +230,8 @@ def fit():
     total_mib = int(re.search(r"H200, (\d+) MiB", open(os.path.join(d, "versions.txt")).read()).group(1))
     smi = max(int(x) for x in open(os.path.join(R, "lora", "q7_gpu_mem.txt")).read().split())
     slack = round((smi - 0.3 * total_mib) * gb - lora["peak_gb"], 1)  # (the q7 server ran at MEM_FRACTION 0.3)
-    # Qwen2.5's shapes: parameters in bf16 on the server; KV bytes a token = 2 (K, V) x layers x kv heads x 128 x 2
-    shapes = {"q05": ("Qwen2.5-0.5B", 24, 2, 64), "q15": ("Qwen2.5-1.5B", 28, 2, 128), "q3": ("Qwen2.5-3B", 36, 2, 128),
-              "q7": ("Qwen2.5-7B", 28, 4, 128)}
+    import torch, transformers, train_phase_bench  # (the shapes' configs)
+    names = {"q05": "Qwen2.5-0.5B", "q15": "Qwen2.5-1.5B", "q3": "Qwen2.5-3B", "q7": "Qwen2.5-7B"}
     cards = [(24, "24 GB"), (40, "40 GB"), (48, "48 GB"), (80, "80 GB"), (total_mib / 1024, "141 GB (H200)")]  # GiB
     tokens = 16 * 8 * (46 + 128)  # the batch: 128 sequences, prompts ~46 tokens, 128 new tokens
     out = {"commit": "142fb1d", "date": "2026-12-02", "gpu_total_gb": round(total_mib * gb, 1), "slack_gb": slack,
@@ -242,10 +241,16 @@ def fit():
                       "--shape $s --out $OUT/fit/$s.json; done   (one call, the image's python: torch 2.11, "
                       "transformers 5.17)",
            "shapes": {}}
-    for key, (name, layers, kv, hd) in shapes.items():
+    for key, name in names.items():
         r = json.load(open(os.path.join(d, f"{key}.json")))
-        params = next((v["params"] for v in r["variants"].values() if "params" in v and "lora" not in v["flags"]), None)
-        server = round(2 * (params or 7.616e9) / 1e9 + tokens * 2 * layers * kv * hd * 2 / 1e9, 1)
+        # the server: the parameters in bf16 (the shape's config, counted on the meta device), and a KV cache for the
+        # batch: 2 (K, V) x layers x KV heads x head size x 2 bytes a token
+        kw = dict(train_phase_bench.SHAPES[key])
+        c = getattr(transformers, kw.pop("cls"))(**kw)
+        with torch.device("meta"):
+            params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(c).parameters())
+        kv = 2 * c.num_hidden_layers * c.num_key_value_heads * c.hidden_size // c.num_attention_heads * 2
+        server = round((2 * params + tokens * kv) / 1e9, 1)
         row = {"model": name, "server_weights_kv_gb": server, "variants": {}}
         for v in ("full", "full_ckpt", "lora", "lora_ckpt"):
             got = r["variants"].get(v)

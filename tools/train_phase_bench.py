@@ -49,6 +49,12 @@ SHAPES = {
     "q15": dict(cls="Qwen2Config", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
                 max_position_embeddings=32768),
+    "q05": dict(cls="Qwen2Config", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
+    "q3": dict(cls="Qwen2Config", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+               num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+               rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
     "q7": dict(cls="Qwen2Config", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
                rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
@@ -95,6 +101,16 @@ def made_up_batch(cfg, vocab, truncated, rng, device):
     return g.sequences(batch, cfg.group_size, device)
 
 
+def train_phase(cfg, model, ref, opt, seqs, m, **mb_kw):
+    """What a step does from its table to the end of train(), rewards made up (torch.rand) -> its micro-batches."""
+    mbs = g.micro_batches(seqs, cfg.micro_batch, 0, **mb_kw)
+    g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
+    seqs["reward"] = torch.rand(len(seqs["length"]), device=seqs["mask"].device)
+    seqs["adv"], seqs["weight"] = g.advantages(cfg, seqs["reward"]), g.weights(cfg, seqs)
+    g.train(cfg, model, opt, seqs, mbs, 1, lambda s, m: None, m)
+    return mbs
+
+
 def write_peak(snapshot, base, path):
     """Replays the recorded allocations of one step (torch.cuda.memory._snapshot) to its peak, and writes what was
     live then, grouped by where it was allocated (the innermost frames in grpo_sglang.py, else in torch): the part of
@@ -134,7 +150,7 @@ def write_peak(snapshot, base, path):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="smol", choices=list(SHAPES))
+    p.add_argument("--shape", default="smol", choices=list(FLAGS))  # (q05 and q3: fit_bench.py's)
     p.add_argument("--models", default="/tmp/bench_models", help="where the random models are saved")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--truncated", type=float, default=None, help="fraction of completions at the limit")
@@ -188,11 +204,7 @@ def main():
             torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
         sync()
         t0 = time.time()
-        mbs = g.micro_batches(seqs, cfg.micro_batch, 0, **flat)
-        g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
-        seqs["reward"] = torch.rand(len(seqs["length"]), device=device)
-        seqs["adv"], seqs["weight"] = g.advantages(cfg, seqs["reward"]), g.weights(cfg, seqs)
-        g.train(cfg, model, opt, seqs, mbs, 1, lambda s, m: None, m)
+        mbs = train_phase(cfg, model, ref, opt, seqs, m, **flat)
         sync()
         dt = time.time() - t0
         if prof and step == window[-1]:
