@@ -35,7 +35,7 @@ def main():
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    train, _, _ = g.load_splits(g.Config(dataset="builtin"))  # the quick start's training rows
+    train, _, _ = g.load_splits(g.Config(dataset="builtin"), reward_fns.TASKS["arithmetic"])  # the quick start's rows
     instruction = reward_fns.TASKS["arithmetic"].instruction
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{r['question']}\n{instruction}"}],
                                "answer": r["answer"]} for r in train])
