@@ -1,5 +1,5 @@
-"""results/h200/{quickstart,trl,trust,lora,episodes,fit}/summary.json (and the curves) from the logs and metrics
-there, so that every number the README quotes is computed from files in the repository.
+"""results/h200/{quickstart,trl,trust,lora,episodes,dynamic_sampling,fit}/summary.json (and the curves) from the logs
+and metrics there, so that every number the README quotes is computed from files in the repository.
 
     python tools/summarize_gpu.py [part ...]   # from the repo root (parts: the functions below; default all);
                                                # needs matplotlib for the curves
@@ -41,7 +41,7 @@ def stopped_at(log):
 
 def quickstart():
     d = os.path.join(R, "quickstart")
-    out = {"commit": "9a85e3e", "date": "2026-12-01", "runs": {}}
+    out = {"commit": "b862d68", "date": "2026-12-02", "runs": {}}
     for seed in (0, 1, 2):
         s = steps(os.path.join(d, f"seed{seed}.metrics.jsonl"))
         out["runs"][seed] = {"steps": len(s), "reward_1_10": round(st.mean(r["reward_mean"] for r in s[:10]), 3),
@@ -88,21 +88,25 @@ def trust():
 
 
 def trl():
+    """TRL's GRPOTrainer and ours on the same work (16 x 8, 128 tokens, lr 1e-5, beta 0, micro-batches of 32), one
+    machine: ours --async and --no-async (30 steps each), then TRL (25 steps); medians and ranges of steps 4 on."""
     d = os.path.join(R, "trl")
     t = json.load(open(os.path.join(d, "trl.summary.json")))
-    trl_rows = rows(os.path.join(d, "trl.steps.jsonl"))
-    t_steps = [r["time_step"] for r in trl_rows]
-    ours = steps(os.path.join(R, "trust", "lr1e-5.metrics.jsonl"))
-    o = med([r["time_step"] for r in ours[3:]])
-    out = {"commit": "08ec1a3", "date": "2026-12-01", "trl": t["trl"],
-           "grpo_sglang": {"steps": len(ours), "step_s_median": o, "step_s": [round(r["time_step"], 3) for r in ours],
-                           "reward_1_5": round(st.mean(r["reward_mean"] for r in ours[:5]), 3)},
-           "trl_grpotrainer": {"steps": t["steps"], "step_s_median": round(t["step_s_median"], 3),
-                               "step_s": [round(x, 3) for x in t_steps],
-                               "reward_1_5": round(st.mean(r["reward_mean"] for r in trl_rows[:5]), 3),
-                               "peak_mem_gb": round(t["peak_mem_gb"], 2)},
-           "medians_of": "steps 4 to the last of each run",
-           "speedup": round(t["step_s_median"] / o, 1)}
+    runs = {"trl_grpotrainer": rows(os.path.join(d, "trl.steps.jsonl"))}
+    for mode in ("async", "no-async"):
+        runs[f"grpo_sglang_{mode}"] = steps(os.path.join(d, f"ours_{mode}.metrics.jsonl"))
+    out = {"commit": "b862d68 (trainer); tools/trl_grpo.py at 8a15aea", "date": "2026-12-02", "trl": t["trl"],
+           "medians_of": "steps 4 to the last of each run", "runs": {}}
+    for name, rs in runs.items():
+        x = [r["time_step"] for r in rs[3:]]
+        out["runs"][name] = {"steps": len(rs), "step_s_median": med(x), "step_s_range": [round(min(x), 3),
+                             round(max(x), 3)], "steps_s_total": round(sum(r["time_step"] for r in rs), 1),
+                             "reward_1_10": round(st.mean(r["reward_mean"] for r in rs[:10]), 3),
+                             "reward_16_25": round(st.mean(r["reward_mean"] for r in rs[15:25]), 3)}
+    out["runs"]["trl_grpotrainer"]["peak_mem_gb"] = round(t["peak_mem_gb"], 2)
+    trl_s = out["runs"]["trl_grpotrainer"]["step_s_median"]
+    out["speedup"] = {m: round(trl_s / out["runs"][f"grpo_sglang_{m}"]["step_s_median"], 1) for m in ("async",
+                                                                                                     "no-async")}
     json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
     return out
 
@@ -220,26 +224,91 @@ def episodes():
     return out
 
 
+def dynamic_sampling():
+    """The quick start with --dynamic_sampling 3 (DAPO) and without it, 200 steps each, one call, one server: the
+    groups with signal (rewards that differ) a step trains on, the prompts it drew, its time, held-out accuracy
+    against steps and against the steps' summed time."""
+    d, G = os.path.join(R, "dynamic_sampling"), 16  # (--prompts_per_step)
+    out = {"commit": "b862d68", "date": "2026-12-02", "runs": {}}
+    series = {}
+    for name in ("dapo_ds3", "dapo_ds0"):
+        path = os.path.join(d, f"{name}.metrics.jsonl")
+        s = steps(path)
+        signal = [r.get("groups_kept", G * (1 - r["zero_std_groups_frac"])) for r in s]
+        drawn = [r.get("groups_drawn", G) for r in s]
+        wall = [sum(r["time_step"] for r in s[:i + 1]) for i in range(len(s))]
+        ev = evals(path)
+        series[name] = (s, signal, drawn, wall, ev)
+        per50 = lambda xs: [round(st.mean(xs[i:i + 50]), 2) for i in range(0, len(xs), 50)]
+        out["runs"][name] = {
+            "steps": len(s), "eval": ev, "eval_at_steps_s": {k: round(wall[k - 1], 1) for k in ev if k},
+            "groups_with_signal_per50": per50(signal), "groups_drawn_per50": per50(drawn),
+            "step_s_median": med([r["time_step"] for r in s[3:]]), "step_s_per50": per50([r["time_step"] for r in s]),
+            "rollout_s_median": med([r["time_rollout"] for r in s[3:]]), "steps_s_total": round(wall[-1], 1),
+            "accuracy_last20_trained_groups": round(st.mean(r["accuracy"] for r in s[-20:]), 3)}
+    out["note"] = ("groups_with_signal: groups_kept with the flag, 16 x (1 - zero_std_groups_frac) without it; "
+                   "accuracy_last20_trained_groups is over the groups a step trained on, which the flag selects: "
+                   "compare the held-out accuracy (eval), not it")
+    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import plot_metrics
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for (name, (s, signal, drawn, wall, ev)), c in zip(series.items(), ("C3", "C0")):
+        label = "--dynamic_sampling 3" if name.endswith("3") else "without"
+        x = [r["step"] for r in s]
+        axes[0].plot(x, plot_metrics.moving_mean(signal, 10), color=c, lw=2, label=f"{label}: groups with signal")
+        axes[0].plot(x, plot_metrics.moving_mean(drawn, 10), color=c, lw=1, ls="--", label=f"{label}: groups drawn")
+        axes[1].plot(list(ev), list(ev.values()), "o-", color=c, label=label)
+        axes[2].plot([0] + [wall[k - 1] for k in ev if k], list(ev.values()), "o-", color=c, label=label)
+    axes[0].set(xlabel="step", ylabel="groups a step (10-step mean)", title="signal and draws per step")
+    axes[1].set(xlabel="step", ylabel="held-out accuracy (greedy)", ylim=(0, 1.02), title="against steps")
+    axes[2].set(xlabel="seconds of training steps", ylim=(0, 1.02), title="against time")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("SmolLM2-135M-Instruct, a + b, one H200: DAPO's dynamic sampling against none", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(d, "curve.png"), dpi=110)
+    return out
+
+
 def fit():
     """What fits my GPU: the trainer's peak per shape and variant (tools/fit_bench.py, one H200, no server) and, derived
     from it, the GPU memory a colocated run needs: the trainer's peak + the server's bf16 weights and a KV cache for
-    the batch + the slack the 7B LoRA run colocated at 722847b showed (GPU in use, nvidia-smi, minus its trainer's peak
-    and its server's MEM_FRACTION share: CUDA contexts, SGLang's CUDA graphs, the allocators' cache)."""
+    the batch + the overhead runs beside a real server showed, the largest of their kind (full or LoRA). A run's
+    overhead: the GPU in use (nvidia-smi, its max) - the server's share (MEM_FRACTION 0.3 of the GPU) - the trainer's
+    peak: CUDA contexts, SGLang's CUDA graphs, PyTorch's cache. Runs beside a server: the 7B LoRA run at 722847b and
+    the 1.5B's four variants at b862d68 (fit_1.5b_*, --beta 0: no reference model)."""
     d, gb = os.path.join(R, "fit"), 2**20 / 1e9  # (MiB -> GB)
-    lora = json.load(open(os.path.join(R, "lora", "summary.json")))["q7_lora"]
     total_mib = int(re.search(r"H200, (\d+) MiB", open(os.path.join(d, "versions.txt")).read()).group(1))
+    share = 0.3 * total_mib * gb
+    lora = json.load(open(os.path.join(R, "lora", "summary.json")))["q7_lora"]
     smi = max(int(x) for x in open(os.path.join(R, "lora", "q7_gpu_mem.txt")).read().split())
-    slack = round((smi - 0.3 * total_mib) * gb - lora["peak_gb"], 1)  # (the q7 server ran at MEM_FRACTION 0.3)
+    beside = {"q7_lora_ckpt": {"kind": "lora", "trainer_peak_gb": lora["peak_gb"], "gpu_in_use_gb": round(smi * gb, 1),
+                               "from": "results/h200/lora q7_lora (722847b)"}}
+    for v, name in (("full_ck0", "full"), ("full_ck1", "full_ckpt"), ("lora_ck0", "lora"), ("lora_ck1", "lora_ckpt")):
+        s = steps(os.path.join(d, f"fit_1.5b_{v}.metrics.jsonl"))
+        used = max(int(x) for x in open(os.path.join(d, f"fit_1.5b_{v}_gpu_mib.txt")).read().split())
+        beside[f"q15_{name}"] = {
+            "kind": name.split("_")[0], "trainer_peak_gb": round(max(r["peak_mem_gb"] for r in s), 1),
+            "gpu_in_use_gb": round(used * gb, 1), "step_s_median": med([r["time_step"] for r in s[1:]]),
+            "train_s_median": med([r["time_train"] for r in s[1:]]), "from": f"fit_1.5b_{v}.* (b862d68)"}
+    for r in beside.values():
+        r["overhead_gb"] = round(r["gpu_in_use_gb"] - share - r["trainer_peak_gb"], 1)
+    slack = {k: max(r["overhead_gb"] for r in beside.values() if r["kind"] == k) for k in ("full", "lora")}
     import torch, transformers, train_phase_bench  # (the shapes' configs)
     names = {"q05": "Qwen2.5-0.5B", "q15": "Qwen2.5-1.5B", "q3": "Qwen2.5-3B", "q7": "Qwen2.5-7B"}
     cards = [(24, "24 GB"), (40, "40 GB"), (48, "48 GB"), (80, "80 GB"), (total_mib / 1024, "141 GB (H200)")]  # GiB
     tokens = 16 * 8 * (46 + 128)  # the batch: 128 sequences, prompts ~46 tokens, 128 new tokens
-    out = {"commit": "142fb1d", "date": "2026-12-02", "gpu_total_gb": round(total_mib * gb, 1), "slack_gb": slack,
-           "slack_from": "results/h200/lora q7_lora (722847b): max GPU in use %.1f GB - server share 0.3 x %.1f GB - "
-                         "trainer peak %.1f GB" % (smi * gb, total_mib * gb, lora["peak_gb"]),
+    out = {"commit": "142fb1d (trainer alone); b862d68 (the 1.5B beside its server)", "date": "2026-12-02",
+           "gpu_total_gb": round(total_mib * gb, 1),
+           "server_share_gb": round(share, 1), "overhead_gb": slack, "beside_a_server": beside,
+           "server_alone_gb": round(int(open(os.path.join(d, "fit_1.5b_server_mib.txt")).read()) * gb, 1),
            "command": "for s in q05 q15 q3 q7; do timeout 150 torchrun --nproc_per_node 1 tools/fit_bench.py "
                       "--shape $s --out $OUT/fit/$s.json; done   (one call, the image's python: torch 2.11, "
-                      "transformers 5.17)",
+                      "transformers 5.17); beside a server: FIT_SHAPES=1.5b bash tools/run_gpu.sh fit (at b862d68)",
            "shapes": {}}
     for key, name in names.items():
         r = json.load(open(os.path.join(d, f"{key}.json")))
@@ -264,7 +333,7 @@ def fit():
                 row["variants"][v] = {"oom": True, "fits": "no single GPU here: the trainer alone ran out of the "
                                       "H200's memory", "error": got["error"][:120]}
                 continue
-            need = round(got["peak_gb"] + server + slack, 1)
+            need = round(got["peak_gb"] + server + slack[v.split("_")[0]], 1)
             fits = next((label for cap, label in cards if cap * 2**30 / 1e9 >= need), "none")
             row["variants"][v] = {"trainer_peak_gb": round(got["peak_gb"], 1), "need_gb": need, "smallest_gpu": fits,
                                   "train_s": round(got["seconds_median"], 2), **({"from": got["from"]} if "from" in got
@@ -275,6 +344,6 @@ def fit():
 
 
 if __name__ == "__main__":
-    parts = {f.__name__: f for f in (quickstart, trust, trl, lora, episodes, fit)}
+    parts = {f.__name__: f for f in (quickstart, trust, trl, lora, episodes, dynamic_sampling, fit)}
     for name in sys.argv[1:] or parts:
         print(name, json.dumps(parts[name]()))
