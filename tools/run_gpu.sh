@@ -3,7 +3,8 @@
 # README's one-GPU quick start as written, with $M the model folder (SmolLM2-135M-Instruct; a user's $M is the hub's
 # name, HuggingFaceTB/SmolLM2-135M-Instruct). Phases (default: all, in this order):
 #   quickstart  the README's two commands: serve.sh, then 100 steps; its metrics.jsonl, log and wall time
-#   trl         TRL's GRPOTrainer on the same work (tools/trl_grpo.py), beside the quickstart's numbers
+#   trl         ours with --async and --no-async (30 steps each), then TRL's GRPOTrainer (TRL_STEPS) on the same work
+#               (tools/trl_grpo.py: --beta 0, micro-batches of 32), on the same machine
 #   trust       the sync check: a correct run at lr 1e-6, and pushes dropped on purpose after step 10
 #               (tools/negative_control.py): weights dropped with the tag kept; half the tensors dropped
 #   cost        the weight check's cost per push at the 135M, 1.5B and 7B shapes (tools/check_cost.py)
@@ -19,8 +20,9 @@
 #   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
 #   fit         what fits my GPU: for each Qwen2.5 shape in $FIT_SHAPES (random weights, tools/make_models.py;
 #               default "0.5b 1.5b 3b 7b"), its server at MEM_FRACTION 0.3, then FIT_STEPS (4) steps of the quick
-#               start's batch (16 x 8, 128 tokens, --micro_batch 32) full and --lora_rank 16, each without and with
-#               --grad_checkpointing: the trainer's peak (metrics' peak_mem_gb), the GPU's use (nvidia-smi every 0.5 s)
+#               start's batch (16 x 8, 128 tokens, --micro_batch 32, --beta 0.04 as fit_bench.py) full and
+#               --lora_rank 16, each without and with --grad_checkpointing: the trainer's peak (metrics' peak_mem_gb),
+#               the GPU's use (nvidia-smi every 0.5 s). (Until 8a15aea it ran at --beta 0: results/h200/fit/fit_1.5b_*)
 #
 #   M=/path/to/model RES=/tmp/res bash tools/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
 # (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
@@ -70,6 +72,11 @@ for phase in $phases; do
     run quickstart runs/grpo 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" ;;
   trl)
     server  # (idle while TRL trains: it holds its 30% of the memory, as in the quickstart)
+    for mode in async no-async; do  # TRL's settings: beta 0, micro-batches of 32
+      run "ours_$mode" "/tmp/runs/ours_$mode" 300 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
+          --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --lr 1e-5 --beta 0 --steps 30 \
+          --eval_every 0 --save_every 0 "--$mode" --out_dir "/tmp/runs/ours_$mode"
+    done
     [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "${SITE:-/tmp/site}" .whl/*.whl
     log "trl: tools/trl_grpo.py"; t0=$SECONDS
     timeout 900 python3 tools/trl_grpo.py --model "$M" --steps "${TRL_STEPS:-40}" --out /tmp/runs/trl \
@@ -156,7 +163,7 @@ for phase in $phases; do
         [ $mode = lora ] && flags+=("${LORA[@]}"); [ $ck = 1 ] && flags+=(--grad_checkpointing)
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$RES/${name}_gpu_mib.txt" & smi=$!
         run "$name" "/tmp/runs/$name" 300 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$FM" \
-            --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --lr 1e-5 \
+            --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --lr 1e-5 --beta 0.04 \
             --steps "${FIT_STEPS:-4}" --eval_every 0 --save_every 0 "${flags[@]}" --out_dir "/tmp/runs/$name"
         kill $smi
       done; done
