@@ -16,7 +16,7 @@ header `# N. title` below):
 10. faults: a server, a step or a process that fails stops with one clear message (or recovers)
 11. resume, checkpoints and the out_dir: a resumed run is the run it resumes, nothing is overwritten
 12. the GRPO variants of TRL, verl and slime, each a flag: hand values against the formula written here
-13. docs and tools: the README's recipes and size claims, the docs' flags, the profile and plot tools, this index
+13. docs and tools: the README's recipes and size claims, the docs' flags, the tools, the GPU summaries, this index
 14. serve.sh: its settings, layouts and ports, and its start and stop
 15. LoRA: adapters that start at 0, their gradients, the merged push, the base as reference, checkpoints and resume
 16. episodes: multi-turn rollouts, the environment's tokens (mask 0), the check, ranks, resume; dynamic sampling
@@ -4213,7 +4213,7 @@ def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_mod
 
 
 # ---------------------------------------------------------------------------------------------
-# 13. docs and tools: the README's recipes and size claims, the docs' flags, the profile and plot tools, this index
+# 13. docs and tools: the README's recipes and size claims, the docs' flags, the tools, the GPU summaries, this index
 
 def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     """Every recipe of the README's Hacking guide, applied to a copy as written and run: the reward that sees the
@@ -4383,6 +4383,24 @@ def test_the_benchmark_tools_run_the_trainers_step_on_a_tiny_shape(tmp_path):
     assert code == 0, out[-3000:]
     phase = json.load(open(tmp_path / "phase.json"))
     assert len(phase["steps"]) == 2 and all(s["tokens"] > 0 and s["grad_norm"] > 0 for s in phase["steps"])
+
+
+def test_the_gpu_summaries_are_computed_from_the_runs_files(tmp_path, monkeypatch):
+    """Every results/h200/*/summary.json (where the README's GPU numbers come from) is what tools/summarize_gpu.py
+    computes from the runs' logs and metrics beside it: a summary edited by hand, or left behind when its runs were
+    replaced, fails here. (On a copy of results/: the tool writes its summaries and curves where it reads.)"""
+    shutil.copytree(os.path.join(HERE, "results"), tmp_path / "results")
+    monkeypatch.syspath_prepend(os.path.join(HERE, "tools"))
+    import summarize_gpu
+    monkeypatch.setattr(summarize_gpu, "R", str(tmp_path / "results" / "h200"))
+    parts = ("quickstart", "trust", "trl", "lora", "episodes", "dynamic_sampling", "fit")
+    for part in parts:
+        getattr(summarize_gpu, part)()
+        recomputed = json.load(open(tmp_path / "results" / "h200" / part / "summary.json"))
+        assert recomputed == json.load(open(os.path.join(HERE, "results", "h200", part, "summary.json"))), part
+    on_disk = {os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(HERE, "results", "h200", "*",
+                                                                                    "summary.json"))}
+    assert on_disk == set(parts), on_disk  # a new folder's summary needs its part in summarize_gpu.py
 
 
 def test_the_plot_tool_draws_a_runs_metrics_and_every_metric_is_in_the_glossary(tiny_model, server, tmp_path):
