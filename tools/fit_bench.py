@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train_phase_bench as tpb  # noqa: E402  (SHAPES, build, made_up_batch, train_phase)
+import train_phase_bench as tpb  # noqa: E402  (build, made_up_batch, train_phase)
 g = tpb.g
 
 QUICK = ["--prompts_per_step", "16", "--group_size", "8", "--max_new_tokens", "128", "--micro_batch", "32",

@@ -314,8 +314,7 @@ def fit():
         r = json.load(open(os.path.join(d, f"{key}.json")))
         # the server: the parameters in bf16 (the shape's config, counted on the meta device), and a KV cache for the
         # batch: 2 (K, V) x layers x KV heads x head size x 2 bytes a token
-        kw = dict(train_phase_bench.SHAPES[key])
-        c = getattr(transformers, kw.pop("cls"))(**kw)
+        c = train_phase_bench.config(key)
         with torch.device("meta"):
             params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(c).parameters())
         kv = 2 * c.num_hidden_layers * c.num_key_value_heads * c.hidden_size // c.num_attention_heads * 2

@@ -42,22 +42,12 @@ if os.environ.get("GRPO_SCRIPT"):  # another grpo_sglang.py (an older commit's),
 import grpo_sglang as g  # noqa: E402
 
 PEAK = 989.4e12  # as summarize_speed.py: H200 dense bf16
+QWEN = {"q05": "qwen2.5-0.5b-random", "q15": "qwen2.5-1.5b-random", "q3": "qwen2.5-3b-random",
+        "q7": "qwen2.5-7b-random"}  # Qwen2.5's shapes: make_models.py's configs
 SHAPES = {
     "smol": dict(cls="LlamaConfig", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                  num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, rope_theta=1e5, rms_norm_eps=1e-5,
                  max_position_embeddings=8192),
-    "q15": dict(cls="Qwen2Config", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
-                max_position_embeddings=32768),
-    "q05": dict(cls="Qwen2Config", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
-                rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
-    "q3": dict(cls="Qwen2Config", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-               num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
-               rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
-    "q7": dict(cls="Qwen2Config", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-               num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
-               rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768),
     "tiny": dict(cls="LlamaConfig", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),  # a CPU check of the tool
 }
@@ -71,12 +61,22 @@ FLAGS = {"smol": ["--prompts_per_step", "16", "--group_size", "8", "--max_new_to
                 "--lr", "1e-6", "--grad_checkpointing"]}
 
 
+def config(shape):
+    """The transformers config of `shape` (one of QWEN or SHAPES)."""
+    import transformers
+    if shape in QWEN:
+        import make_models
+        return make_models.configs(vocab=512)[QWEN[shape]]  # (vocab: the tiny models' only)
+    kw = dict(SHAPES[shape])
+    return getattr(transformers, kw.pop("cls"))(**kw)
+
+
 def build(shape, d):
     """A random-weight model of `shape` saved in bf16 at d (once)."""
     import transformers
     if not os.path.exists(os.path.join(d, "config.json")):
-        kw = dict(SHAPES[shape])
-        cfg = getattr(transformers, kw.pop("cls"))(**kw, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+        cfg = config(shape)
+        cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 1, 2, 2
         torch.manual_seed(0)
         with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
             model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
