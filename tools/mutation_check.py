@@ -7,7 +7,7 @@ promise a user relies on (a flag, an error, the sync check) that a one-line slip
     python3 tools/mutation_check.py --shard I/N [...]             # every N-th entry from the I-th (0-based): run
                                                                   # N of them side by side, one per core
 """
-import os, shutil, subprocess, sys, tempfile
+import argparse, os, shutil, subprocess, sys, tempfile
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 M = [  # (name, file, old, new, -k expression)
  ('packed completions read from the first row', 'grpo_sglang.py', '"src": t([r * L + k for r, k in src])', '"src": t([k for r, k in src])', 'packed_batch'),
@@ -501,12 +501,13 @@ M = [  # (name, file, old, new, -k expression)
  ('calculator: pairs drawn twice', 'reward_fns.py', 'random.Random(seed).sample(range(900 * 90), n)',
   '[random.Random(seed).randrange(900 * 90) for _ in range(n)]', 'built_in_tasks_load'),
 ]
-args = sys.argv[1:]
-full = "--full" in args
-shard = args[args.index("--shard") + 1] if "--shard" in args else "0/1"
-i_, n_ = map(int, shard.split("/"))
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("only", nargs="*", help="run only the entries whose name holds one of these")
+ap.add_argument("--full", action="store_true", help="the whole suite per mutation, not just its -k expression")
+ap.add_argument("--shard", default="0/1", type=lambda v: tuple(map(int, v.split("/"))), help="I/N: every N-th from I")
+a = ap.parse_args()
+full, only, (i_, n_) = a.full, a.only, a.shard
 M = M[i_::n_]
-only = [a for k, a in enumerate(args) if a not in ("--full", "--shard") and (k == 0 or args[k - 1] != "--shard")]
 for name, f, old, new, k in M:
     if only and not any(o in name for o in only):
         continue
