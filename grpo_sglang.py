@@ -1877,7 +1877,11 @@ def connect_nccl(cfg, device, servers):
                                   {**group, "master_address": addr, "master_port": port, "rank_offset": 1}, retries=0),
                       POOL.submit(init_custom_process_group, **group, init_method=f"tcp://{addr}:{port}", rank=0,
                                   timeout=timedelta(seconds=cfg.request_timeout))))
-    for srv, (joined, group) in zip(servers, joins):
+    for srv, (joined, group) in zip(servers, joins):  # our end hosts the rendezvous: if its port is taken, say so now
+        concurrent.futures.wait([joined, group], cfg.request_timeout, concurrent.futures.FIRST_EXCEPTION)
+        if group.done() and "EADDRINUSE" in str(group.exception()):  # (the server would wait on another's socket)
+            raise UserError(f"the NCCL group's port {srv['where']} is in use on this host: pick another --nccl_port "
+                            f"(server k uses --nccl_port + k), or 0 for free ones")
         r = waited(joined, hint=f"The server at {srv['url']} did not join the NCCL group at {srv['where']}: it must "
                                 f"reach this address and port (--nccl_master_addr, --nccl_port, firewall; "
                                 f"NCCL_SOCKET_IFNAME picks the interface).")

@@ -151,10 +151,19 @@ def tiny_model(tmp_path_factory):
     return build_tiny(str(tmp_path_factory.mktemp("tiny")))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(n=1):
+    """A port P with P .. P + n - 1 free now (--nccl_port P: server k's group meets on P + k)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        with contextlib.ExitStack() as held:
+            try:
+                for k in range(1, n):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", p + k))
+                return p
+            except OSError:  # P + k is taken: another P
+                continue
 
 
 def dist_init():
@@ -2755,7 +2764,7 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
     and re-score comes from its version on each server, and after the run every rank holds the trainer's weights."""
     a, b = StandIn(tiny_model), StandIn(tiny_model, tp=2)
     try:
-        port = ["--nccl_port", str(free_port()), "--request_timeout", "60"] if sync == "nccl" else []
+        port = ["--nccl_port", str(free_port(2)), "--request_timeout", "60"] if sync == "nccl" else []
         code, out = run(train_cmd(tiny_model, f"{a.url},{b.url}", tmp_path, "--steps", "3", "--prompts_per_step", "4",
                                   "--async", "--sync", sync, "--server_gpu", "0,1+2", *port, nproc=2), timeout=240)
         assert code == 0, out
@@ -3342,6 +3351,20 @@ def test_nccl_path_failures_end_with_a_clear_error_in_time(tiny_model, tmp_path,
     code, out, took, s = run_against(tiny_model, tmp_path, {fault: True}, "--sync", "nccl", "--request_timeout", "5")
     assert code == 1 and says in out and "Traceback" not in out and out.count("error:") == 1, out
     assert took < 30 and not s.pushes  # within the timeout of 5 s of the fault (not gloo's minutes), nothing trained on
+
+
+def test_an_nccl_port_in_use_on_the_trainers_host_is_said_at_once(tiny_model, tmp_path):
+    """--nccl_port P, with P taken on the trainer's host (any listener): the trainer cannot host the group's
+    rendezvous, and says so at once, not after --request_timeout with the server's join blamed."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, took, s = run_against(tiny_model, tmp_path, {}, "--sync", "nccl", "--nccl_port", str(port),
+                                         "--request_timeout", "60")
+    assert code == 1 and f"the NCCL group's port 127.0.0.1:{port} is in use on this host" in out, out
+    assert "Traceback" not in out and out.count("error:") == 1 and not s.pushes
+    assert took < 55  # from the run's start: sooner than the 60 s the server's join would have taken
 
 
 def test_nonfinite_gradients_skip_the_step_then_stop(tiny_model, tmp_path):

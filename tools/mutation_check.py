@@ -500,6 +500,8 @@ M = [  # (name, file, old, new, -k expression)
   'an_episode_appends'),
  ('calculator: pairs drawn twice', 'reward_fns.py', 'random.Random(seed).sample(range(900 * 90), n)',
   '[random.Random(seed).randrange(900 * 90) for _ in range(n)]', 'built_in_tasks_load'),
+ ('nccl: a port in use here blamed on the server', 'grpo_sglang.py',
+  'if group.done() and "EADDRINUSE" in str(group.exception()):', 'if False:', 'nccl_port_in_use'),
 ]
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("only", nargs="*", help="run only the entries whose name holds one of these")
