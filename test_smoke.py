@@ -210,7 +210,7 @@ class StandIn:
     def __init__(self, model_dir, served_path=None, reject_updates=False, api_key="", fail_generate_after=None,
                  nan_logprobs=False, stall_generate_after=None, die_at_init=False, die_in_broadcast=False,
                  slow_generate=0.0, tp=1, miss_pushes=(), drop_weights=(), garble_rescores=None, drop_half=(),
-                 fuse=False, checker=True, hold_generate_after=None):
+                 fuse=False, checker=True, hold_generate_after=None, lp_shift=0.0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
@@ -232,6 +232,7 @@ class StandIn:
         self.garble = garble_rescores  # every re-scored sequence gets one logprob too few ("short"), the last one
         # None ("none"), for another token ("other_token") or its id reported as 0 ("id_0")
         self.digest, self.inits = self.weights_digest(), []
+        self.shift = lp_shift  # added to every log-prob it reports (sampled and re-scored): a known sync-check gap
         self.context = self.model.config.max_position_embeddings
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
@@ -267,7 +268,7 @@ class StandIn:
             lp = torch.log_softmax(logits / (t if t > 0 else 1.0), -1)
             nxt = int(lp.argmax()) if t == 0 else int(torch.multinomial(lp.exp(), 1, generator=gen))
             out.append(nxt)
-            lps.append([float("nan") if nan else float(lp[nxt]), nxt, None])
+            lps.append([float("nan") if nan else float(lp[nxt]) + self.shift, nxt, None])
             if nxt == self.eos:  # like SGLang: the EOS token is part of output_ids
                 fin = {"type": "stop", "matched": nxt}
                 break
@@ -277,7 +278,7 @@ class StandIn:
     def prefill(self, ids, start):
         """Like SGLang: the raw logprobs (temperature 1) of ids[start:], the first one None (its context is not
         scored), and no new token."""
-        lps, top = [None] + self.logprobs(ids)[start:].tolist(), self.model.config.vocab_size - 1  # ids >= top: 0, as SGLang
+        lps, top = [None] + (self.logprobs(ids)[start:] + self.shift).tolist(), self.model.config.vocab_size - 1  # ids >= top: 0
         return {"text": "", "output_ids": [], "meta_info": {"input_token_logprobs": [[lp, t if t < top else 0, None]
                                                                                      for lp, t in zip(lps, ids[start:])],
                                                              "output_token_logprobs": [], "weight_version": self.version,
@@ -5294,6 +5295,181 @@ def test_the_rescored_check_compares_only_the_tokens_the_model_sampled():
     d, count, top, stale, stale_top = g.rescored_stats(trainer, now, then, [1, 1, 0, 0, 1])
     assert (count, d, top) == (3, pytest.approx(0.03), pytest.approx(0.02))
     assert (stale, stale_top) == (pytest.approx(0.03), pytest.approx(0.02))
+
+
+def test_every_metric_of_the_step_counts_the_sampled_tokens_of_an_episode_only(tiny_model):
+    """train() on episodes (reply, the environment's message, reply) whose log-probs are set by hand (the forwards'
+    values replaced, their gradients kept): on the model's tokens the no-grad forward says -1.1 (the server -1.0), the
+    training forward -0.6 (ratio e^0.5: clipped where A > 0), the reference -0.8, the entropy 1; on the environment's
+    tokens -7, -7, 0 and an entropy of 50. Each metric is its value on the sampled tokens alone, computed here from
+    the formulas (the weighted ones without the weight-0 sequence): a metric that counted the environment's tokens,
+    or the packed batch's, would be off by far."""
+    import torch.distributed as dist
+    dist_init()
+    try:
+        model, ref = sharded(tiny_model), sharded(tiny_model, frozen=True)
+        env = [2, 4, 12, 13, 9, 3, 2, 5]  # <|im_start|> user the number ? <|im_end|> <|im_start|> assistant
+        replies = [([11 + k, 3], [16 + k % 3] * (1 + k % 2) + [3]) for k in range(4)]  # 2 tokens, then 2 or 3
+        eps = [{"prompt": [2, 4, 6, 7, 3, 2, 5], "completion": a + env + b, "mask": [1] * len(a) + [0] * 8 + [1] * len(b),
+                "server_lp": [-1.0] * len(a) + [0.0] * 8 + [-1.0] * len(b), "answer": "1", "turns": 2, "finish": "stop",
+                "messages": [{"role": "assistant", "content": str(k)}]} for k, (a, b) in enumerate(replies)]
+        batch = {"rows": [{"ids": eps[0]["prompt"], "answer": "1"}], "version": 0, "srv": [0] * 4, "episodes": eps,
+                 "sampling": {"temperature": 1.0}, "span": (0.0, 0.0)}
+        cfg = g.Config(group_size=4, micro_batch=4, mu=2, beta=0.1, max_grad_norm=0)
+        seqs = g.sequences(batch, 4, "cpu")
+        mask = seqs["mask"]
+        env_tok = (torch.arange(mask.shape[1]) < seqs["length"].unsqueeze(1)) & (mask == 0)
+        hand = lambda sampled, other: sampled * mask + other * env_tok  # (N, C); 0 on padding
+        old, now, ref_lp, ent = hand(-1.1, -7.0), hand(-0.6, -7.0), hand(-0.8, 0.0), hand(1.0, 50.0)
+        real, lp0 = g.completion_logprobs, {}
+
+        def by_hand(net, b, temperature):
+            lp, e = real(net, b, temperature)
+            want = (ref_lp if net is ref else now if torch.is_grad_enabled() else old)[b["rows"], : b["C"]]
+            return lp + (want - lp.detach()), e + (ent[b["rows"], : b["C"]] - e.detach())
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(g, "completion_logprobs", by_hand)
+            mbs = g.micro_batches(seqs, cfg.micro_batch, 0)
+            g.old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
+            m = g.Metrics()
+            g.score(seqs, task_of(lambda s, w: (float(s["text"] in "02"), {})), 4, m)  # episodes 0 and 2 rewarded
+            seqs["adv"], seqs["weight"] = g.advantages(cfg, seqs["reward"]), torch.tensor([1.0, 1.0, 1.0, 0.0])
+            g.train(cfg, model, torch.optim.SGD(model.parameters(), lr=0.0), seqs, mbs, 1,
+                    lambda s, m: lp0.update(lp0=s["lp0"].clone()), m)
+        got = m.reduce("cpu")
+    finally:
+        dist.destroy_process_group()
+    n = mask.sum(1)  # 4, 5, 4, 5 sampled tokens (8 of the environment's in each episode)
+    assert n.tolist() == [4, 5, 4, 5] and env_tok.sum() == 32
+    assert torch.allclose(lp0["lp0"] * mask, old * mask, atol=1e-6)  # the check's log-probs: the weights the server holds
+    k3 = lambda d: math.exp(d) - d - 1
+    assert got["entropy"] == pytest.approx(1.0) and got["mismatch_mean"] == pytest.approx(0.1, rel=1e-5)
+    assert got["mismatch_max"] == pytest.approx(0.1, rel=1e-5) and got["is_ratio_mean"] == pytest.approx(math.exp(-0.1))
+    assert got["mismatch_kl"] == pytest.approx(k3(-0.1), rel=1e-4) and got["is_truncated_frac"] == 0
+    assert got["kl"] == pytest.approx(k3(-0.2), rel=1e-4)  # k3(π, ref): ref - log π = -0.2 on the model's tokens
+    assert seqs["adv"][0] > 0 > seqs["adv"][1] and seqs["adv"][2] > 0
+    assert got["clip_frac"] == pytest.approx((4 + 4) / (4 + 5 + 4))  # ratio e^0.5 > 1.2 clips where A > 0
+
+
+def test_the_sync_checks_mean_counts_the_sampled_tokens_of_episodes_only(tiny_model, tmp_path):
+    """A stand-in that reports every log-prob 0.05 nats above its model's: the check's gap (on-policy: the batch; async:
+    the re-scored episodes) and the batch's mismatch are 0.05 on the model's tokens, whatever the environment's
+    tokens (here more than a third of every batch's) would have added had they been counted; async, the staleness on
+    the re-scored episodes (the sampler's log-probs then against the server's now) is small on them too."""
+    for mode in ("--no-async", "--async"):
+        s = StandIn(tiny_model, lp_shift=0.05)
+        try:
+            code, out = run(train_cmd(tiny_model, s.url, tmp_path / mode, *TALK, "--max_reply_tokens", "4", mode,
+                                      rewards=True))
+        finally:
+            s.close()
+        assert code == 0, out
+        m = [r for r in read_metrics(tmp_path / mode) if "loss" in r]
+        # the environment's share of each batch's tokens: its message is 10 tokens (episodes_in's), one per extra turn
+        env = [10 * (r["turns_mean"] - 1) for r in m]
+        assert all(e / (e + r["completion_len_mean"]) > 0.35 for e, r in zip(env, m)) and episodes_in(s) > 0, m
+        assert all(0.04 < r["check_mismatch_mean"] < 0.06 for r in m), (mode, m)
+        assert mode == "--async" or all(0.04 < r["mismatch_mean"] < 0.06 for r in m), m
+        stale = [r["staleness_mean"] for r in m if r.get("staleness_mean") is not None]  # re-scored episodes: the
+        assert mode == "--no-async" or (stale and max(stale) < 0.5), m  # sampler's 0s on the environment's tokens
+
+
+def test_an_episode_out_of_turns_is_not_truncated_and_mask_truncated_drops_only_cut_ones():
+    """finish: 'stop' (the environment said done), 'length' (the tokens ran out: cut), 'turns' (the replies ran out:
+    whole replies, not cut). Only 'length' is truncated, so only it weighs 0 under --mask_truncated."""
+    tok = type("T", (), {"decode": lambda self, ids, skip_special_tokens: "x"})()
+    batch = single_turns([{"ids": [4, 5], "answer": "1"}], [([6, 3], [-1.0] * 2, f) for f in ("stop", "length", "turns")],
+                         tok, 3)
+    seqs = g.sequences(batch, 3, "cpu")
+    assert seqs["truncated"].tolist() == [0, 1, 0] and seqs["finish"] == ["stop", "length", "turns"]
+    seqs["reward"] = torch.tensor([1.0, 0.0, 1.0])
+    assert g.weights(g.Config(group_size=3, mask_truncated=True), seqs).tolist() == [1, 0, 1]
+    assert g.weights(g.Config(group_size=3), seqs).tolist() == [1, 1, 1]
+
+
+def test_dynamic_sampling_draws_n_more_rounds_and_times_all_of_them(tiny_model, tmp_path):
+    """--dynamic_sampling 2 where every group is flat (a reward of 1 for all): each step draws its first round and 2
+    more (3 rounds of 2 prompts: 6 groups drawn, none kept), and its rollout time covers the 3 rounds (the stand-in
+    takes 0.4 s a rollout request: at least 1.2 s, not one round's 0.4 s)."""
+    s = StandIn(tiny_model, slow_generate=0.4)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--dynamic_sampling", "2", "--reward", "always_1",
+                                  "--eval_every", "0", rewards=True))
+    finally:
+        s.close()
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path) if "loss" in r]
+    assert len(m) == 2 and all(r["sampling_rounds"] == 3 and r["groups_drawn"] == 6 and r["groups_kept"] == 0 for r in m), m
+    assert all(r["time_rollout"] >= 1.2 and r["span_rollout"][1] - r["span_rollout"][0] >= 1.2 for r in m), m
+    assert len(s.rollouts) == 6  # (3 requests a step, 2 steps)
+
+
+def byte_tokenizer(d):
+    """A byte-level BPE tokenizer with no merges (any text round-trips, newlines included) and ChatML's specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(["<pad>", "<|im_start|>", "<|im_end|>"] + sorted(alphabet))}
+    tk = Tokenizer(models.BPE(vocab, []))
+    tk.pre_tokenizer, tk.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<|im_end|>",
+                                  additional_special_tokens=["<|im_start|>"])
+    tok.save_pretrained(d)
+    return tok
+
+
+def test_an_environments_message_is_a_line_of_its_own_in_plain_prompts_and_replies_reach_it_without_specials(
+        tiny_model, tmp_path):
+    """Plain prompts (a base model): the environment's message goes on a line of its own after the reply, and the
+    next reply starts on a new line: its tokens are '\\n' + message + '\\n'. The environment reads each reply as text
+    without special tokens (the reply's closing <|im_end|> is no part of what the model said)."""
+    tok = byte_tokenizer(str(tmp_path / "bytes"))
+    ids = g.env_ids(tok, "plain", "talk")("My number is higher.", tok.eos_token_id)
+    assert tok.decode(ids) == "\nMy number is higher.\n"
+    from transformers import AutoTokenizer
+    _, _, _, task = g.load_data(g.Config(model=tiny_model, dataset="builtin", task="guess"))
+    word = AutoTokenizer.from_pretrained(tiny_model).convert_tokens_to_ids
+    assert task.decode([word("number"), word("is"), word("<|im_end|>")]) == "number is"
+
+
+def test_the_calculators_call_is_calc_then_an_expression_anywhere_in_the_reply():
+    """calculator_env answers a reply that holds 'calc:' (any case, spaces or none) and an arithmetic expression
+    (numbers, + - * / x ×, brackets, decimals) with its value; anything else is the answer (None)."""
+    env = lambda reply: reward_fns.calculator_env([{"role": "assistant", "content": reply}], "0")
+    assert env("calc: 12 * 34") == env("CALC:12*34") == env("Calc: 12 x 34") == env("calc: 12×34") == "408"
+    assert env("Let me check. calc: (2 + 3) * 4 then answer") == "20" and env("calc: 7.5 / 2.5") == "3"
+    assert env("calc: -3 * 4") == "-12" and env("calc: 10 - 2 - 3") == "5"
+    assert env("calculate 12 * 34") is None and env("calc 12 * 34") is None and env("408") is None
+    assert env("calc: twelve") == "error"  # a call with no expression: the calculator says so
+
+
+# The flags a resumed run may change (docs/reference.md, Resume), written out here: the trainer's list must not grow
+# or shrink by a slip. Every other flag changes what the run trains: a resume refuses it.
+RESUMABLE_FLAGS = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
+                   "device", "micro_batch", "head_matmul", "grad_checkpointing", "max_nonfinite_steps", "server_url",
+                   "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync", "sync_bucket_mb",
+                   "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs", "keep_checkpoints"}
+
+
+def test_a_resume_refuses_every_flag_that_changes_what_the_run_trains_and_takes_the_others(tmp_path):
+    """Each flag in turn, given to a resume with another value than its run's config.json: refused (naming it) unless
+    it only says how or where the run goes (RESUMABLE_FLAGS); --seed and --dynamic_sampling are refused."""
+    (tmp_path / "config.json").write_text(json.dumps(g.saved_config(g.Config(out_dir=str(tmp_path)))))
+    other = lambda v: (not v) if type(v) is bool else v + 1 if isinstance(v, (int, float)) else v + "x"
+    checked = set()
+    for f in dataclasses.fields(g.Config):
+        if f.name in ("out_dir", "resume"):
+            continue
+        cfg = g.Config(out_dir=str(tmp_path), resume=True, **{f.name: other(f.default)})
+        cfg.given = {f.name, "out_dir", "resume"}
+        if f.name in RESUMABLE_FLAGS:
+            g.restore_config(cfg)
+            assert getattr(cfg, f.name) == other(f.default), f.name
+        else:
+            with pytest.raises(g.UserError, match=f"--{f.name.rstrip('_')} was "):
+                g.restore_config(cfg)
+        checked.add(f.name)
+    assert {"seed", "dynamic_sampling"} <= checked - RESUMABLE_FLAGS
 
 
 def test_guess_the_number_and_the_calculator_by_their_rules():
