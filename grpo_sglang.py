@@ -495,7 +495,20 @@ def score(seqs, task, group_size, m):
     m.sum("reward_warnings", sum(warn.values()))
     m.mean("truncated_frac", seqs["truncated"].sum(), N)
     m.mean("zero_std_groups_frac", flat_groups(seqs["reward"], group_size).sum(), N // group_size)
+    same, improbable = identical_groups(seqs, group_size)
+    m.mean("identical_groups_frac", same.sum(), N // group_size), m.sum("improbable_identical_groups", improbable.sum())
     return warn
+
+
+def identical_groups(seqs, group_size):
+    """-> (groups,) True where the group's completions are the same tokens, and (groups,) where the sampler's own
+    log-probs make that all but impossible: p^(G-1) < 1e-3 for the sequence's probability p (a sharp policy repeats
+    itself; a server that does not sample each copy of a prompt on its own repeats anything)."""
+    c, G = seqs["completion"], group_size
+    same = torch.tensor([all(c[i] == c[g] for i in range(g, g + G)) for g in range(0, len(c), G)], dtype=torch.bool)
+    log_p = (seqs["server_lp"] * seqs["mask"]).sum(1)[::G].cpu()  # (groups,) log p of each group's first sequence
+    sampled = seqs["sampling"]["temperature"] > 0
+    return same, same & ((G - 1) * log_p < math.log(1e-3)) & sampled
 
 
 def shape_rewards(cfg, seqs, m):
@@ -587,6 +600,8 @@ def main(cfg):
     pad = tok.pad_token_id or 0
     my_prompts = lambda step: [[train_rows[i] for i in r] for r in rank_rounds(  # [round 0's rows, round 1's ...]
         len(train_rows), step, cfg.prompts_per_step, cfg.seed, rt.rank, rt.world, 1 + cfg.dynamic_sampling)]
+    # step's batch of this rank, sampled from θ_version, then what its servers hold (the check compares it)
+    rollout_of = lambda step, version: server.weights_after(sample_groups(cfg, server, task, my_prompts(step), version))
 
     t0 = time.time()
     nbytes = server.push(model, start)  # the server starts from our weights (also after a resume)
@@ -597,8 +612,8 @@ def main(cfg):
         clock, m = Clock(), Metrics()  # m: the step's named metrics (Metrics: a sum, a mean or a maximum)
         # 1. rollout. Sync: sample now from θ_step. Async: this batch was sampled from θ_{step-1} during the last
         #    step, and the server samples the next one from θ_step while we train on this one.
-        batch = next_batch or on_all_ranks(sample_groups, cfg, server, task, my_prompts(step), step)
-        pending = (POOL.submit(sample_groups, cfg, server, task, my_prompts(step + 1), step)
+        batch = next_batch or on_all_ranks(rollout_of, step, step)
+        pending = (POOL.submit(rollout_of, step + 1, step)
                    if cfg.async_ and step + 1 < cfg.steps else None)
         check = server.check(batch, step, model, pad)  # async: the server re-scores some of it with θ_step, meanwhile
         seqs = sequences(batch, cfg.group_size, rt.device)  # the step's table: a row per sequence (an episode)
@@ -691,6 +706,10 @@ class Metrics:
         self.sum(name, total)
         self.sum(name + "#n", count)
 
+    def ess(self, name, w):
+        """w: importance weights (0 where no token) -> the effective sample size over their count, (Σw)² / (n Σw²)."""
+        self.sum(name + "#w", w.sum()), self.sum(name + "#w2", w.square().sum()), self.sum(name + "#c", (w > 0).sum())
+
     def max(self, name, x):
         self.maxes[name] = x if name not in self.maxes else torch.maximum(torch.as_tensor(self.maxes[name]),
                                                                            torch.as_tensor(x).to(self.maxes[name]))
@@ -703,14 +722,15 @@ class Metrics:
         s = all_reduce_named({k: self.sums.get(k, 0.0) for k in sums}, dist.ReduceOp.SUM, device)
         mx = all_reduce_named({k: self.maxes.get(k, -float("inf")) for k in maxes}, dist.ReduceOp.MAX, device)
         out = {k: (s[k] / s[k + "#n"] if s[k + "#n"] else None) if k + "#n" in s else s[k] for k in s if "#" not in k}
-        return {**out, **mx}
+        ess = {k[:-3]: s[k[:-3] + "#w"] ** 2 / (s[k[:-3] + "#c"] * s[k]) if s[k] else None for k in s if k.endswith("#w2")}
+        return {**out, **ess, **mx}
 
 
 def mismatch_stats(trainer_lp, server_lp, mask, cap, m, mode="token_truncate"):
     """(B, T) trainer and sampler logprobs of the sampled tokens -> m: |Δ|, k3 KL, IS ratio, share over the TIS cap."""
     d, n = (trainer_lp - server_lp) * mask, mask.sum()
     ratio = torch.exp(d) * mask
-    m.mean("mismatch_mean", d.abs().sum(), n), m.mean("is_ratio_mean", ratio.sum(), n)
+    m.mean("mismatch_mean", d.abs().sum(), n), m.mean("is_ratio_mean", ratio.sum(), n), m.ess("is_ess", ratio)
     m.mean("mismatch_kl", (kl_k3(server_lp, trainer_lp) * mask).sum(), n)
     over = (d.sum(1, keepdim=True) if mode.startswith("sequence") else d) > (math.log(cap) if cap > 0 else math.inf)
     m.mean("is_truncated_frac", (over * mask).sum(), n)
@@ -723,6 +743,7 @@ def step_metrics(cfg, step, batch, m, clock, t_run, nbytes, rt):
     rel = lambda span: [round(span[0] - t_run, 3), round(span[1] - t_run, 3)]
     rollout = batch["span"][1] - batch["span"][0]
     return {"step": step, "sampled_from_version": batch["version"], **m, "time_rollout": rollout,
+            "stale_token_frac": float(batch["version"] < step - 1),  # every token of a batch: from one version
             **{f"time_{k}": v for k, v in clock.time.items()}, "time_step": clock.t - clock.t0, "sync_bytes": nbytes,
             "rollout_tokens_per_s": m["completion_len_mean"] * cfg.group_size * cfg.prompts_per_step /
             max(rollout, 1e-9), "span_step": rel((clock.t0, clock.t)), "span_rollout": rel(batch["span"]),
@@ -745,7 +766,7 @@ class Clock:
 class MetricsLog:
     """metrics.jsonl (and wandb) on rank 0, the one log line per step, and the NaN/Inf stop rule."""
     def __init__(self, cfg, rt, start, n_train):
-        self.cfg, self.master, self.nonfinite_run = cfg, rt.master, 0
+        self.cfg, self.master, self.nonfinite_run, self.said_identical = cfg, rt.master, 0, False
         n = cfg.prompts_per_step * cfg.group_size
         print0(f"batch: {cfg.prompts_per_step} prompts x {cfg.group_size} completions = {n} sequences per step, "
                f"{n // rt.world} per rank x {rt.world} ranks; micro-batch {cfg.micro_batch}; {cfg.mu} optimizer "
@@ -797,6 +818,13 @@ class MetricsLog:
         if self.cfg.sample_every and m["step"] % self.cfg.sample_every == 0:
             said = " | ".join(m["content"] for m in seqs["messages"][0][1:])  # the episode after its prompt
             print0(f"  sample (reward {float(seqs['reward'][0]):g}): {said[:300]!r}")
+        if m.get("improbable_identical_groups") and not self.said_identical:
+            self.said_identical = True  # (once a run: the metric has every step's count)
+            print0(f"warning: at step {m['step']}, {m['improbable_identical_groups']:.0f} group(s) of "
+                   f"{self.cfg.group_size} completions are the same tokens, which the server's own log-probs say it "
+                   f"would draw less than once in 1,000 tries: it does not sample each copy of a prompt on its own "
+                   f"(SGLang's --enable-deterministic-inference does this). Their advantages are 0: they teach "
+                   f"nothing. Restart the server without it (bash serve.sh restart; look at EXTRA_ARGS)")
         if m.get("empty_batch_skips"):
             print0(f"warning: every sequence of step {m['step']} had weight 0: its update was skipped")
         self.write(m)
@@ -1319,6 +1347,7 @@ class Server:
         dist.broadcast_object_list(info, src=0)  # its answers, on every rank
         info = on_all_ranks(check_servers_once, cfg, rt, info[0])
         self.context = min((s["context"] for s in info if s["context"]), default=None)  # tokens: prompt + completion
+        self.checker = [bool(s["names"]) for s in info]  # hashes the weights it holds: /weights_checker
         servers = [{"url": u, **s, "device": torch.device("cuda", i) if rt.device.type == "cuda" and i is not None
                     else rt.device} for u, s, i in zip(self.urls, info, rt.server_idx)]  # where rank 0 stages weights
         self.link = None  # rank 0's way to the servers' weights
@@ -1357,6 +1386,17 @@ class Server:
             outs.append((o["output_ids"], lps, (o["meta_info"].get("finish_reason") or {}).get("type", "?")))
         return outs
 
+    def weights_after(self, batch):
+        """The rollout's last reply is in: each server it used hashes the weights it holds now (/weights_checker),
+        which the check compares with the push it sampled from (weights_verdict): a change of a server's weights
+        anywhere between the push and the end of the rollout (between turns, between rounds) shows. -> batch"""
+        t0 = time.time()
+        asked = {k: POOL.submit(call, self.cfg, self.urls[k], "/weights_checker", {"action": "checksum"})
+                 for k in sorted(set(batch["srv"])) if self.checker[k]}
+        batch["held"] = {k: waited(f, self.cfg.request_timeout, "/weights_checker") for k, f in asked.items()}
+        batch["held_s"] = time.time() - t0
+        return batch
+
     def check(self, batch, version, model, pad_id):
         """-> check(seqs, m), which train() calls before its first update: trainer vs server logprobs under θ_version
         on the batch's own tokens if sampled from it, else (--async) on a few rows their server re-scores now."""
@@ -1364,10 +1404,11 @@ class Server:
         if batch["version"] == version:
             def check_batch(seqs, m):
                 d = (seqs["lp0"] - seqs["server_lp"]).abs() * seqs["mask"]
-                self.verdict(version, torch.stack([d.sum(1), seqs["mask"].sum(1), d.max(1).values], 1).tolist(), srv, m)
+                self.verdict(batch, version, torch.stack([d.sum(1), seqs["mask"].sum(1), d.max(1).values], 1).tolist(),
+                             srv, m)
             return check_batch
         if not cfg.check_seqs:  # --check_seqs 0: batches one step old go unchecked (the version check stays)
-            return lambda seqs, m: self.verdict(version, [], [], m) or m.mean("check_mismatch_mean", 0.0, 0)
+            return lambda seqs, m: self.verdict(batch, version, [], [], m) or m.mean("check_mismatch_mean", 0.0, 0)
         rows = check_rows(srv, -(-cfg.check_seqs // self.rt.world))  # rounded up: never 0 rows on a rank
         pairs = [(eps[i]["prompt"], eps[i]["completion"]) for i in rows]  # whole episodes: the server's own tokens too
         asked = {k: POOL.submit(rescore, cfg, url, [q for q, i in zip(pairs, rows) if srv[i] == k], str(version))
@@ -1383,13 +1424,16 @@ class Server:
             what = "re-scoring a batch for the sync check"
             now = on_all_ranks(lambda: {k: iter(waited(f, cfg.request_timeout, what)) for k, f in asked.items()})
             then = lambda i: eps[i]["server_lp"] if T == 1 else None  # its log-probs at T: not staleness at 1
-            self.verdict(version, [rescored_stats(t, next(now[srv[i]]), then(i), eps[i]["mask"])
+            self.verdict(batch, version, [rescored_stats(t, next(now[srv[i]]), then(i), eps[i]["mask"])
                                    for t, i in zip(lps, rows)], [srv[i] for i in rows], m)
         return check_rescored
 
-    def verdict(self, version, stats, srv, m):
+    def verdict(self, batch, version, stats, srv, m):
         """stats (|Δ| sum, tokens, |Δ| max[, stale sum, max]) per sequence of srv[i]: stop unless both checks pass."""
-        on_all_ranks(self.weights_verdict, m)
+        held = [None] * dist.get_world_size()  # every rank's answers of its servers after its rollout, to rank 0
+        dist.all_gather_object(held, batch.get("held", {}))
+        on_all_ranks(self.weights_verdict, m, held, batch["version"], f"at step {version + 1}")
+        m.max("time_weights_after", batch.get("held_s", 0.0))
         per = torch.zeros(len(self.urls), 2, dtype=torch.float64)
         for st, k in zip(stats, srv):
             per[k] += torch.tensor(st[:2], dtype=torch.float64)
@@ -1412,37 +1456,51 @@ class Server:
         """θ_version (the weights after `version` steps) to every server, tagged `version`. -> bytes sent (rank 0)."""
         return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
 
-    def weights_verdict(self, m):
-        """Rank 0: each server's hashes of what it holds vs ours of the last push (tensors the first push bore out)."""
+    def weights_verdict(self, m, held, version, when):
+        """Rank 0: each server's hashes after a rollout (held: every rank's {server: /weights_checker answer}) vs ours
+        of the push of `version` it sampled from, on the tensors the first comparison bore out."""
         t0, link = time.time(), self.link
-        for srv in link["servers"] if link else []:
-            sums = srv.pop("sums", None)
-            got = checked_sums(srv["url"], sums.result(), link["version"]) if sums else {}
-            differ = [k for k, r in srv["recipes"].items() if sums and got.get(k) != link["hashes"].get(r)]
-            if "checked" not in srv:  # the first push: which tensors are compared from now on
-                resumed = bool(self.rt.ckpt and sums)
-                known = comparable(self.cfg.out_dir, srv) if resumed else None  # the run's start found these
-                keep = known if known is not None else set(srv["recipes"]) - set(differ)
-                srv["recipes"], srv["checked"] = {k: r for k, r in srv["recipes"].items() if k in keep}, True
-                differ = [k for k in differ if known is not None and k in keep]  # a resume's first push dropped: stop
-                print0(f"weight check: {len(srv['recipes'])} of {len(srv['names'])} tensors of the server at "
-                       f"{srv['url']} compared after every push" + ("" if srv["recipes"] else
-                       f" (/weights_checker: {srv['checker']}): only the log-prob check remains") + (
-                       "" if not resumed else " (those the run's first push found it holds as sent)" if known is not
-                       None else f" (those this resume's first push bore out: {WEIGHT_CHECK} there has no record of "
-                       f"this server's layout)"))
-                sums and not self.rt.ckpt and remember_comparable(self.cfg.out_dir, srv)
-            if differ:
-                raise UserError(f"weight sync check failed: the server at {srv['url']} holds other weights than the "
-                                f"trainer sent in the push of version {link['version']}: {len(differ)} of "
-                                f"{len(srv['recipes'])} tensors differ ({', '.join(n for _, n in differ[:3])}"
-                                f"{', ...' * (len(differ) > 3)}): it did not load them (serve.log may say why).")
-            m.sum("weights_checked", len(srv["recipes"]) if sums else 0)
+        for k, srv in enumerate(link["servers"] if link else []):
+            answers = [h[k] for h in held if k in h]
+            if not srv["recipes"] and "checked" not in srv:  # no checker: said once
+                srv["checked"] = print0(f"weight check: 0 of {len(srv['names'])} tensors of the server at {srv['url']}"
+                                        f" compared (/weights_checker: {srv['checker']}): only the log-prob check "
+                                        f"remains") or True
+            for answer in answers if srv["recipes"] else []:  # (none: no checker, or no rollout on this server)
+                pushed = link["pushed"][version]
+                got = checked_sums(srv["url"], answer, version)
+                differ = [t for t, r in srv["recipes"].items() if got.get(t) != pushed.get(r)]
+                if "checked" not in srv:  # the first comparison: which tensors are compared from now on
+                    known = comparable(self.cfg.out_dir, srv) if self.rt.ckpt else None  # the run's start found these
+                    keep = known if known is not None else set(srv["recipes"]) - set(differ)
+                    srv["recipes"], srv["checked"] = {t: r for t, r in srv["recipes"].items() if t in keep}, True
+                    differ = [t for t in differ if known is not None and t in keep]  # a resume's first push dropped
+                    print0(f"weight check: {len(srv['recipes'])} of {len(srv['names'])} tensors of the server at "
+                           f"{srv['url']} compared after every rollout" + ("" if srv["recipes"] else
+                           ": none holds what was sent, only the log-prob check remains") + (
+                           "" if not self.rt.ckpt else " (those the run's first push found it holds as sent)" if known
+                           is not None else f" (those this resume's first push bore out: {WEIGHT_CHECK} there has no "
+                           f"record of this server's layout)"))
+                    self.rt.ckpt or remember_comparable(self.cfg.out_dir, srv)
+                if differ:
+                    raise UserError(f"weight sync check failed {when}: after the rollout sampled from version "
+                                    f"{version} (the weights after step {version}), the server at {srv['url']} holds "
+                                    f"other weights than the trainer pushed: {len(differ)} of {len(srv['recipes'])} "
+                                    f"tensors differ ({', '.join(n for _, n in differ[:3])}{', ...' * (len(differ) > 3)}"
+                                    f"). It did not load the push (serve.log may say why), or its weights changed "
+                                    f"during the rollout (another client updated or reloaded them). Restart it (bash "
+                                    f"serve.sh restart), keep other clients off it, then --resume.")
+            m.sum("weights_checked", len(srv["recipes"]) if answers else 0)
         if link:
             m.sum("time_weight_check", link["hash_s"] + time.time() - t0)
 
     def close(self):
-        on_all_ranks(self.weights_verdict, Metrics())  # the last push (the final evaluation's weights)
+        def last_push(m):  # the final evaluation's weights, as the servers hold them now
+            link = self.link
+            held = {k: call(self.cfg, srv["url"], "/weights_checker", {"action": "checksum"})
+                    for k, srv in enumerate(link["servers"]) if srv["recipes"]} if link else {}
+            self.weights_verdict(m, [held], link and link["version"], "at the end of the run")
+        on_all_ranks(last_push, Metrics())
         for srv in self.link["servers"] if self.link and self.link["kind"] == "nccl" else []:
             call(self.cfg, srv["url"], "/destroy_weights_update_group", {"group_name": srv["group_name"]}, timeout=30,
                  retries=0)
@@ -1811,9 +1869,10 @@ def checked_sums(url, answer, version):
     try:
         return checksums(answer)
     except (KeyError, TypeError, AttributeError, ValueError):
-        raise UserError(f"the server at {url} answered /weights_checker, after the push of version {version}, with no "
-                        f"checksums: {str(answer)[:200]!r}. The weight check cannot go on: is something in between (a "
-                        f"proxy), or is the server failing (serve.log)? Fix it, then --resume") from None
+        raise UserError(f"the server at {url} answered /weights_checker, after a rollout sampled from version "
+                        f"{version}, with no checksums: {str(answer)[:200]!r}. The weight check cannot go on: is "
+                        f"something in between (a proxy), or is the server failing (serve.log)? Fix it, then --resume"
+                        ) from None
 
 
 def recipes(server, trainer):
@@ -1903,6 +1962,9 @@ def push_weights(cfg, model, link, version):
             call(cfg, srv["url"], "/begin_weight_update", {"selector": "all"})
     sent, in_flight, held = 0, None, {}
     link and link.update(version=int(version), hashes={}, hash_s=0.0)
+    if link:  # our hashes of each push, kept for the check after the rollouts sampled from it (this and the last)
+        link["pushed"] = {v: h for v, h in link.get("pushed", {}).items() if v >= int(version) - 1}
+        link["pushed"][int(version)] = link["hashes"]
     for bucket, last in weight_buckets(model, cfg.sync_bucket_mb * 2**20, keep=link is not None):
         if not link:
             continue
@@ -1913,10 +1975,9 @@ def push_weights(cfg, model, link, version):
         if serial:
             sent, in_flight = sent + in_flight(), None
     sent += in_flight() if in_flight else 0
-    for srv in link["servers"] if link else []:  # then its hash of every tensor it holds, meanwhile (weights_verdict)
+    for srv in link["servers"] if link else []:
         if srv["begin_end"]:
             call(cfg, srv["url"], "/end_weight_update", {})
-        srv["sums"] = srv["recipes"] and POOL.submit(call, cfg, srv["url"], "/weights_checker", {"action": "checksum"})
     return sent
 
 

@@ -45,6 +45,7 @@ its fence) and of its main plumbing -> the -k words that select the tests that c
   rollout, env_ids -> an_episode_appends or template_that_rewrites or episodes_train or ends_after_one_turn
   sample_groups, rank_rounds -> dynamic_sampling or rounds_of_prompts
   sequences, samples, score -> score_counts_correctness or a_reward_part_is_its_mean
+  identical_groups -> identical
   micro_batches -> micro_batches
   rows_of -> train_step_is_the_grpo_objective or per_token_advantages_of_the_table
   old_and_ref_logprobs -> old_policy_and_reference_logprobs or kl_metric_counts
@@ -210,7 +211,8 @@ class StandIn:
     def __init__(self, model_dir, served_path=None, reject_updates=False, api_key="", fail_generate_after=None,
                  nan_logprobs=False, stall_generate_after=None, die_at_init=False, die_in_broadcast=False,
                  slow_generate=0.0, tp=1, miss_pushes=(), drop_weights=(), garble_rescores=None, drop_half=(),
-                 fuse=False, checker=True, hold_generate_after=None, lp_shift=0.0):
+                 fuse=False, checker=True, hold_generate_after=None, lp_shift=0.0, reload_after=None,
+                 deterministic=False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
@@ -232,6 +234,11 @@ class StandIn:
         self.garble = garble_rescores  # every re-scored sequence gets one logprob too few ("short"), the last one
         # None ("none"), for another token ("other_token") or its id reported as 0 ("id_0")
         self.digest, self.inits = self.weights_digest(), []
+        self.dropped = []  # drop_half: the tensors it left out
+        # what /update_weights_from_disk reloads (the model it serves), and after which training rollout request it
+        # reloads them itself, tag kept (another client's reload between two turns or two rounds of a step)
+        self.base, self.reload_after = copy.deepcopy(self.model.state_dict()), reload_after
+        self.deterministic = deterministic  # every copy of a prompt sampled with the same seed
         self.shift = lp_shift  # added to every log-prob it reports (sampled and re-scored): a known sync-check gap
         self.context = self.model.config.max_position_embeddings
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -289,7 +296,9 @@ class StandIn:
         if version in self.miss | self.drop:  # acknowledged, not applied; a server that drops weights keeps the tag
             self.version = version if version in self.drop and rank == 0 else self.version
             return
-        named = named[::2] if version in self.half else named
+        if version in self.half:  # every other tensor of the bucket loaded, the rest dropped (their names kept)
+            self.dropped += [n for n, _ in named[1::2]] if rank == 0 else []
+            named = named[::2]
         self.ranks[rank].update({n: t.to(torch.bfloat16).clone() for n, t in named})
         if rank:
             return
@@ -301,6 +310,13 @@ class StandIn:
         if req.get("weight_version") is not None:
             self.version = req["weight_version"]
         self.pushes.append({n: t.clone() for n, t in named})
+
+    def reload(self, req):
+        """/update_weights_from_disk of the model it serves: its weights as loaded at start; the tag only if given."""
+        self.model.load_state_dict(self.base)
+        self.ranks = [{n: p.detach().to(torch.bfloat16) for n, p in self.model.named_parameters()} for _ in range(self.tp)]
+        self.digest = self.weights_digest()
+        self.version = req.get("weight_version") or self.version
 
     def checksums(self, rank):  # tensor parallel: of each matrix the rank's shard of rows, as a TP server holds it
         return sglang_checksums({n: t.chunk(self.tp)[rank] if t.dim() > 1 else t for n, t in self.ranks[rank].items()},
@@ -438,6 +454,9 @@ class StandIn:
                         else:
                             srv.load_distributed(req)
                         return self.reply({"success": True, "message": "Succeeded to update model weights."})
+                    if self.path == "/update_weights_from_disk":
+                        srv.reload(req)
+                        return self.reply({"success": True, "message": "Succeeded to update model weights."})
                     if self.path == "/update_weight_version":
                         srv.version = req["new_version"]
                         return self.reply({"success": True, "new_version": srv.version})
@@ -482,12 +501,14 @@ class StandIn:
                 seen, seeds = collections.Counter(), []
                 for p in ids:
                     seen[tuple(p)] += 1
-                    seeds.append(hash((tuple(p), seen[tuple(p)], srv.digest)) % 2**31)
+                    seeds.append(hash((tuple(p), 0 if srv.deterministic else seen[tuple(p)], srv.digest)) % 2**31)
                 nan = srv.nan is True or (sp.get("temperature", 1.0) > 0 and len(srv.rollouts) in (srv.nan or ()))
                 out = [srv.sample(p, q, seed=s, nan=nan) for p, q, s in zip(ids, sps, seeds)]
                 if sp.get("temperature", 1.0) > 0:  # training rollouts: (prompt, completion, logprobs)
                     srv.generations += [(p, o["output_ids"], [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]])
                                         for p, o in zip(ids, out)]
+                    if len(srv.rollouts) == srv.reload_after:  # then another client reloads its weights from disk
+                        srv.reload({})
                 return out
 
         return H
@@ -512,11 +533,11 @@ def assert_every_rank_has(s, trainer):
         assert all(torch.equal(held[n], t.to(torch.bfloat16)) for n, t in trainer.items()), rank
 
 
-def held_differ(s, out_dir):
-    """(how many of the tensors a stand-in holds, by its names, differ from the trainer's last checkpoint in bf16, how
-    many it holds)"""
+def held_differ(s, out_dir, step=None):
+    """(how many of the tensors a stand-in holds, by its names, differ from the trainer's last checkpoint (or that of
+    `step`) in bf16, how many it holds)"""
     held = sglang_checksums(s.ranks[0], s.fuse)
-    trainer = sglang_checksums({n: t.to(torch.bfloat16) for n, t in ckpt_weights(out_dir).items()}, s.fuse)
+    trainer = sglang_checksums({n: t.to(torch.bfloat16) for n, t in ckpt_weights(out_dir, step).items()}, s.fuse)
     return sum(held[n] != trainer[n] for n in held), len(held)
 
 
@@ -738,9 +759,11 @@ def kill_tree(pid):
     psutil.wait_procs(procs, timeout=10)
 
 
-def ckpt_weights(out_dir):
+def ckpt_weights(out_dir, step=None):
     from transformers import AutoModelForCausalLM
-    m = AutoModelForCausalLM.from_pretrained(g.latest_checkpoint(str(out_dir)), dtype=torch.float32)
+    d = g.latest_checkpoint(str(out_dir)) if step is None else out_dir if step == "base" else os.path.join(
+        out_dir, f"step_{step}")  # ("base": a model's own folder)
+    m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     return {n: p.detach() for n, p in m.named_parameters()}
 
 
@@ -1461,6 +1484,8 @@ def test_mismatch_stats_hand_values():
     assert got["is_truncated_frac"] == 0.5  # ratio 2 > cap 1.5
     # k3 estimate of KL(server || trainer) on tokens the server sampled: d = trainer - server
     assert got["mismatch_kl"] == pytest.approx((2 - math.log(2) - 1) / 2)
+    # the importance weights' effective sample size over their count: (Σw)² / (n Σw²) = (2 + 1)² / (2 x 5)
+    assert got["is_ess"] == pytest.approx(9 / 10)
 
 
 def test_metrics_are_logged_by_what_they_are_and_ranks_may_differ_in_names():
@@ -2774,8 +2799,8 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
         assert f"servers at {a.url}, {b.url} (tensor parallel: [1, 2]); weight sync: {sync}" in out
         m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
         assert [r["sampled_from_version"] for r in m] == [0, 0, 1] and all(r["check_mismatch_mean"] < 0.01 for r in m)
-        assert f"20 of 20 tensors of the server at {a.url} compared after every push" in out  # each its own hashes
-        assert f"10 of 40 tensors of the server at {b.url} compared after every push" in out  # its norms: not sharded
+        assert f"20 of 20 tensors of the server at {a.url} compared after every rollout" in out  # each its own hashes
+        assert f"10 of 40 tensors of the server at {b.url} compared after every rollout" in out  # its norms: not sharded
         assert all(r["weights_checked"] == 30 for r in m)
         assert len(a.rollouts) == len(b.rollouts) == 2 * 3  # each rank asks each server once a step
         one = StandIn(tiny_model)  # the same run against one server: the same prompts, split by prompt index
@@ -2859,7 +2884,7 @@ def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_mod
     code, out, _, s = run_against(tiny_model, tmp_path, {"drop_weights": {"2", "3", "4", "5", "6"}, "checker": False},
                                   "--steps", "6")
     assert code == 1 and "weight sync check failed at step 3" in out and "had the right version tag" in out, out
-    assert f"weight check: 0 of 0 tensors of the server at {s.url} compared after every push (/weights_checker: " \
+    assert f"weight check: 0 of 0 tensors of the server at {s.url} compared (/weights_checker: " \
            f"HTTP 404): only the log-prob check remains" in out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert [r["step"] for r in m] == [1, 2] and all(r["mismatch_mean"] < 0.1 and r["weights_checked"] == 0 for r in m)
@@ -2879,12 +2904,12 @@ def test_a_weights_checker_answering_no_checksums_is_no_checker_at_start_and_one
     assert "Traceback" not in out, out
     if after == 0:
         assert code == 0 and len(m) == 3 and all(r["weights_checked"] == 0 for r in m), out
-        assert out.count(f"weight check: 0 of 0 tensors of the server at {s.url} compared after every push "
+        assert out.count(f"weight check: 0 of 0 tensors of the server at {s.url} compared "
                          f"(/weights_checker: HTTP 200, but no checksums: {text!r}): only the log-prob check "
                          f"remains\n") == 1, out
     else:
         assert code == 1 and out.count("error:") == 1 and len(m) == 1, out
-        assert f"error: the server at {s.url} answered /weights_checker, after the push of version 1, with no " \
+        assert f"error: the server at {s.url} answered /weights_checker, after a rollout sampled from version 1, with no " \
                f"checksums: {text!r}. The weight check cannot go on" in out, out
 
 
@@ -2906,20 +2931,25 @@ def test_recipes_name_the_trainer_tensors_that_make_each_server_tensor():
     ({"drop_weights": {"2", "3", "4", "5", "6"}}, ("--lr", "1e-7")),  # bf16 weights barely move (next test)
     ({"drop_weights": {"2", "3", "4", "5", "6"}}, ("--lr", "1e-7", "--async", "--sync", "nccl", "--check_seqs", "0")),
     ({"drop_half": {"2"}}, ("--sync", "nccl")),
-    ({"drop_half": {"2"}}, ("--async",))])
+    ({"drop_half": {"2"}}, ("--async", "--lr", "1e-3"))])  # (every weight moves; the re-scored check sees little)
 def test_weights_dropped_in_whole_or_in_part_stop_the_run_at_the_next_step(tiny_model, tmp_path, fault, flags):
     """A push whose tag the server takes but whose weights (all, or every other tensor) it does not load: its hash
     of each tensor it holds, asked after the push, differs from the trainer's of what it sent, which stops the run at
     the next step before it trains; also at a learning rate so small that the log-prob check cannot see it (the next
     test), with either sync path, sync or --async (--check_seqs 0 too)."""
     code, out, _, s = run_against(tiny_model, tmp_path, fault, "--steps", "6", *flags)
-    k, n = held_differ(s, tmp_path)  # the server's tensors vs the trainer's after step 2
-    assert code == 1 and out.count("error:") == 1 and "Traceback" not in out and 0 < k <= (10 if s.half else 20), out
-    assert f"weight check: 20 of 20 tensors of the server at {s.url} compared after every push\n" in out
-    assert f"error: weight sync check failed: the server at {s.url} holds other weights than the trainer sent in the " \
-           f"push of version 2: {k} of 20 tensors differ (model." in out and "not load" in out
+    # the server's tensors vs the trainer's after step 2; half: those it left out that step 2 changed (async: it loaded
+    # push 3 whole since)
+    moved = lambda n: not torch.equal(*(ckpt_weights(tmp_path, k)[n].to(torch.bfloat16) for k in (1, 2)))
+    k = sum(map(moved, s.dropped)) if s.half else held_differ(s, tmp_path, step=2)[0]
+    assert code == 1 and out.count("error:") == 1 and "Traceback" not in out and 0 < k, out
+    assert f"weight check: 20 of 20 tensors of the server at {s.url} compared after every rollout\n" in out
+    at = 4 if "--async" in flags else 3  # the step that trains on the first batch sampled after the dropped push
+    assert f"error: weight sync check failed at step {at}: after the rollout sampled from version 2 (the weights after " \
+           f"step 2), the server at {s.url} holds other weights than the trainer pushed: {k} of 20 tensors differ " \
+           f"(model." in out and "not load" in out, out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-    assert [r["step"] for r in m] == [1, 2] and all(r["weights_checked"] == 20 for r in m)  # step 3 did not train
+    assert [r["step"] for r in m] == list(range(1, at)) and all(r["weights_checked"] == 20 for r in m)  # nor step {at}
 
 
 def test_a_resumed_run_checks_the_tensors_its_fresh_start_did_and_a_dropped_first_push_stops_it(tiny_model, tmp_path):
@@ -2935,7 +2965,7 @@ def test_a_resumed_run_checks_the_tensors_its_fresh_start_did_and_a_dropped_firs
         code, out = run(train_cmd(tiny_model, s.url, tmp_path / "run", "--steps", "2", *flags))
     finally:
         s.close()
-    assert code == 0 and "compared after every push\n" in out, out
+    assert code == 0 and "compared after every rollout\n" in out, out
     record = json.load(open(tmp_path / "run" / "weight_check.json"))
     assert [(r["tp"], len(r["names"]), len(r["compared"])) for r in record] == [(1, 20, 20)]
     again = shutil.copytree(tmp_path / "run", tmp_path / "again")
@@ -2944,13 +2974,14 @@ def test_a_resumed_run_checks_the_tensors_its_fresh_start_did_and_a_dropped_firs
                                   "--steps", "6", "--resume", *flags)
     k, n = held_differ(s, tmp_path / "run")  # the server's tensors (the base's) vs the checkpoint's
     assert code == 1 and out.count("error:") == 1 and "Traceback" not in out and 10 <= k <= 20, (k, out)
-    assert f"weight check: 20 of 20 tensors of the server at {s.url} compared after every push (those the run's " \
+    assert f"weight check: 20 of 20 tensors of the server at {s.url} compared after every rollout (those the run's " \
            f"first push found it holds as sent)\n" in out, out
-    assert f"error: weight sync check failed: the server at {s.url} holds other weights than the trainer sent in the " \
-           f"push of version 2: {k} of 20 tensors differ (model." in out, out
+    assert f"error: weight sync check failed at step 3: after the rollout sampled from version 2 (the weights after " \
+           f"step 2), the server at {s.url} holds other weights than the trainer pushed: {k} of 20 tensors differ " \
+           f"(model." in out, out
     assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2]  # step 3 never trained
     code, out, _, s = run_against(tiny_model, again, {"drop_weights": {"2", "3"}}, "--steps", "3", "--resume", *flags)
-    assert f"weight check: {20 - k} of 20 tensors of the server at {s.url} compared after every push (those this " \
+    assert f"weight check: {20 - k} of 20 tensors of the server at {s.url} compared after every rollout (those this " \
            f"resume's first push bore out: weight_check.json there has no record of this server's layout)\n" in out, out
 
 
@@ -2975,8 +3006,8 @@ def test_a_correct_run_passes_the_weight_check_at_every_step(tiny_model, tmp_pat
     code, out, _, s = run_against(tiny_model, tmp_path, fault, "--steps", "4", *flags)
     n, k = (20 * s.tp, 20 if s.tp == 1 else 10) if s.checker else (0, 0)  # TP: 5 norms on each rank
     assert code == 0 and held_differ(s, tmp_path)[0] == 0, out  # and the server holds the trainer's last weights
-    assert f"weight check: {k} of {n} tensors of the server at {s.url} compared after every push" + (
-        "\n" if n else " (/weights_checker: HTTP 404): only the log-prob check remains") in out, out
+    assert f"weight check: {k} of {n} tensors of the server at {s.url} compared" + (
+        " after every rollout\n" if n else " (/weights_checker: HTTP 404): only the log-prob check remains") in out, out
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert len(m) == 4 and all(r["weights_checked"] == k and 0 <= r["time_weight_check"] < 5 for r in m)
 
@@ -2992,21 +3023,22 @@ def test_a_server_that_fuses_tensors_is_compared_by_recipes(tmp_path, buckets):
                                   *buckets)
     k, n = held_differ(s, tmp_path / "run")
     assert n == 16 and {"model.layers.0.self_attn.qkv_proj.bias", "model.layers.1.mlp.gate_up_proj.weight"} <= set(
-        s.checksums(0)) and f"weight check: 16 of 16 tensors of the server at {s.url} compared after every push" in out
-    assert code == 1 and k > 0 and f"push of version 2: {k} of 16 tensors differ" in out, out
+        s.checksums(0)) and f"weight check: 16 of 16 tensors of the server at {s.url} compared after every rollout" in out
+    assert code == 1 and k > 0 and f"holds other weights than the trainer pushed: {k} of 16 tensors differ" in out, out
 
 
 def test_a_dropped_last_push_is_reported_at_the_end(tiny_model, tmp_path):
     """The last push has no next step, but the final evaluation samples with it: it is checked as the run ends."""
     code, out, _, s = run_against(tiny_model, tmp_path, {"drop_weights": {"3"}}, "--steps", "3")
-    assert code == 1 and "push of version 3: 20 of 20 tensors differ" in out, out
+    assert code == 1 and "failed at the end of the run: after the rollout sampled from version 3" in out, out
+    assert "holds other weights than the trainer pushed: 20 of 20 tensors differ" in out, out
     assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("fault, says", [
     ({"miss_pushes": {"2"}}, "sampled with weights of version '1', but this rollout must come from version '2'"),
-    ({"drop_weights": {"2", "3", "4", "5"}}, "the server at {url} holds other weights than the trainer sent in the "
-                                             "push of version 2")])
+    ({"drop_weights": {"2", "3", "4", "5"}}, "version 2 (the weights after step 2), the server at {url} holds other "
+                                             "weights than the trainer pushed")])
 def test_one_server_of_two_missing_a_push_stops_the_run_and_is_named(tiny_model, tmp_path, fault, says):
     a, b = StandIn(tiny_model), StandIn(tiny_model, **fault)
     try:
@@ -3021,8 +3053,9 @@ def test_one_server_of_two_missing_a_push_stops_the_run_and_is_named(tiny_model,
 
 @pytest.mark.parametrize("flags, checker, says", [
     (("--skip", "2"), True, "sampled with weights of version '1', but this rollout must come from version '2'"),
-    (("--skip", "2-6", "--tag_skipped"), True, "sent in the push of version 2: 20 of 20 "),
-    (("--half", "2"), True, "sent in the push of version 2: 10 of 20 tensors differ"),
+    (("--skip", "2-6", "--tag_skipped"), True, "version 2 (the weights after step 2), the server at {url} holds other "
+                                               "weights than the trainer pushed: 20 of 20 "),
+    (("--half", "2"), True, "the trainer pushed: 10 of 20 tensors differ"),
     (("--skip", "2-6", "--tag_skipped"), False, "weight sync check failed at step 3: the server at {url} had the")])
 def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, tmp_path, flags, checker, says):
     """The tool's faults stop the run at the next step; --half: the 10 of 20 tensors it left out (all moved)."""
@@ -3098,6 +3131,7 @@ def test_async_trains_one_step_off_and_never_updates_mid_generation(tiny_model, 
         assert "rollouts: async, one step off-policy" in out
         m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
         assert [r["sampled_from_version"] for r in m] == [0, 0, 1]  # step 1 on-policy, then one step behind
+        assert [r["stale_token_frac"] for r in m] == [0, 1, 1]  # the share of tokens an older version sampled
         assert [p["weight_version"] for p in s.push_log] == ["0", "1", "2", "3"]
         assert_server_has(s.pushes[-1], ckpt_weights(tmp_path))
         assert all(math.isfinite(r["is_ratio_mean"]) and r["mismatch_mean"] > 0 for r in m)
@@ -5107,7 +5141,8 @@ def test_lora_a_server_sampling_from_the_base_model_is_caught(tiny_model, tmp_pa
                                   tool=("tools/negative_control.py", "--base_only", "2-12", "--"))
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert code == 1 and out.count("error: weight sync check failed") == 1 and "Traceback" not in out, out
-    assert ("holds other weights than the trainer sent in the push of version 2: 14 of 20 tensors differ" in out
+    assert ("version 2 (the weights after step 2), the server at " in out and "holds other weights than the trainer "
+            "pushed: 14 of 20 tensors differ" in out
             if checker else "had the right version tag" in out and "it does not generate with the weights" in out)
     assert len(m) == 2 if checker else 2 <= len(m) < 12
 
@@ -5370,8 +5405,104 @@ def test_the_sync_checks_mean_counts_the_sampled_tokens_of_episodes_only(tiny_mo
         assert all(e / (e + r["completion_len_mean"]) > 0.35 for e, r in zip(env, m)) and episodes_in(s) > 0, m
         assert all(0.04 < r["check_mismatch_mean"] < 0.06 for r in m), (mode, m)
         assert mode == "--async" or all(0.04 < r["mismatch_mean"] < 0.06 for r in m), m
+        assert [r["stale_token_frac"] for r in m] == ([0, 0] if mode == "--no-async" else [0, 1]), m
         stale = [r["staleness_mean"] for r in m if r.get("staleness_mean") is not None]  # re-scored episodes: the
         assert mode == "--no-async" or (stale and max(stale) < 0.5), m  # sampler's 0s on the environment's tokens
+
+
+@pytest.mark.parametrize("mode", ["--no-async", "--async"])
+def test_weights_reloaded_between_two_turns_of_an_episode_stop_the_run_at_that_step(tiny_model, tmp_path, mode):
+    """Another client reloads the server's weights from disk (its tag kept) between the two turns of step 3's
+    episodes, whose first turns came from the weights the trainer pushed. Each rollout ends with the server's hashes
+    of what it holds, compared with the push it sampled from: the run stops at the step that trains on that batch
+    (3; async: its batch trains a step later, 4), before it trains, naming the server and the versions, at a learning
+    rate (1e-4) where the log-prob check alone would not see it. The same run without the reload ends well."""
+    flags = (*TALK, "--max_reply_tokens", "4", "--lr", "1e-4", "--steps", "5", "--save_every", "1", mode)
+    # the requests of the rollout sampled from version 2: 5 and 6 (a rollout of two turns a step, from versions 0, 1,
+    # 2); async: 7 and 8 (step 1's batch is sampled first, then version 0's for step 2, version 1's for step 3, ...)
+    s = StandIn(tiny_model, reload_after=5 if mode == "--no-async" else 7)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "reload", *flags, rewards=True))
+    finally:
+        s.close()
+    at = 3 if mode == "--no-async" else 4
+    base = {n: t.to(torch.bfloat16) for n, t in ckpt_weights(tiny_model, "base").items()}  # what the reload loads
+    k = sum(not torch.equal(base[n], t.to(torch.bfloat16)) for n, t in ckpt_weights(tmp_path / "reload", 2).items())
+    assert code == 1 and out.count("error:") == 1 and "Traceback" not in out and k > 0, out
+    assert f"error: weight sync check failed at step {at}: after the rollout sampled from version 2 (the weights after " \
+           f"step 2), the server at {s.url} holds other weights than the trainer pushed: {k} of 20" in out, out
+    assert "changed during the rollout (another client updated or reloaded them)" in out
+    assert [r["step"] for r in read_metrics(tmp_path / "reload") if "loss" in r] == list(range(1, at))
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "clean", *flags, rewards=True))
+    finally:
+        s.close()
+    assert code == 0 and len([r for r in read_metrics(tmp_path / "clean") if "loss" in r]) == 5, out
+
+
+def test_weights_reloaded_between_two_rounds_of_dynamic_sampling_stop_the_run_at_that_step(tiny_model, tmp_path):
+    """--dynamic_sampling 2: a step draws round after round (a request each) until its groups' rewards differ. A run
+    without a reload says how many rounds each step drew; the same run, with another client reloading the server's
+    weights (its tag kept) after the first round of the first later step that drew more than one, stops at that step
+    before it trains, naming the server and the version."""
+    flags = ("--dynamic_sampling", "2", "--reward", "has_number", "--eval_every", "0", "--steps", "4", "--lr", "1e-3")
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "clean", *flags, rewards=True))
+    finally:
+        s.close()
+    rounds = [int(r["sampling_rounds"]) for r in read_metrics(tmp_path / "clean") if "loss" in r]
+    assert code == 0 and len(rounds) == 4 and len(s.rollouts) == sum(rounds), out
+    at = next(k for k in range(2, 5) if rounds[k - 1] > 1)  # a step of several rounds (not the first: the weights
+    s = StandIn(tiny_model, reload_after=sum(rounds[: at - 1]) + 1)  # must have moved from the base's)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path / "reload", *flags, rewards=True))
+    finally:
+        s.close()
+    assert code == 1 and out.count("error:") == 1 and "Traceback" not in out, out
+    assert f"error: weight sync check failed at step {at}: after the rollout sampled from version {at - 1}" in out, out
+    assert f"the server at {s.url} holds other weights than the trainer pushed" in out, out
+    assert [r["step"] for r in read_metrics(tmp_path / "reload") if "loss" in r] == list(range(1, at))
+    assert len(s.rollouts) >= sum(rounds[: at - 1]) + 2  # the step drew a round after the reload (its first round:
+    # before it, as in the run without, so it drew more)
+
+
+def test_groups_of_identical_samples_a_server_could_not_have_drawn_are_warned_about(tiny_model, tmp_path):
+    """A server that samples every copy of a prompt with the same seed (SGLang's deterministic inference without a
+    seed per request) returns G identical completions: their advantages are 0. Each step logs the share of groups
+    whose completions are all the same tokens and how many of them the server's own log-probs say it would draw
+    less than once in 1,000 tries (p^(G-1), p the completion's probability); the first such step prints one warning
+    that names the cause and the fix. An honest server's groups (the random tiny model) are never identical."""
+    got = {}
+    for det in (True, False):
+        s = StandIn(tiny_model, deterministic=det)
+        try:
+            code, out = run(train_cmd(tiny_model, s.url, tmp_path / str(det), "--steps", "3", "--eval_every", "0"))
+        finally:
+            s.close()
+        assert code == 0, out
+        got[det] = ([r for r in read_metrics(tmp_path / str(det)) if "loss" in r], out)
+    (m, out), (m0, out0) = got[True], got[False]
+    assert all(r["identical_groups_frac"] == 1 and r["improbable_identical_groups"] == 2 for r in m), m
+    assert out.count("warning: at step 1, 2 group(s) of 4 completions are the same tokens, which the server's own "
+                     "log-probs say it would draw less than once in 1,000 tries") == 1, out
+    assert "--enable-deterministic-inference" in out and "Restart the server without it" in out
+    assert all(r["identical_groups_frac"] == 0 and r["improbable_identical_groups"] == 0 for r in m0), m0
+    assert "are the same tokens" not in out0
+
+
+def test_identical_groups_are_improbable_only_where_the_sampler_made_them_unlikely():
+    """identical_groups by hand: groups of 4; a repeated completion of log-prob -0.1 per token over 3 tokens (p =
+    e^-0.3: p^3 = 0.41, a sharp policy) is identical but probable; of -1 per token (p^3 = e^-9 < 1e-3) improbable; a
+    group that differs is neither; greedy (temperature 0) is never improbable."""
+    tok = type("T", (), {"decode": lambda self, ids, skip_special_tokens: "x"})()
+    outs = [([5, 6, 3], [-0.1] * 3, "stop")] * 4 + [([5, 6, 3], [-1.0] * 3, "stop")] * 4 + [
+        ([5, 6, 3], [-1.0] * 3, "stop")] * 3 + [([5, 7, 3], [-1.0] * 3, "stop")]
+    rows = [{"ids": [4], "answer": "1"}] * 3
+    same, improbable = g.identical_groups(table(rows, outs, tok, 4), 4)
+    assert same.tolist() == [True, True, False] and improbable.tolist() == [False, True, False]
+    assert g.identical_groups(table(rows, outs, tok, 4, temperature=0.0), 4)[1].tolist() == [False] * 3
 
 
 def test_an_episode_out_of_turns_is_not_truncated_and_mask_truncated_drops_only_cut_ones():

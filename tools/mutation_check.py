@@ -531,6 +531,11 @@ M = [  # (name, file, old, new, -k expression)
   'ids, skip_special_tokens=False))', 'line_of_its_own'),
  ('calculator: the call in one case only', 'reward_fns.py', r'\d.]+)", re.IGNORECASE)', r'\d.]+)")', 'calculators_call'),
  ('calculator: no space after calc:', 'reward_fns.py', r'r"calc:\s*(', r'r"calc: (', 'calculators_call'),
+ ('check: no hashes after the rollout', 'grpo_sglang.py', 'for k in sorted(set(batch["srv"])) if self.checker[k]}',
+  'for k in sorted(set(batch["srv"])) if False}', 'reloaded_between or weights_dropped'),
+ ('check: the hashes compared with the last push, not the sampling one', 'grpo_sglang.py',
+  'on_all_ranks(self.weights_verdict, m, held, batch["version"], f"at step {version + 1}")',
+  'on_all_ranks(self.weights_verdict, m, held, version, f"at step {version + 1}")', 'reloaded_between or weights_dropped or correct_run_passes'),
  ('nccl: a port in use here blamed on the server', 'grpo_sglang.py',
   'if group.done() and "EADDRINUSE" in str(group.exception()):', 'if False:', 'nccl_port_in_use'),
 ]
