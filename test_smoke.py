@@ -4389,7 +4389,7 @@ def test_the_profile_tool_profiles_the_steps_it_is_asked_for(tiny_model, server,
 
 
 def test_the_benchmark_tools_run_the_trainers_step_on_a_tiny_shape(tmp_path):
-    """tools/fit_bench.py (what fits my GPU) and tools/train_phase_bench.py run the trainer's own step on made-up
+    """dev/fit_bench.py (what fits my GPU) and dev/train_phase_bench.py run the trainer's own step on made-up
     rollouts (through sequences(), as a real batch): on the CPU, a tiny Llama (2 layers, 64 wide, MLP 128, 4 heads of
     16, 2 KV heads), each variant its steps; LoRA 16 trains r x (in + out) per adapted Linear and nothing else."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"]
@@ -4410,7 +4410,7 @@ def test_the_benchmark_tools_run_the_trainers_step_on_a_tiny_shape(tmp_path):
 
 
 def test_the_gpu_summaries_are_computed_from_the_runs_files(tmp_path, monkeypatch):
-    """Every results/h200/*/summary.json (where the README's GPU numbers come from) is what tools/summarize_gpu.py
+    """Every results/h200/*/summary.json (where the README's GPU numbers come from) is what dev/summarize_gpu.py
     computes from the runs' logs and metrics beside it: a summary edited by hand, or left behind when its runs were
     replaced, fails here. (On a copy of results/: the tool writes its summaries and curves where it reads.)"""
     shutil.copytree(os.path.join(HERE, "results"), tmp_path / "results")
@@ -5104,7 +5104,7 @@ def test_lora_a_server_sampling_from_the_base_model_is_caught(tiny_model, tmp_pa
     adapters left out) under the right tag: the weight check stops the run at step 3, before it trains on that
     batch; without /weights_checker the log-prob check stops it too, once the adapters moved the policy."""
     code, out, _, s = run_against(tiny_model, tmp_path, {"checker": checker}, *LORA, "--steps", "12",
-                                  tool=("tools/negative_control.py", "--base_only", "2-12", "--"))
+                                  tool=("dev/negative_control.py", "--base_only", "2-12", "--"))
     m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
     assert code == 1 and out.count("error: weight sync check failed") == 1 and "Traceback" not in out, out
     assert ("holds other weights than the trainer sent in the push of version 2: 14 of 20 tensors differ" in out

@@ -4,7 +4,7 @@ random-weight model of a real shape, full fine-tune and `--lora_rank 16`, each w
 old_and_ref_logprobs, advantages, weights, train) on made-up rollouts (train_phase_bench.py's batch and phase), one
 variant after the other in one process (each loads the model afresh; the peak is reset in between).
 
-    torchrun --nproc_per_node 1 tools/fit_bench.py --shape q05 --out FILE.json [--steps 3] [-- more flags]
+    torchrun --nproc_per_node 1 dev/fit_bench.py --shape q05 --out FILE.json [--steps 3] [-- more flags]
 
 --shape: q05, q15, q3, q7 (Qwen2.5-0.5B, 1.5B, 3B, 7B's shapes), or tiny (a CPU check of the tool). The batch is the
 README quick start's, 16 prompts x 8, 128 new tokens, beta 0.04, lr 1e-5 (LoRA: 1e-4), but `--micro_batch 32` (128

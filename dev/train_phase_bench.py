@@ -3,7 +3,7 @@ advantages, weights, train) on rollouts made up to look like the built-in task's
 batch of new lengths (so new packed shapes, as in a real run). A benchmark of the trainer's code, not of SGLang. Flags after `--` go to
 grpo_sglang.py (e.g. `-- --attention sdpa`).
 
-    torchrun --nproc_per_node 1 tools/train_phase_bench.py --shape smol --steps 30 --out FILE.json \
+    torchrun --nproc_per_node 1 dev/train_phase_bench.py --shape smol --steps 30 --out FILE.json \
         [--cudnn] [--reshard] [--profile DIR] [-- <more grpo_sglang.py flags, e.g. --grad_checkpointing>]
 
 --shape: a random-weight model built from a config in code (weights do not change the time): smol (SmolLM2-135M's

@@ -6,7 +6,7 @@ token), clip 0.2, fp32 master weights computing in bf16, one optimizer step per 
 TRL samples with transformers' generate on the training GPU (its vLLM path needs vllm, which this machine lacks).
 
     pip install trl   # 1.16.0 measured
-    python tools/trl_grpo.py --model HuggingFaceTB/SmolLM2-135M-Instruct --steps 40 --out runs/trl
+    python dev/trl_grpo.py --model HuggingFaceTB/SmolLM2-135M-Instruct --steps 40 --out runs/trl
 
 Writes OUT/steps.jsonl (one row per step: reward, the step's wall time, TRL's own metrics) and OUT/summary.json.
 """

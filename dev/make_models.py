@@ -1,6 +1,6 @@
 """Build random-weight test models from transformers configs and save them in bf16, with the kit's tokenizer.
 
-    python tools/make_models.py OUT_DIR --tokenizer $KIT_MODEL_DIR [--only name,...] [--device auto|cuda|cpu|meta]
+    python dev/make_models.py OUT_DIR --tokenizer $KIT_MODEL_DIR [--only name,...] [--device auto|cuda|cpu|meta]
 
 Each model lands in OUT_DIR/<name> (config.json, generation_config.json, *.safetensors, tokenizer files), ready
 for `MODEL=OUT_DIR/<name> bash serve.sh` and `grpo_sglang.py --model OUT_DIR/<name>`:

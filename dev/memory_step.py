@@ -1,7 +1,7 @@
 """Peak GPU memory of one grpo_sglang training step on one GPU, with no server and no data: just the trainer's
 own code (load_policy, shard, pack_batch, completion_logprobs, grpo_token_loss, aggregate) on random tokens.
 
-    python tools/memory_step.py --model DIR [--grad_checkpointing] [--micro_batch 4] [--prompt_len 64] \
+    python dev/memory_step.py --model DIR [--grad_checkpointing] [--micro_batch 4] [--prompt_len 64] \
         [--completion_len 128] [--sequences 32] [--steps 2] [--device cuda|cpu] --out FILE.json
 
 What one step is here, as in grpo_sglang.main with mu = 1 and beta = 0 (no reference model):

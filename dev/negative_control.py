@@ -1,8 +1,8 @@
 """The trainer with weight pushes skipped on purpose: the negative controls of the sync checks on a real server.
 
-    torchrun --nproc_per_node 1 tools/negative_control.py --skip 6 [--tag_skipped] -- <grpo_sglang.py flags>
-    torchrun --nproc_per_node 1 tools/negative_control.py --half 6 -- <grpo_sglang.py flags>
-    torchrun --nproc_per_node 1 tools/negative_control.py --base_only 10-100 -- --lora_rank 16 <grpo_sglang.py flags>
+    torchrun --nproc_per_node 1 dev/negative_control.py --skip 6 [--tag_skipped] -- <grpo_sglang.py flags>
+    torchrun --nproc_per_node 1 dev/negative_control.py --half 6 -- <grpo_sglang.py flags>
+    torchrun --nproc_per_node 1 dev/negative_control.py --base_only 10-100 -- --lora_rank 16 <grpo_sglang.py flags>
 
 --skip '6', '4-40' or '3,7-9': the pushes of those versions (the weights after those steps) are not sent. With
 --tag_skipped the server still gets the version tag (/update_weight_version, without aborting requests): a server

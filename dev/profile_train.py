@@ -1,7 +1,7 @@
 """Where the train phase's time goes: grpo_sglang.py as it is, with torch.profiler around its train() calls of a few
 steps (CPU and CUDA activity), printed as tables and written to --out.
 
-    torchrun --nproc_per_node 1 tools/profile_train.py --out DIR --profile_steps 8-10 -- <grpo_sglang.py flags>
+    torchrun --nproc_per_node 1 dev/profile_train.py --out DIR --profile_steps 8-10 -- <grpo_sglang.py flags>
 
 --profile_steps 'a-b': the train() calls of steps a..b (counted from 0, as the loop does; rank 0 writes). DIR gets
 ops_by_cpu.txt, ops_by_cuda.txt (torch's key_averages tables, top 40) and summary.json: per profiled step the wall

@@ -2,9 +2,9 @@
 fail ("CAUGHT"; results/mutation_check.txt). Each entry is a bug once found, a safeguard that was added, or a
 promise a user relies on (a flag, an error, the sync check) that a one-line slip could break without a test noticing.
 
-    python3 tools/mutation_check.py [name-substring ...]         # from the repo root, CPU only
-    python3 tools/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
-    python3 tools/mutation_check.py --shard I/N [...]             # every N-th entry from the I-th (0-based): run
+    python3 dev/mutation_check.py [name-substring ...]         # from the repo root, CPU only
+    python3 dev/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
+    python3 dev/mutation_check.py --shard I/N [...]             # every N-th entry from the I-th (0-based): run
                                                                   # N of them side by side, one per core
 """
 import argparse, os, shutil, subprocess, sys, tempfile
@@ -170,7 +170,7 @@ M = [  # (name, file, old, new, -k expression)
  ('the reference given back after each forward', 'grpo_sglang.py', '    if not frozen:\n        model.register_forward_hook', '    if True:\n        model.register_forward_hook', 'frozen_model'),
  ('small models gathered again for backward', 'grpo_sglang.py', 'reshard_after_forward=not keep)', 'reshard_after_forward=True)', 'keeping_small'),
  ('a no-grad forward leaves the weights gathered', 'grpo_sglang.py', '    model.register_forward_hook(reshard_after_no_grad)', '    pass', 'keeping_small'),
- ('profile tool profiles nothing', 'tools/profile_train.py', '        if step not in steps:', '        if True:', 'profile_tool'),
+ ('profile tool profiles nothing', 'dev/profile_train.py', '        if step not in steps:', '        if True:', 'profile_tool'),
  ('clip norm of this rank\'s shards only', 'grpo_sglang.py', '    dist.all_reduce(total)\n    total = total.sqrt().float()', '    total = total.sqrt().float()', 'one_rank_and_two'),
  ('clip never scales', 'grpo_sglang.py', '    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0).to(grads[0].device))', '    pass', 'clip_grads'),
  ('lr never set', 'grpo_sglang.py', '        group["lr"] = lr', '        pass', 'lr_schedule'),
@@ -297,7 +297,7 @@ M = [  # (name, file, old, new, -k expression)
  ('weight check: --check_seqs 0 skips it', 'grpo_sglang.py', 'return lambda seqs, m: self.verdict(version, [], [], m) or m.mean(', 'return lambda seqs, m: m.mean(', 'in_whole_or_in_part'),
  ('weight check: the last push unchecked', 'grpo_sglang.py', '        on_all_ranks(self.weights_verdict, Metrics())  # the last push', '        pass  # the last push', 'dropped_last_push'),
  ('weight check: a server without /weights_checker stops the run', 'grpo_sglang.py', '    if sums.status_code == 200:\n        try:\n            names = sorted(checksums(sums.json()))', '    if True:\n        try:\n            names = sorted(checksums(sums.json()))', 'passes_the_weight_check'),
- ('negative control --half sends every tensor', 'tools/negative_control.py', 'for m in meta[::2]]', 'for m in meta]', 'negative_controls'),
+ ('negative control --half sends every tensor', 'dev/negative_control.py', 'for m in meta[::2]]', 'for m in meta]', 'negative_controls'),
  ('staleness logged at another temperature', 'grpo_sglang.py',
   'then = lambda i: eps[i]["server_lp"] if T == 1 else None', 'then = lambda i: eps[i]["server_lp"]',
   'at_a_temperature_counts or async_check_compares'),
@@ -393,7 +393,7 @@ M = [  # (name, file, old, new, -k expression)
   'lora_targets_are_trimmed'),
  ('lora: an adapter on the LM head accepted', 'grpo_sglang.py', '            if m is model.get_output_embeddings():  # install',
   '            if False:  # install', 'lora_targets'),
- ('negative control --base_only sends the merged weights', 'tools/negative_control.py',
+ ('negative control --base_only sends the merged weights', 'dev/negative_control.py',
   '        if v in base:  # hashed', '        if False:  # hashed', 'lora_a_server'),
  ("checkpoint: a soft-capped model's config saved without its cap", 'grpo_sglang.py',
   '            model.config.final_logit_softcapping = model.softcap  # the', '            pass  # the', 'soft_capped'),

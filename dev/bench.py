@@ -6,10 +6,10 @@ One GPU (--layout colocated, the default); the server shares GPU 0 with this pro
 
     MODEL=$KIT_MODEL_DIR GPU=0 MEM_FRACTION=0.25 ATTENTION_BACKEND=triton \
         EXTRA_ARGS="--sampling-backend pytorch --cuda-graph-max-bs-decode 256" bash serve.sh
-    python3 tools/bench.py --model $KIT_MODEL_DIR --out results/bench               # all three parts
-    python3 tools/bench.py --model $KIT_MODEL_DIR --parts sync --no-large            # no second server
-    python3 tools/bench.py --model $KIT_MODEL_DIR --parts step --step_args --steps 10 --lr 2e-6   # --step_args last
-    python3 tools/bench.py --merge OUT_DIR run1/bench.json run2/bench.json   # one report from several runs
+    python3 dev/bench.py --model $KIT_MODEL_DIR --out results/bench               # all three parts
+    python3 dev/bench.py --model $KIT_MODEL_DIR --parts sync --no-large            # no second server
+    python3 dev/bench.py --model $KIT_MODEL_DIR --parts step --step_args --steps 10 --lr 2e-6   # --step_args last
+    python3 dev/bench.py --merge OUT_DIR run1/bench.json run2/bench.json   # one report from several runs
     bash serve.sh stop
 
 Two GPUs (--layout x2, issue 11; sync only): the weights live on cuda:0 (the trainer's GPU), each model's server
@@ -17,12 +17,12 @@ runs on GPU 1 (--server_gpu), started here with serve.sh on port --large_port an
 server needs to be running before. ATTENTION_BACKEND, EXTRA_ARGS and MEM_FRACTION come from the environment,
 else triton, "--sampling-backend pytorch --cuda-graph-max-bs-decode 256" and 0.7:
 
-    python3 tools/bench.py --layout x2 --model $KIT_MODEL_DIR --parts sync \
+    python3 dev/bench.py --layout x2 --model $KIT_MODEL_DIR --parts sync \
         --extra_models qwen1.5b=/tmp/models/qwen2.5-1.5b-random,qwen7b=/tmp/models/qwen2.5-7b-random \
         --out results/x2/sync
     # or with the --model server already on GPU 1 (the --extra_models servers would need room next to it):
     MODEL=$KIT_MODEL_DIR GPU=1 bash serve.sh
-    python3 tools/bench.py --layout x2 --model $KIT_MODEL_DIR --server_url http://127.0.0.1:30000 --out results/x2/sync
+    python3 dev/bench.py --layout x2 --model $KIT_MODEL_DIR --server_url http://127.0.0.1:30000 --out results/x2/sync
 
 Parts (--parts; a part, model or method that fails is recorded in bench.json and the others still run):
   sync     time from "the trainer has new bf16 weights on cuda:0" to "the server generated with them"

@@ -2,7 +2,7 @@
 fixed tokens between replies, the whole episode sent again each turn, as the trainer's rollout does) against one
 reply of T x K tokens per prompt, the same prompts and the same sampled tokens in all, side by side.
 
-    python3 tools/turn_cost.py --model M [--url http://127.0.0.1:30000] [--episodes 128] [--turns 4] [--tokens 16]
+    python3 dev/turn_cost.py --model M [--url http://127.0.0.1:30000] [--episodes 128] [--turns 4] [--tokens 16]
 
 Every reply is exactly K tokens (ignore_eos), so both sides sample as many tokens; the difference is what the turns
 cost: one /generate per turn, the prefill of the environment's message, and the re-sent prefix (SGLang's radix cache

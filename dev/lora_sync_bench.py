@@ -6,7 +6,7 @@ on every q, k, v, o, gate, up, down Linear of the model.
 
     MODEL=$DIR GPU=0 MEM_FRACTION=0.2 PORT=30010 EXTRA_ARGS="--enable-lora --max-lora-rank 16 \\
         --lora-target-modules all --max-loras-per-batch 2" bash serve.sh
-    python tools/lora_sync_bench.py --model $DIR --url http://127.0.0.1:30010 --rank 16 --alpha 32 --repeats 3 \\
+    python dev/lora_sync_bench.py --model $DIR --url http://127.0.0.1:30010 --rank 16 --alpha 32 --repeats 3 \\
         --prompts 128 --new_tokens 128 --out result.json [--shape NAME] [--prompt_len 64] [--timeout 180]
 
 merged: merge_s (all W + s·B@A in bf16, on the GPU), push_s (grpo_sglang's pack + send_bucket in 1024 MiB buckets, the

@@ -4,27 +4,27 @@
 # name, HuggingFaceTB/SmolLM2-135M-Instruct). Phases (default: all, in this order):
 #   quickstart  the README's two commands: serve.sh, then 100 steps; its metrics.jsonl, log and wall time
 #   trl         ours with --async and --no-async (30 steps each), then TRL's GRPOTrainer (TRL_STEPS) on the same work
-#               (tools/trl_grpo.py: --beta 0, micro-batches of 32), on the same machine
+#               (dev/trl_grpo.py: --beta 0, micro-batches of 32), on the same machine
 #   trust       the sync check: a correct run at lr 1e-6, and pushes dropped on purpose after step 10
-#               (tools/negative_control.py): weights dropped with the tag kept; half the tensors dropped
-#   cost        the weight check's cost per push at the 135M, 1.5B and 7B shapes (tools/check_cost.py)
+#               (dev/negative_control.py): weights dropped with the tag kept; half the tensors dropped
+#   cost        the weight check's cost per push at the 135M, 1.5B and 7B shapes (dev/check_cost.py)
 #   lora        the quick start with --lora_rank 16 beside the quick start itself (full fine-tune)
 #   base_only   a LoRA run whose pushes from step 10 send the base model's weights (negative_control.py --base_only)
-#   q7          LoRA on a Qwen2.5-7B shape (random weights, tools/make_models.py) with its server on the same GPU
+#   q7          LoRA on a Qwen2.5-7B shape (random weights, dev/make_models.py) with its server on the same GPU
 #   syncbench   merged weights vs adapters in SGLang's LoRA slots, per push and per rollout token, at the 135M,
-#               1.5B and 7B shapes (tools/lora_sync_bench.py, against servers started with --enable-lora)
+#               1.5B and 7B shapes (dev/lora_sync_bench.py, against servers started with --enable-lora)
 #   guess, calculator   the README's multi-turn quick start for each built-in task of episodes, then the same model
 #               on the same held-out rows with one reply and no environment (--max_turns 1, evaluated only)
 #   episodes_neg  a calculator run whose pushes from step 6 on are dropped with their tag kept (negative_control.py)
-#   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server (tools/turn_cost.py)
+#   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server (dev/turn_cost.py)
 #   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
-#   fit         what fits my GPU: for each Qwen2.5 shape in $FIT_SHAPES (random weights, tools/make_models.py;
+#   fit         what fits my GPU: for each Qwen2.5 shape in $FIT_SHAPES (random weights, dev/make_models.py;
 #               default "0.5b 1.5b 3b 7b"), its server at MEM_FRACTION 0.3, then FIT_STEPS (4) steps of the quick
 #               start's batch (16 x 8, 128 tokens, --micro_batch 32, --beta 0.04 as fit_bench.py) full and
 #               --lora_rank 16, each without and with --grad_checkpointing: the trainer's peak (metrics' peak_mem_gb),
 #               the GPU's use (nvidia-smi every 0.5 s). (Until 8a15aea it ran at --beta 0: results/h200/fit/fit_1.5b_*)
 #
-#   M=/path/to/model RES=/tmp/res bash tools/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
+#   M=/path/to/model RES=/tmp/res bash dev/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
 # (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
 # The server here needs ATTENTION_BACKEND=triton EXTRA_ARGS="--sampling-backend pytorch" (this machine's SGLang has
 # no FA3 or flashinfer kernels); a stock SGLang install needs neither.
@@ -55,7 +55,7 @@ server() {  # the README's server line, once (server MODEL: another model, after
   GPU=0 MEM_FRACTION=0.3 MODEL=$model LOG=$RES/serve.log bash serve.sh || { log "server did not start"; exit 1; }
   log "server ($model) healthy after $((SECONDS - t0)) s"; }
 MODELS=${MODELS:-/tmp/models}
-make_model() { [ -f "$MODELS/$1/config.json" ] || python3 tools/make_models.py "$MODELS" --tokenizer "$M" --only "$1" \
+make_model() { [ -f "$MODELS/$1/config.json" ] || python3 dev/make_models.py "$MODELS" --tokenizer "$M" --only "$1" \
   >> "$RES/make_models.log" 2>&1; }
 
 phases=${*:-quickstart trl trust cost}
@@ -78,8 +78,8 @@ for phase in $phases; do
           --eval_every 0 --save_every 0 "--$mode" --out_dir "/tmp/runs/ours_$mode"
     done
     [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "${SITE:-/tmp/site}" .whl/*.whl
-    log "trl: tools/trl_grpo.py"; t0=$SECONDS
-    timeout 900 python3 tools/trl_grpo.py --model "$M" --steps "${TRL_STEPS:-40}" --out /tmp/runs/trl \
+    log "trl: dev/trl_grpo.py"; t0=$SECONDS
+    timeout 900 python3 dev/trl_grpo.py --model "$M" --steps "${TRL_STEPS:-40}" --out /tmp/runs/trl \
         > "$RES/trl.log" 2>&1
     log "trl: exit $? after $((SECONDS - t0)) s"
     cp /tmp/runs/trl/steps.jsonl "$RES/trl.steps.jsonl"; cp /tmp/runs/trl/summary.json "$RES/trl.summary.json" ;;
@@ -89,12 +89,12 @@ for phase in $phases; do
         --out_dir /tmp/runs/lr1e-6
     for neg in "dropped_tag_kept --skip 11-100 --tag_skipped" "dropped_half --half 11-100"; do
       set -- $neg
-      run "$1" "/tmp/runs/$1" 600 torchrun --nproc_per_node 1 tools/negative_control.py "${@:2}" -- "${QUICK[@]}" \
+      run "$1" "/tmp/runs/$1" 600 torchrun --nproc_per_node 1 dev/negative_control.py "${@:2}" -- "${QUICK[@]}" \
           --eval_every 0 --out_dir "/tmp/runs/$1"
     done ;;
   cost)
-    log "cost: tools/check_cost.py"
-    timeout 900 python3 tools/check_cost.py --out "$RES/check_cost.json" > "$RES/check_cost.log" 2>&1
+    log "cost: dev/check_cost.py"
+    timeout 900 python3 dev/check_cost.py --out "$RES/check_cost.json" > "$RES/check_cost.log" 2>&1
     log "cost: exit $?: $(tail -n 1 "$RES/check_cost.log" | cut -c1-200)" ;;
   lora)
     server
@@ -104,7 +104,7 @@ for phase in $phases; do
         --out_dir /tmp/runs/smol_lora ;;
   base_only)
     server
-    run base_only /tmp/runs/base_only 600 torchrun --nproc_per_node 1 tools/negative_control.py --base_only 10-100 \
+    run base_only /tmp/runs/base_only 600 torchrun --nproc_per_node 1 dev/negative_control.py --base_only 10-100 \
         -- "${QUICK[@]}" "${LORA[@]}" --eval_every 0 --out_dir /tmp/runs/base_only ;;
   q7)
     make_model qwen2.5-7b-random; Q7=$MODELS/qwen2.5-7b-random
@@ -125,7 +125,7 @@ for phase in $phases; do
     done; wait; log "syncbench: servers: $(tail -qn 1 "$RES"/serve_lora_*.out | tr '\n' ' ')"
     k=0; for spec in "135m $M" "1.5b $MODELS/qwen2.5-1.5b-random" "7b $MODELS/qwen2.5-7b-random"; do
       set -- $spec; port=$((30010 + k)); k=$((k + 1))
-      timeout 300 python3 tools/lora_sync_bench.py --shape "$1" --model "$2" --url "http://127.0.0.1:$port" \
+      timeout 300 python3 dev/lora_sync_bench.py --shape "$1" --model "$2" --url "http://127.0.0.1:$port" \
           --rank 16 --alpha 32 --out "$RES/syncbench_$1.json" > "$RES/syncbench_$1.log" 2>&1
       log "syncbench $1: exit $?: $(tail -n 1 "$RES/syncbench_$1.log" | cut -c1-200)"
       PIDFILE=/tmp/serve_lora_$1.pid bash serve.sh stop > /dev/null
@@ -139,13 +139,13 @@ for phase in $phases; do
         "${EPISODES[@]}" "${TASK[@]}" --max_turns 1 --steps 1 --lr 0 --out_dir "/tmp/runs/${phase}_single_turn" ;;
   episodes_neg)
     server
-    run episodes_dropped_tag_kept /tmp/runs/episodes_neg 300 torchrun --nproc_per_node 1 tools/negative_control.py \
+    run episodes_dropped_tag_kept /tmp/runs/episodes_neg 300 torchrun --nproc_per_node 1 dev/negative_control.py \
         --skip 6-100 --tag_skipped -- "${EPISODES[@]}" "${CALC[@]}" --steps 15 --eval_every 0 \
         --out_dir /tmp/runs/episodes_neg ;;
   turn_cost)
     server
-    log "turn_cost: tools/turn_cost.py"
-    timeout 300 python3 tools/turn_cost.py --model "$M" --out "$RES/turn_cost.json" > "$RES/turn_cost.log" 2>&1
+    log "turn_cost: dev/turn_cost.py"
+    timeout 300 python3 dev/turn_cost.py --model "$M" --out "$RES/turn_cost.json" > "$RES/turn_cost.log" 2>&1
     log "turn_cost: exit $?: $(tail -n 1 "$RES/turn_cost.log" | cut -c1-300)" ;;
   dapo)
     server

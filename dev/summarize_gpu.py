@@ -1,7 +1,7 @@
 """results/h200/{quickstart,trl,trust,lora,episodes,dynamic_sampling,fit}/summary.json (and the curves) from the logs
 and metrics there, so that every number the README quotes is computed from files in the repository.
 
-    python tools/summarize_gpu.py [part ...]   # from the repo root (parts: the functions below; default all);
+    python dev/summarize_gpu.py [part ...]   # from the repo root (parts: the functions below; default all);
                                                # needs matplotlib for the curves
 """
 import json
@@ -12,7 +12,7 @@ import sys
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 R = os.path.join(HERE, "results", "h200")
-sys.path.insert(0, os.path.join(HERE, "tools"))
+sys.path[:0] = [os.path.join(HERE, "tools"), os.path.join(HERE, "dev")]  # plot_metrics; train_phase_bench
 
 
 def rows(path):
@@ -79,7 +79,7 @@ def trust():
         a, b = cost[k]["trainer_hash_ms_median"], cost[k]["server_checksum_ms_median"]
         out["check_cost_ms"][k] = {"trainer_hash": a, "server_checksum": b, "total": round(a + b, 1)}
     out["check_cost_ms"]["135m"]["in_run_median"] = round(1e3 * st.median(r["time_weight_check"] for r in s), 1)
-    out["check_cost_how"] = ("tools/check_cost.py: the trainer's hashing of what it sends and SGLang's checksum kernel "
+    out["check_cost_how"] = ("dev/check_cost.py: the trainer's hashing of what it sends and SGLang's checksum kernel "
                              "over the server's tensors, random weights of each shape, one H200; in_run_median: the "
                              "metric time_weight_check of lr1e-5 (steps 2-15), hashing and the wait for the server's "
                              "answer (its checksum runs between decode steps, while the trainer trains)")
@@ -95,7 +95,7 @@ def trl():
     runs = {"trl_grpotrainer": rows(os.path.join(d, "trl.steps.jsonl"))}
     for mode in ("async", "no-async"):
         runs[f"grpo_sglang_{mode}"] = steps(os.path.join(d, f"ours_{mode}.metrics.jsonl"))
-    out = {"commit": "b862d68 (trainer); tools/trl_grpo.py at 8a15aea", "date": "2026-12-02", "trl": t["trl"],
+    out = {"commit": "b862d68 (trainer); dev/trl_grpo.py at 8a15aea", "date": "2026-12-02", "trl": t["trl"],
            "medians_of": "steps 4 to the last of each run", "runs": {}}
     for name, rs in runs.items():
         x = [r["time_step"] for r in rs[3:]]
@@ -150,7 +150,7 @@ def lora():
             "rollout_tok_s_plain": round(b["rollout"]["base_tok_s"]), "rollout_tok_s_adapter": round(
                 b["rollout"]["lora_tok_s"]), "adapter_extra_us_per_token": round(b["rollout"]["per_token_extra_us"], 1),
             "merged_vs_adapter_lp_diff": round(b["merged"]["merged_vs_adapter_lp_diff"], 3)}
-    out["sync_cost_how"] = ("tools/lora_sync_bench.py against an SGLang server started with --enable-lora (rank 16, "
+    out["sync_cost_how"] = ("dev/lora_sync_bench.py against an SGLang server started with --enable-lora (rank 16, "
                             "all targets), one H200: merged = W + s B A formed on the GPU then pushed by the trainer's "
                             "tensor path (1 GiB buckets); adapter = /load_lora_adapter_from_tensors (one flattened "
                             "bucket, after /unload_lora_adapter), then the first request that names it; rollout: 128 "
@@ -275,7 +275,7 @@ def dynamic_sampling():
 
 
 def fit():
-    """What fits my GPU: the trainer's peak per shape and variant (tools/fit_bench.py, one H200, no server) and, derived
+    """What fits my GPU: the trainer's peak per shape and variant (dev/fit_bench.py, one H200, no server) and, derived
     from it, the GPU memory a colocated run needs: the trainer's peak + the server's bf16 weights and a KV cache for
     the batch + the overhead runs beside a real server showed, the largest of their kind (full or LoRA). A run's
     overhead: the GPU in use (nvidia-smi, its max) - the server's share (MEM_FRACTION 0.3 of the GPU) - the trainer's
@@ -306,9 +306,9 @@ def fit():
            "gpu_total_gb": round(total_mib * gb, 1),
            "server_share_gb": round(share, 1), "overhead_gb": slack, "beside_a_server": beside,
            "server_alone_gb": round(int(open(os.path.join(d, "fit_1.5b_server_mib.txt")).read()) * gb, 1),
-           "command": "for s in q05 q15 q3 q7; do timeout 150 torchrun --nproc_per_node 1 tools/fit_bench.py "
+           "command": "for s in q05 q15 q3 q7; do timeout 150 torchrun --nproc_per_node 1 dev/fit_bench.py "
                       "--shape $s --out $OUT/fit/$s.json; done   (one call, the image's python: torch 2.11, "
-                      "transformers 5.17); beside a server: FIT_SHAPES=1.5b bash tools/run_gpu.sh fit (at b862d68)",
+                      "transformers 5.17); beside a server: FIT_SHAPES=1.5b bash dev/run_gpu.sh fit (at b862d68)",
            "shapes": {}}
     for key, name in names.items():
         r = json.load(open(os.path.join(d, f"{key}.json")))

@@ -3,7 +3,7 @@ side (grpo_sglang.hash_sent over the bf16 buckets it sends, fused recipes includ
 server's (SGLang's own gpu_tensor_hash over every tensor as SGLang names and fuses them, the loop its /weights_checker
 runs). The HTTP round trip is not in these; it is in a real run's time_weight_check (results/h200/trust).
 
-    python tools/check_cost.py --out check_cost.json [--shapes 135m,1.5b,7b] [--repeats 5]
+    python dev/check_cost.py --out check_cost.json [--shapes 135m,1.5b,7b] [--repeats 5]
 """
 import argparse
 import json
