@@ -5,7 +5,9 @@ promise a user relies on (a flag, an error, the sync check) that a one-line slip
     python3 dev/mutation_check.py [name-substring ...]         # from the repo root, CPU only
     python3 dev/mutation_check.py --full [name-substring ...]  # the whole suite per mutation, not just -k
     python3 dev/mutation_check.py --shard I/N [...]             # every N-th entry from the I-th (0-based): run
-                                                                  # N of them side by side, one per core
+                                                                # N of them side by side, one per core
+Each entry's -k expression runs in test_smoke.py and dev/test_dev.py; dev/test_dev.py checks that every entry's
+pattern is in its file and that its -k words name tests.
 """
 import argparse, os, shutil, subprocess, sys, tempfile
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -534,25 +536,43 @@ M = [  # (name, file, old, new, -k expression)
  ('nccl: a port in use here blamed on the server', 'grpo_sglang.py',
   'if group.done() and "EADDRINUSE" in str(group.exception()):', 'if False:', 'nccl_port_in_use'),
 ]
-ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-ap.add_argument("only", nargs="*", help="run only the entries whose name holds one of these")
-ap.add_argument("--full", action="store_true", help="the whole suite per mutation, not just its -k expression")
-ap.add_argument("--shard", default="0/1", type=lambda v: tuple(map(int, v.split("/"))), help="I/N: every N-th from I")
-a = ap.parse_args()
-full, only, (i_, n_) = a.full, a.only, a.shard
-M = M[i_::n_]
-for name, f, old, new, k in M:
-    if only and not any(o in name for o in only):
-        continue
-    d = os.path.join(tempfile.mkdtemp(prefix="grpo_mutant_"), "repo")  # one of its own: several runs may overlap
-    shutil.copytree(SRC, d, ignore=shutil.ignore_patterns(".venv-*", ".gpukit", ".whl", ".git", "runs"))
-    p = os.path.join(d, f); s = open(p).read()
-    if old not in s:
-        print(f"?? {name}: pattern not found"); continue
-    open(p, "w").write(s.replace(old, new, 1))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "test_smoke.py"] + ([] if full else ["-k", k]), cwd=d,
-                       capture_output=True, text=True, timeout=1800)
-    last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-200:]
-    verdict = "NO TEST" if r.returncode == 5 else "CAUGHT" if r.returncode else "MISSED"  # 5: -k selected none
-    print(f"{verdict:6s}  {name:45s} [{'all' if full else k}] {last}", flush=True)
-    shutil.rmtree(os.path.dirname(d), ignore_errors=True)
+# the entries' -k expressions select tests of either file (dev/test_dev.py: the tests of the tools in dev/)
+TESTS = ["test_smoke.py", "dev/test_dev.py"]
+
+
+def shard(v):
+    try:
+        i, n = map(int, v.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r}: give I/N, two integers (e.g. 0/2)")
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"{v!r}: I/N with 0 <= I < N")
+    return i, n
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("only", nargs="*", help="run only the entries whose name holds one of these")
+    ap.add_argument("--full", action="store_true", help="the whole suite per mutation, not just its -k expression")
+    ap.add_argument("--shard", default="0/1", type=shard, help="I/N: every N-th from I")
+    a = ap.parse_args()
+    full, only, (i_, n_) = a.full, a.only, a.shard
+    for name, f, old, new, k in M[i_::n_]:
+        if only and not any(o in name for o in only):
+            continue
+        d = os.path.join(tempfile.mkdtemp(prefix="grpo_mutant_"), "repo")  # one of its own: several runs may overlap
+        shutil.copytree(SRC, d, ignore=shutil.ignore_patterns(".venv-*", ".gpukit", ".whl", ".git", "runs"))
+        p = os.path.join(d, f); s = open(p).read()
+        if old not in s:
+            print(f"?? {name}: pattern not found"); continue
+        open(p, "w").write(s.replace(old, new, 1))
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", *TESTS] + ([] if full else ["-k", k]), cwd=d,
+                           capture_output=True, text=True, timeout=1800)
+        last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-200:]
+        verdict = "NO TEST" if r.returncode == 5 else "CAUGHT" if r.returncode else "MISSED"  # 5: -k selected none
+        print(f"{verdict:6s}  {name:45s} [{'all' if full else k}] {last}", flush=True)
+        shutil.rmtree(os.path.dirname(d), ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -95,7 +95,7 @@ def trl():
     runs = {"trl_grpotrainer": rows(os.path.join(d, "trl.steps.jsonl"))}
     for mode in ("async", "no-async"):
         runs[f"grpo_sglang_{mode}"] = steps(os.path.join(d, f"ours_{mode}.metrics.jsonl"))
-    out = {"commit": "b862d68 (trainer); dev/trl_grpo.py at 8a15aea", "date": "2026-12-02", "trl": t["trl"],
+    out = {"commit": "b862d68 (trainer); trl_grpo.py at 8a15aea", "date": "2026-12-02", "trl": t["trl"],
            "medians_of": "steps 4 to the last of each run", "runs": {}}
     for name, rs in runs.items():
         x = [r["time_step"] for r in rs[3:]]
