@@ -1,18 +1,32 @@
-"""results/h200/{quickstart,trl,trust,lora,episodes,dynamic_sampling,fit}/summary.json (and the curves) from the logs
-and metrics there, so that every number the README quotes is computed from files in the repository.
+"""The summaries of the GPU runs in results/ (each folder's summary.json, and the curves the README shows), computed
+from the runs' raw files (logs, metrics.jsonl, the tools' json), so that every number the README and docs quote comes
+from files git holds. The raw files are not in the tree: each summary names the commit that holds them
+("raw_files_at"), and this reads them there (git archive); a summary that names none is computed from the files in
+its folder (a new run's, before they leave the tree).
 
-    python dev/summarize_gpu.py [part ...]   # from the repo root (parts: the functions below; default all);
-                                               # needs matplotlib for the curves
+    python dev/summarize_gpu.py [part ...]          # rewrite the parts' summary.json and curve.png (default: all)
+    python dev/summarize_gpu.py --check [part ...]  # recompute, compare with the summaries in the tree, write nothing
+    python dev/summarize_gpu.py --at SHA part ...   # read the raw files at commit SHA, and record it as raw_files_at
+
+Parts (results/...): quickstart, trust, trl, lora, episodes, dynamic_sampling, fit, check_v2 (h200/PART/summary.json);
+x2 (x2/summary.json: async, sync, memory, multi, check_async, from the x2 runs). A new run's raw files leave the tree
+so: commit them, `git rm` them, then `python dev/summarize_gpu.py --at HEAD PART` and commit (HEAD still holds them).
+It needs git and a clone with history (a shallow one lacks the commits: git fetch --unshallow); matplotlib for the
+curves.
 """
+import argparse
+import io
 import json
 import os
 import re
 import statistics as st
+import subprocess
 import sys
+import tarfile
+import tempfile
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-R = os.path.join(HERE, "results", "h200")
-sys.path[:0] = [os.path.join(HERE, "tools"), os.path.join(HERE, "dev")]  # plot_metrics; train_phase_bench
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "tools"), os.path.join(ROOT, "dev")]  # plot_metrics; train_phase_bench
 
 
 def rows(path):
@@ -39,8 +53,8 @@ def stopped_at(log):
     return (last + 1, err.group(1)[:300]) if err else (None, None)
 
 
-def quickstart():
-    d = os.path.join(R, "quickstart")
+def quickstart(res, png=None):
+    d = os.path.join(res, "h200", "quickstart")
     out = {"commit": "b862d68", "date": "2026-12-02", "runs": {}}
     for seed in (0, 1, 2):
         s = steps(os.path.join(d, f"seed{seed}.metrics.jsonl"))
@@ -50,15 +64,15 @@ def quickstart():
                              "step_s_median": med([r["time_step"] for r in s[3:]]),
                              "steps_s_total": round(sum(r["time_step"] for r in s), 1),
                              "check_mismatch_median": med([r["check_mismatch_mean"] for r in s])}
-    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
-    import plot_metrics
-    plot_metrics.main(os.path.join(d, "seed0.metrics.jsonl"), os.path.join(d, "curve.png"),
-                      "SmolLM2-135M-Instruct, a + b, one H200 (server and trainer colocated)")
+    if png:
+        import plot_metrics
+        plot_metrics.main(os.path.join(d, "seed0.metrics.jsonl"), png,
+                          "SmolLM2-135M-Instruct, a + b, one H200 (server and trainer colocated)")
     return out
 
 
-def trust():
-    d = os.path.join(R, "trust")
+def trust(res, png=None):
+    d = os.path.join(res, "h200", "trust")
     runs = []
     for name, lr in (("lr1e-5", 1e-5), ("lr1e-6", 1e-6)):
         s = steps(os.path.join(d, f"{name}.metrics.jsonl"))
@@ -83,14 +97,13 @@ def trust():
                              "over the server's tensors, random weights of each shape, one H200; in_run_median: the "
                              "metric time_weight_check of lr1e-5 (steps 2-15), hashing and the wait for the server's "
                              "answer (its checksum runs between decode steps, while the trainer trains)")
-    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
     return out
 
 
-def trl():
+def trl(res, png=None):
     """TRL's GRPOTrainer and ours on the same work (16 x 8, 128 tokens, lr 1e-5, beta 0, micro-batches of 32), one
     machine: ours --async and --no-async (30 steps each), then TRL (25 steps); medians and ranges of steps 4 on."""
-    d = os.path.join(R, "trl")
+    d = os.path.join(res, "h200", "trl")
     t = json.load(open(os.path.join(d, "trl.summary.json")))
     runs = {"trl_grpotrainer": rows(os.path.join(d, "trl.steps.jsonl"))}
     for mode in ("async", "no-async"):
@@ -107,12 +120,11 @@ def trl():
     trl_s = out["runs"]["trl_grpotrainer"]["step_s_median"]
     out["speedup"] = {m: round(trl_s / out["runs"][f"grpo_sglang_{m}"]["step_s_median"], 1) for m in ("async",
                                                                                                      "no-async")}
-    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
     return out
 
 
-def lora():
-    d = os.path.join(R, "lora")
+def lora(res, png=None):
+    d = os.path.join(res, "h200", "lora")
     out = {"commit": "722847b", "date": "2026-12-01", "sync": "merged",
            "commits": {"smol_lora, smol_full, q7_lora": "722847b", "base_only, sync_cost": "e82264c (the LoRA forward "
                        "on the base plus the adapter's path; push, weight check and tools as at 722847b)"}}
@@ -155,14 +167,13 @@ def lora():
                             "tensor path (1 GiB buckets); adapter = /load_lora_adapter_from_tensors (one flattened "
                             "bucket, after /unload_lora_adapter), then the first request that names it; rollout: 128 "
                             "prompts x 128 new tokens, without and with lora_path, on that server")
-    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
     return out
 
 
-def episodes():
+def episodes(res, png=None):
     """The multi-turn quick start of each built-in task of episodes, its single-turn baseline (one reply, no
     environment, the same held-out rows), the negative control during episodes and what a turn costs."""
-    d = os.path.join(R, "episodes")
+    d = os.path.join(res, "h200", "episodes")
     mean = lambda rs, k: round(st.mean(r[k] for r in rs), 3)
     out = {"commit": "76793d9", "date": "2026-12-02",
            "commits": {"guess, episodes_dropped_tag_kept, turn_cost, quickstart, calculator_calls_only": "76793d9",
@@ -194,7 +205,8 @@ def episodes():
                                      "reward_91_100": mean(q[-10:], "reward_mean"),
                                      "step_s_median": med([r["time_step"] for r in q[3:]]),
                                      "steps_s_total": round(sum(r["time_step"] for r in q), 1)}
-    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    if not png:
+        return out
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -220,15 +232,15 @@ def episodes():
         ax.legend(fontsize=7, loc="center right")
     fig.suptitle("SmolLM2-135M-Instruct, episodes, one H200 (server and trainer colocated)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(os.path.join(d, "curve.png"), dpi=110)
+    fig.savefig(png, dpi=110)
     return out
 
 
-def dynamic_sampling():
+def dynamic_sampling(res, png=None):
     """The quick start with --dynamic_sampling 3 (DAPO) and without it, 200 steps each, one call, one server: the
     groups with signal (rewards that differ) a step trains on, the prompts it drew, its time, held-out accuracy
     against steps and against the steps' summed time."""
-    d, G = os.path.join(R, "dynamic_sampling"), 16  # (--prompts_per_step)
+    d, G = os.path.join(res, "h200", "dynamic_sampling"), 16  # (--prompts_per_step)
     out = {"commit": "b862d68", "date": "2026-12-02", "runs": {}}
     series = {}
     for name in ("dapo_ds3", "dapo_ds0"):
@@ -249,7 +261,8 @@ def dynamic_sampling():
     out["note"] = ("groups_with_signal: groups_kept with the flag, 16 x (1 - zero_std_groups_frac) without it; "
                    "accuracy_last20_trained_groups is over the groups a step trained on, which the flag selects: "
                    "compare the held-out accuracy (eval), not it")
-    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
+    if not png:
+        return out
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -270,22 +283,22 @@ def dynamic_sampling():
         ax.legend(fontsize=7)
     fig.suptitle("SmolLM2-135M-Instruct, a + b, one H200: DAPO's dynamic sampling against none", fontsize=10)
     fig.tight_layout()
-    fig.savefig(os.path.join(d, "curve.png"), dpi=110)
+    fig.savefig(png, dpi=110)
     return out
 
 
-def fit():
+def fit(res, png=None):
     """What fits my GPU: the trainer's peak per shape and variant (dev/fit_bench.py, one H200, no server) and, derived
     from it, the GPU memory a colocated run needs: the trainer's peak + the server's bf16 weights and a KV cache for
     the batch + the overhead runs beside a real server showed, the largest of their kind (full or LoRA). A run's
     overhead: the GPU in use (nvidia-smi, its max) - the server's share (MEM_FRACTION 0.3 of the GPU) - the trainer's
     peak: CUDA contexts, SGLang's CUDA graphs, PyTorch's cache. Runs beside a server: the 7B LoRA run at 722847b and
     the 1.5B's four variants at b862d68 (fit_1.5b_*, --beta 0: no reference model)."""
-    d, gb = os.path.join(R, "fit"), 2**20 / 1e9  # (MiB -> GB)
+    d, gb = os.path.join(res, "h200", "fit"), 2**20 / 1e9  # (MiB -> GB)
     total_mib = int(re.search(r"H200, (\d+) MiB", open(os.path.join(d, "versions.txt")).read()).group(1))
     share = 0.3 * total_mib * gb
-    lora = json.load(open(os.path.join(R, "lora", "summary.json")))["q7_lora"]
-    smi = max(int(x) for x in open(os.path.join(R, "lora", "q7_gpu_mem.txt")).read().split())
+    lora = json.load(open(os.path.join(res, "h200", "lora", "summary.json")))["q7_lora"]
+    smi = max(int(x) for x in open(os.path.join(res, "h200", "lora", "q7_gpu_mem.txt")).read().split())
     beside = {"q7_lora_ckpt": {"kind": "lora", "trainer_peak_gb": lora["peak_gb"], "gpu_in_use_gb": round(smi * gb, 1),
                                "from": "results/h200/lora q7_lora (722847b)"}}
     for v, name in (("full_ck0", "full"), ("full_ck1", "full_ckpt"), ("lora_ck0", "lora"), ("lora_ck1", "lora_ckpt")):
@@ -338,11 +351,382 @@ def fit():
                                   "train_s": round(got["seconds_median"], 2), **({"from": got["from"]} if "from" in got
                                                                                  else {})}
         out["shapes"][key] = row
-    json.dump(out, open(os.path.join(d, "summary.json"), "w"), indent=1)
     return out
 
 
+# -- the runs before the GPU pipeline above (results/run_x2.sh, last at 0e3eade): the sync check's calibration and
+# two GPUs. Their summaries were written by results/tools/summarize.py (last at 0e3eade); these are its functions.
+
+def steps_of(path):
+    """Per-step rows of a run: its metrics.jsonl, or (when the run ended before the file was copied) the step lines
+    of its log, which carry the timings."""
+    if os.path.exists(path + ".metrics.jsonl"):
+        return steps(path + ".metrics.jsonl"), "metrics.jsonl"
+    pat = re.compile(r"^step +(\d+) \| reward ([\d.]+).*rollout ([\d.]+)s train ([\d.]+)s sync ([\d.]+)s step ([\d.]+)s"
+                     r".*mismatch ([\d.]+)")
+    got = [dict(zip(("step", "reward_mean", "time_rollout", "time_train", "time_sync", "time_step", "mismatch_mean"),
+                    map(float, m.groups()))) for m in map(pat.match, open(path + ".log")) if m]
+    return got, "log (step lines; no time_ref there)"
+
+
+def evals_of(path):
+    return {int(s): float(a) for s, a in re.findall(r"eval step (\d+): accuracy ([\d.]+)", open(path + ".log").read())}
+
+
+def med_of(rs, key, skip=3):
+    xs = [r[key] for r in rs[skip:] if key in r]
+    return round(st.median(xs), 4) if xs else None
+
+
+def caught_at(path):
+    """The step at which a negative control stopped, from its error message."""
+    log = open(path + ".log").read()
+    m = re.search(r"must come from version '(\d+)'", log)
+    if m:  # the rollout (or, async, the re-score) of step v+1 must come from the weights after step v
+        return int(m.group(1)) + 1
+    m = re.search(r"weight sync check failed at step (\d+)", log)
+    return int(m.group(1)) if m else None
+
+
+X2_SCRIPT = "git show 0e3eade:results/run_x2.sh"  # the script of the x2 runs, as they ran it
+
+
+def check_v2(res, png=None):
+    """The log-prob check's calibration (9c31301): 300 steps --no-async, and its negative controls."""
+    d = os.path.join(res, "h200", "check_v2") + "/"
+    main, _ = steps_of(d + "check_v2_main")
+    ev = evals_of(d + "check_v2_main")
+    mm = [r["mismatch_mean"] for r in main]
+    dropped, _ = steps_of(d + "check_v2_dropped_tagged")
+    return {"steps": len(main),
+            "false_alarms": 0 if len(main) == 300 and "error:" not in open(d + "check_v2_main.log").read() else None,
+            "skip_one_step": 6, "skip_one_caught_at": caught_at(d + "check_v2_skip_one"),
+            "stop_syncing_after": 3, "stop_syncing_caught_at": caught_at(d + "check_v2_stop_syncing"),
+            "weights_dropped_tag_kept_after": 3,
+            "weights_dropped_tag_kept_caught_at": caught_at(d + "check_v2_dropped_tagged"),
+            "weights_dropped_tag_kept_mismatch": {"step 4": round(dropped[3]["mismatch_mean"], 3),
+                                                  "last step": round(dropped[-1]["mismatch_mean"], 3),
+                                                  "stopped on": float(re.search(
+                                                      r"by ([\d.]+) nats on average",
+                                                      open(d + "check_v2_dropped_tagged.log").read()).group(1))},
+            "batch_mismatch_mean_median": round(st.median(mm), 4), "batch_mismatch_mean_max": round(max(mm), 4),
+            "batch_mismatch_max_median": round(st.median(r["mismatch_max"] for r in main), 3),
+            "batch_mismatch_kl_median": round(st.median(r["mismatch_kl"] for r in main), 5),
+            "mismatch_max_flag": 0.1,
+            "every_rollout_from_its_version": all(r["sampled_from_version"] == r["step"] - 1 for r in main),
+            "reward_first10": round(st.mean(r["reward_mean"] for r in main[:10]), 3),
+            "reward_last10": round(st.mean(r["reward_mean"] for r in main[-10:]), 3),
+            "eval_before": ev.get(0), "eval_after": ev.get(300), "eval_by_step": ev,
+            "median_step_s": med_of(main, "time_step"), "wall_s_300_steps": main[-1]["span_sync"][1],
+            "commit": "9c31301", "commands": X2_SCRIPT + ", phase A"}
+
+
+def x2_async(res):
+    """Two GPUs (trainer GPU 0, server GPU 1): --async against --no-async (c5458af), and one shared GPU (9c31301)."""
+    def model(name, sync, asyn, note=""):
+        s, src_s = steps_of(sync)
+        a, src_a = steps_of(asyn)
+        ev_s, ev_a = evals_of(sync), evals_of(asyn)
+        last = max(ev_s) if ev_s else None
+        trainer = lambda rs: (med_of(rs, "time_train") or 0) + (med_of(rs, "time_ref") or 0)
+        row = {"model": name, "sync_step_s": med_of(s, "time_step"), "async_step_s": med_of(a, "time_step"),
+               # the parts, from the sync run (nothing overlaps there); train = reference/old forward + training
+               "rollout_s": med_of(s, "time_rollout"), "train_s": round(trainer(s), 4), "sync_s": med_of(s, "time_sync"),
+               "sync_eval_final": ev_s.get(last) if len(ev_s) > 2 else None,
+               "async_eval_final": ev_a.get(last) if len(ev_a) > 2 else None}
+        row["async_over_sync"] = round(row["async_step_s"] / row["sync_step_s"], 3)
+        row["overlap_bound_s"] = round(max(row["rollout_s"], row["train_s"] + row["sync_s"]), 4)
+        row["async_over_bound"] = round(row["async_step_s"] / row["overlap_bound_s"], 3)
+        # the same bound from the async run's own parts: how well it overlaps what it did
+        own = max(med_of(a, "time_rollout"), trainer(a) + med_of(a, "time_sync"))
+        row["async_over_own_bound"] = round(row["async_step_s"] / own, 3)
+        if len(ev_s) > 2:
+            row.update(sync_eval=ev_s, async_eval=ev_a,
+                       sync_reward_last10=round(st.mean(r["reward_mean"] for r in s[-10:]), 3),
+                       async_reward_last10=round(st.mean(r["reward_mean"] for r in a[-10:]), 3),
+                       sync_wall_s=s[-1]["span_sync"][1], async_wall_s=a[-1]["span_sync"][1])
+        row["sources"] = {"sync": src_s, "async": src_a}
+        if note:
+            row["note"] = note
+        return row
+    d, c = os.path.join(res, "x2", "async") + "/", os.path.join(res, "h200", "check_v2") + "/"
+    out = [model("SmolLM2-135M-Instruct (trainer GPU 0, server GPU 1)", d + "x2_smol_sync", d + "x2_smol_async"),
+           model("Qwen2.5-1.5B-shaped, random weights (trainer GPU 0, server GPU 1)", d + "x2_q15_sync",
+                 d + "x2_q15_async", "medians of steps 4-12"),
+           model("Qwen2.5-7B-shaped, random weights (trainer GPU 0, server GPU 1, --grad_checkpointing)",
+                 d + "x2_q7_sync", d + "x2_q7_async", "medians of steps 4-6 (6 steps each: device time); both runs "
+                 "then stopped writing the final checkpoint: the machine's disk was full (logs)"),
+           model("SmolLM2-135M-Instruct, ONE shared GPU (--colocate), 30 steps", c + "coloc_sync", c + "coloc_async")]
+    for row, commit in zip(out, ("c5458af", "c5458af", "c5458af", "9c31301")):
+        row["commit"] = commit
+    return out
+
+
+def x2_sync(res):
+    """A push against a reload from disk, tensor and NCCL paths (dev/bench.py --layout x2)."""
+    out = []
+    for name, bench, commit in (("SmolLM2-135M-Instruct", "bench_smol", "9c31301"),
+                                ("Qwen2.5-1.5B-shaped, random weights", "bench_q15", "91659bc"),
+                                ("Qwen2.5-7B-shaped, random weights", "bench_q7", "91659bc")):
+        b = json.load(open(os.path.join(res, "x2", "sync", bench, "summary.json")))[0]
+        row = {k: b[k] for k in ("bytes", "disk_s", "tensor_s", "nccl_s", "raw_copy_s")}
+        out.append({"model": name + " (trainer GPU 0, server GPU 1)", **row, "verified": b["verified"],
+                    "disk_over_tensor": round(b["disk_s"] / b["tensor_s"], 1),
+                    "disk_over_nccl": round(b["disk_s"] / b["nccl_s"], 1),
+                    "tensor_gb_s": round(b["bytes"] / b["tensor_s"] / 1e9, 1),
+                    "nccl_gb_s": round(b["bytes"] / b["nccl_s"] / 1e9, 1), "source": "results/x2/sync/" + bench,
+                    "commit": commit})
+    return out
+
+
+def x2_memory(res):
+    """Peak memory of one 7B-shaped training step on one H200 (dev/memory_step.py), without and with checkpointing
+    (fused AdamW), and the same two with torch's default foreach AdamW (both out of memory)."""
+    out = []
+    for sub, opt, commit in (("", "fused AdamW", "17e375e"), ("foreach_adam/", "foreach AdamW (torch default)",
+                                                                "91659bc")):
+        for ck in ("", "_ckpt"):
+            m = json.load(open(os.path.join(res, "x2", "memory", sub + f"memory_7b{ck}.json")))
+            out.append({"model": "Qwen2.5-7B-shaped", "optimizer": opt, "grad_checkpointing": bool(ck),
+                        "micro_batch": m["args"]["micro_batch"],
+                        "tokens_per_sequence": m["args"]["prompt_len"] + m["args"]["completion_len"],
+                        "oom": m["oom"], "peak_allocated_gb": round(m["max_allocated_gb"], 1),
+                        "peak_allocated_gb_by_step": [round(x["max_allocated_gb"], 1) for x in m["steps"]
+                                                      if "max_allocated_gb" in x],
+                        "step_s": [round(x["seconds"], 2) for x in m["steps"]],
+                        "source": "results/x2/memory/" + sub + f"memory_7b{ck}.json", "commit": commit})
+    return out
+
+
+def x2_multi(res):
+    """Several servers (9fe208f; the async pair at f939f2a): the GPU tests, the bench (one server against two,
+    --no-async and --async) and rollouts alone (rollout_split.json)."""
+    d = os.path.join(res, "x2", "multi") + "/"
+    bench = {n: json.load(open(d + f"bench_{n}/bench.json"))["step"] for n in
+             ("one_server_sync", "two_servers_sync", "one_server_async", "two_servers_async")}
+    old = {n: json.load(open(d + f"at-f939f2a/bench_{n}/bench.json"))["step"] for n in ("one_server", "two_servers")}
+    m = {n: b["medians"] for n, b in bench.items()}
+    tests = open(d + "gpu_tests_multi.log").read()
+    failed = re.findall(r"^FAILED \S+\[(\w+)\]", tests, re.M)
+    ran = "3 passed" in tests.strip().splitlines()[-1] or failed
+    ok = lambda layout: bool(ran) and layout not in failed
+    split = json.load(open(d + "rollout_split.json"))["batches"]
+    r = lambda x, n=3: round(x, n)
+    one, two = m["one_server_sync"], m["two_servers_sync"]
+    return {
+        "tp2_exact": ok("tp2_colocated"), "two_servers_exact_tensor": ok("two_servers_tensor"),
+        "two_servers_exact_nccl": ok("two_servers_nccl"),
+        "rollout_one_server_s": r(one["time_rollout"]), "rollout_two_servers_s": r(two["time_rollout"]),
+        "push_one_server_s": r(one["time_sync"], 4), "push_two_servers_s": r(two["time_sync"], 4),
+        "async_step_one_server_s": r(old["one_server"]["medians"]["time_step"]),
+        "async_step_two_servers_s": r(old["two_servers"]["medians"]["time_step"]),
+        "notes": {
+            "tests": "after 3 steps every rank of every server holds the trainer's weights: /weights_checker checksums "
+                     "equal those after SGLang loads the trainer's checkpoint itself, and differ from the starting "
+                     "model's. A TP-2 server over GPUs 0-1 with the trainer colocated on GPU 0 (tensor path); two "
+                     "servers on GPU 1 with the trainer on GPU 0 (tensor path; NCCL with GPU 1 hidden from the "
+                     "trainer). A random Qwen3-shaped tiny model",
+            "bench": "Qwen2.5-1.5B-shaped random model, 24 x 8 prompts, 1024 new tokens, micro-batch 8, medians of "
+                     "steps 3-6 of 6; one server on GPU 1 against two (one on GPU 0 with the trainer, one on GPU 1). "
+                     "rollout_* and push_*: --no-async (generation with nothing else on the GPUs), side by side at "
+                     "9fe208f",
+            "rollout_ratio": r(two["time_rollout"] / one["time_rollout"]),
+            "push_ratio": r(two["time_sync"] / one["time_sync"]),
+            "sync_step_s": {"one_server": r(one["time_step"]), "two_servers": r(two["time_step"])},
+            "sync_train_s": {"one_server": r(one["time_train"]), "two_servers": r(two["time_train"])},
+            "rollout_alone": {n: {"one_server_s": r(st.median(v["one_server_s"])),
+                                  "two_servers_s": r(st.median(v["two_servers_s"])), "ratio": r(v["ratio"]),
+                                  "one_server_tok_s": round(v["one_server_tok_s"])} for n, v in split.items()},
+            "rollout_alone_how": "rollout_split.py (results/tools/, last at 0e3eade): N sequences of 1024 tokens "
+                                 "(ignore_eos) from one server, then N/2 from each of two at once, nothing else on the "
+                                 "GPUs; medians of 2. The servers capture decode CUDA graphs up to 192 sequences "
+                                 "(--cuda-graph-max-bs-decode 192): at 768 they decode without graphs, slower per "
+                                 "token than at 192",
+            "async_step": f"async_step_*: the pair measured side by side at f939f2a (4 steps each). At 9fe208f: one "
+                          f"server {r(m['one_server_async']['time_step'])} s; two servers "
+                          f"{r(m['two_servers_async']['time_step'])} s in the one step after the warm-up before it "
+                          f"stopped",
+            "async_rollout_s": {"one_server": r(old["one_server"]["medians"]["time_rollout"]),
+                                "two_servers": r(old["two_servers"]["medians"]["time_rollout"])},
+            "async_train_s": {"one_server": r(old["one_server"]["medians"]["time_train"]),
+                              "two_servers": r(old["two_servers"]["medians"]["time_train"])},
+            "two_servers_async_stopped": "at step 4 of 6: " + re.findall(r"traceback : (error: .*)", open(
+                d + "bench_two_servers_async/step_train.log").read())[-1] + " (the likely cause, read in SGLang's "
+                "source; the run kept no tokens to confirm it: it reports input token ids >= vocab_size - 1 as 0, "
+                "and the random model samples its last id; the check allows it since 77e7fd5)",
+            "why_async_slower": "with --async the server on GPU 0 generates while the trainer trains on GPU 0: each "
+                                "slows the other (train 12.8 s against 6.7 s), so two servers were slower than one in "
+                                "this layout"},
+        "commit": "9fe208f",
+        "commands": X2_SCRIPT + ", PHASES=\"multi_tests layout multi_bench\"; async_step_*: PHASES=multi at f939f2a"}
+
+
+def x2_check_async(res):
+    """The re-scored check in async mode (7547a64): SmolLM2 at lr 5e-5, its negative controls, the 1.5B shape with
+    --check_seqs 32 and 0."""
+    d = os.path.join(res, "x2", "check_async") + "/"
+    main, _ = steps_of(d + "async_lr5e-5")
+    stale = lambda rs: [r["check_mismatch_mean"] for r in rs if r.get("staleness_mean") is not None]
+    q, q0 = (steps_of(d + f"x2_q15_async_check{c}")[0] for c in (32, 0))
+    ev = evals(d + "async_lr5e-5.metrics.jsonl")
+    dropped, _ = steps_of(d + "neg_async_dropped_tagged")
+    return {
+        "model": "SmolLM2-135M-Instruct (the GPU kit's), built-in task, 16 prompts x 8, 128 new tokens, beta 0.04",
+        "lr": 5e-5, "steps": len(main),
+        "false_alarms": 0 if len(main) == 120 and "error:" not in open(d + "async_lr5e-5.log").read() else None,
+        "old_rule_stopped_at": next((r["step"] for r in main if r["mismatch_mean"] > 0.1), None),
+        "old_rule_mismatch_there": next((round(r["mismatch_mean"], 3) for r in main if r["mismatch_mean"] > 0.1), None),
+        "skip_one_step": 6, "skip_one_caught_at": caught_at(d + "neg_async_skip_one"),
+        "stop_syncing_after": 3, "stop_syncing_caught_at": caught_at(d + "neg_async_stop_syncing"),
+        "dropped_tagged_after": 3, "dropped_tagged_caught_at": caught_at(d + "neg_async_dropped_tagged"),
+        "dropped_tagged_rescored_mismatch": float(re.search(r"by ([\d.]+) nats on average",
+                                                            open(d + "neg_async_dropped_tagged.log").read()).group(1)),
+        "rescored_mismatch_median": {"smollm2": round(st.median(stale(main)), 4),
+                                     "qwen2.5_1.5b_shape": round(st.median(stale(q)), 4)},
+        "rescored_mismatch_max": {"smollm2": round(max(stale(main)), 4), "qwen2.5_1.5b_shape": round(max(stale(q)), 4)},
+        "step_s_with_rescore": med_of(q, "time_step"), "step_s_without_rescore": med_of(q0, "time_step"),
+        "notes": {"old_rule": "the first step whose batch mismatch (server at θ_{s-1} vs trainer at θ_s) exceeds 0.1: "
+                              "the rule before this change would have stopped the run there",
+                  "steps_over_old_limit": sum(r["mismatch_mean"] > 0.1 for r in main),
+                  "batch_mismatch_median_max": [round(st.median(r["mismatch_mean"] for r in main), 4),
+                                                round(max(r["mismatch_mean"] for r in main), 4)],
+                  "staleness_median_max": [round(st.median(r["staleness_mean"] for r in main if r["staleness_mean"]),
+                                                 4),
+                                           round(max(r["staleness_mean"] for r in main if r["staleness_mean"]), 4)],
+                  "rescored_mismatch": "check_mismatch_mean of the steps whose batch was one step old (re-scored rows)",
+                  "reward_first10_last10": [round(st.mean(r["reward_mean"] for r in main[:10]), 3),
+                                            round(st.mean(r["reward_mean"] for r in main[-10:]), 3)],
+                  "eval_by_step": ev,
+                  "dropped_tagged": "the pushes after step 3 were skipped but tagged; the server held θ_3; steps 5 "
+                                    "and 6 were the first whose check compared against a newer trainer",
+                  "step_s": "medians of steps 4-12 (1.5B shape, 24 x 8, 128 tokens, async, x2 layout), the two runs "
+                            "back to back on one server; --check_seqs 32 (default) vs 0"},
+        "commit": "7547a64", "commands": X2_SCRIPT + ", PHASES=check_async"}
+
+
+def x2(res, png=None):
+    return {"async": x2_async(res), "sync": x2_sync(res), "memory": x2_memory(res), "multi": x2_multi(res),
+            "check_async": x2_check_async(res)}
+
+
+# -- each part: its summary (under results/), the folders of raw files it reads (under results/), its curve
+
+PARTS = {
+    "quickstart": (quickstart, "h200/quickstart/summary.json", ["h200/quickstart"], "h200/quickstart/curve.png"),
+    "trust": (trust, "h200/trust/summary.json", ["h200/trust"], None),
+    "trl": (trl, "h200/trl/summary.json", ["h200/trl"], None),
+    "lora": (lora, "h200/lora/summary.json", ["h200/lora"], None),
+    "episodes": (episodes, "h200/episodes/summary.json", ["h200/episodes"], "h200/episodes/curve.png"),
+    "dynamic_sampling": (dynamic_sampling, "h200/dynamic_sampling/summary.json", ["h200/dynamic_sampling"],
+                         "h200/dynamic_sampling/curve.png"),
+    "fit": (fit, "h200/fit/summary.json", ["h200/fit", "h200/lora"], None),  # (the 7B LoRA run beside its server)
+    "check_v2": (check_v2, "h200/check_v2/summary.json", ["h200/check_v2"], None),
+    "x2": (x2, "x2/summary.json", ["x2/async", "x2/sync", "x2/memory", "x2/multi", "x2/check_async",
+                                   "h200/check_v2"], None)}
+RESULTS = os.path.join(ROOT, "results")
+
+
+class Error(Exception):
+    """A problem this tool explains in one line (the command line prints it, without a traceback)."""
+
+
+def git(*args, binary=False):
+    try:
+        p = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=not binary)
+    except FileNotFoundError:
+        raise Error("git is not installed: the raw files of the GPU runs are read from git's history")
+    if p.returncode:
+        raise Error(f"git {' '.join(args)}: {(p.stderr if not binary else p.stderr.decode()).strip()}")
+    return p.stdout
+
+
+def commit_of(sha):
+    """The full hash of commit `sha`, or None when this clone lacks it (or is no clone)."""
+    p = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}"],
+                       capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def raw_files(part, sha, into):
+    """Write the folders of raw files `part` reads, as commit `sha` holds them, under `into`/results/ -> that
+    results folder."""
+    folders = [f"results/{f}" for f in PARTS[part][2]]
+    tar = git("archive", "--format=tar", sha, "--", *folders, binary=True)
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    return os.path.join(into, "results")
+
+
+def summary_in_tree(part):
+    path = os.path.join(RESULTS, PARTS[part][1])
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+def recompute(part, at=None, curve=None):
+    """-> (the summary in the tree or None, the summary computed from the raw files at commit `at` (default: the
+    commit the summary names; none named: the files in the tree), with its raw_files_at); draws the curve into
+    `curve` where the part has one."""
+    fn, rel, _, _ = PARTS[part]
+    there = summary_in_tree(part)
+    sha = at or (there or {}).get("raw_files_at")
+    if not sha:
+        try:
+            return there, json.loads(json.dumps(fn(RESULTS, curve)))  # (as a file holds it: keys are strings)
+        except FileNotFoundError as e:
+            raise Error(f"results/{rel} names no commit (raw_files_at) and its raw files are not in the tree: "
+                        f"{os.path.relpath(e.filename, ROOT)}; --at SHA reads them at a commit")
+    full = commit_of(sha)
+    if full is None and at:
+        raise Error(f"--at {at}: no such commit in this clone")
+    if full is None:
+        raise Error(f"results/{rel}: its raw files are at commit {sha}, which this clone lacks (a shallow clone? "
+                    f"git fetch --unshallow)")
+    with tempfile.TemporaryDirectory(prefix="raw_files_") as tmp:
+        try:
+            got = fn(raw_files(part, full, tmp), curve)
+        except FileNotFoundError as e:
+            raise Error(f"results/{rel}: a raw file is missing at {full[:7]}: {e.filename[len(tmp) + 1:]}")
+    return there, json.loads(json.dumps({"raw_files_at": full, **got}))
+
+
+def small_png(path):
+    """The curve with 64 colours (a third of its bytes; line plots look the same)."""
+    from PIL import Image
+    Image.open(path).convert("RGB").quantize(64, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+        path, optimize=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("parts", nargs="*", help=f"of {', '.join(PARTS)} (default: all)")
+    ap.add_argument("--check", action="store_true", help="compare with the summaries in the tree; write nothing")
+    ap.add_argument("--at", help="read the raw files at this commit, and record it in the summaries")
+    a = ap.parse_args(argv)
+    unknown = [p for p in a.parts if p not in PARTS]
+    if unknown:
+        ap.error(f"no part {', '.join(unknown)}: the parts are {', '.join(PARTS)}")
+    if a.at and not a.parts:
+        ap.error("--at SHA: name the parts whose raw files that commit holds")
+    differ = []
+    try:
+        for part in a.parts or PARTS:
+            fn, rel, _, png = PARTS[part]
+            curve = None if a.check or not png else os.path.join(RESULTS, png)
+            there, got = recompute(part, a.at, curve)
+            if a.check:
+                same = there == got
+                differ += [] if same else [part]
+                print(f"{part}: {'the same' if same else 'DIFFERS from'} results/{rel}")
+                continue
+            os.makedirs(os.path.dirname(os.path.join(RESULTS, rel)), exist_ok=True)
+            json.dump(got, open(os.path.join(RESULTS, rel), "w"), indent=1)
+            if curve:
+                small_png(curve)
+            print(f"{part}: wrote results/{rel}" + (f" and results/{png}" if curve else ""))
+    except Error as e:
+        sys.exit(f"error: {e}")
+    sys.exit(1 if differ else 0)
+
+
 if __name__ == "__main__":
-    parts = {f.__name__: f for f in (quickstart, trust, trl, lora, episodes, dynamic_sampling, fit)}
-    for name in sys.argv[1:] or parts:
-        print(name, json.dumps(parts[name]()))
+    main()

@@ -20,6 +20,7 @@ from test_smoke import (LORA, g, held_differ, read_metrics, run, run_against, se
                         train_cmd)
 
 DEV = os.path.join(ROOT, "dev")
+sys.path.insert(0, DEV)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,30 +88,53 @@ def test_the_benchmark_tools_run_the_trainers_step_on_a_tiny_shape(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # the GPU results: the summaries and the runs behind them
 
-def test_the_gpu_summaries_are_computed_from_the_runs_files(tmp_path, monkeypatch):
-    """Every results/h200/*/summary.json (where the README's GPU numbers come from) is what dev/summarize_gpu.py
-    computes from the runs' logs and metrics beside it: a summary edited by hand, or left behind when its runs were
-    replaced, fails here. (On a copy of results/: the tool writes its summaries and curves where it reads.)"""
-    shutil.copytree(os.path.join(ROOT, "results"), tmp_path / "results")
-    monkeypatch.syspath_prepend(DEV)
-    import summarize_gpu
-    monkeypatch.setattr(summarize_gpu, "R", str(tmp_path / "results" / "h200"))
-    parts = ("quickstart", "trust", "trl", "lora", "episodes", "dynamic_sampling", "fit")
-    for part in parts:
-        getattr(summarize_gpu, part)()
-        recomputed = json.load(open(tmp_path / "results" / "h200" / part / "summary.json"))
-        assert recomputed == json.load(open(os.path.join(ROOT, "results", "h200", part, "summary.json"))), part
-    on_disk = {os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(ROOT, "results", "h200", "*",
-                                                                                    "summary.json"))}
-    assert on_disk == set(parts), on_disk  # a new folder's summary needs its part in summarize_gpu.py
+def summaries():
+    """{part of dev/summarize_gpu.py: its summary in the tree}, or a skip where this clone lacks the commits that hold
+    the runs' raw files (a shallow clone; a copy without .git)."""
+    import summarize_gpu as sg
+    got = {part: sg.summary_in_tree(part) for part in sg.PARTS}
+    lacking = sorted({s.get("raw_files_at", "")[:7] for s in got.values() if s and s.get("raw_files_at")
+                      and sg.commit_of(s["raw_files_at"]) is None})
+    if lacking:
+        pytest.skip(f"the GPU runs' raw files are in git's history, at {', '.join(lacking)}, which this clone lacks "
+                    f"(a shallow clone, or a copy without .git): git fetch --unshallow")
+    return got
 
 
-def test_sync_check_replayed_on_the_recorded_gpu_runs():
+@pytest.fixture(scope="module")
+def raw_results(tmp_path_factory):
+    """{part: a results/ folder holding the raw files it reads, out of git at the commit its summary names}."""
+    import summarize_gpu as sg
+    return {part: sg.raw_files(part, s["raw_files_at"], str(tmp_path_factory.mktemp(part)))
+            for part, s in summaries().items()}
+
+
+def test_the_gpu_summaries_are_computed_from_the_runs_files():
+    """Every summary.json under results/ (where the GPU numbers of the README and docs come from) is what
+    dev/summarize_gpu.py computes from its runs' raw files, read out of git at the commit the summary names
+    (raw_files_at, a full hash; the raw files are not in the tree): a summary edited by hand, or left behind when its
+    runs were replaced, fails here; so does one that names no commit, or one that no part of the tool computes."""
+    import summarize_gpu as sg
+    on_disk = sorted(os.path.relpath(p, sg.RESULTS) for p in glob.glob(os.path.join(sg.RESULTS, "**", "summary.json"),
+                                                                        recursive=True))
+    assert on_disk == sorted(rel for _, rel, _, _ in sg.PARTS.values()), (
+        f"results/ holds these summaries: {on_disk}; dev/summarize_gpu.py's PARTS compute "
+        f"{sorted(rel for _, rel, _, _ in sg.PARTS.values())}: a new summary needs its part there")
+    for part, there in summaries().items():
+        assert re.fullmatch(r"[0-9a-f]{40}", there.get("raw_files_at", "")), (
+            f"results/{sg.PARTS[part][1]} names no commit of its raw files (raw_files_at, a full hash): commit them, "
+            f"git rm them, then python dev/summarize_gpu.py --at HEAD {part} (dev/README.md)")
+        tree, got = sg.recompute(part)
+        assert got == tree, (f"results/{sg.PARTS[part][1]} is not what its raw files give; these keys differ: "
+                             f"{sorted(k for k in set(got) | set(tree) if got.get(k) != tree.get(k))}")
+
+
+def test_sync_check_replayed_on_the_recorded_gpu_runs(raw_results):
     """The stop rule (each rollout from exactly its version; trainer and server under the same weights within
     --mismatch_max: the batch mismatch where a run logged nothing else, the re-scored check where it did) replayed
     over every recorded GPU run: no correct push stops a run, and the negative controls stop exactly where they did
     on the GPU (the weight hashes' at the very next step). The async run at lr 5e-5 is one the rule before the
-    re-scored check (the batch mismatch) stopped."""
+    re-scored check (the batch mismatch) stopped. The runs are read out of git at the commits their summaries name."""
     limit = g.Config.mismatch_max
 
     def replay(path, old_rule=False):
@@ -134,25 +158,28 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs():
             return int(m.group(2)) + 1
         m = re.search(r"holds other weights than the trainer sent in the push of version (\d+)", log)  # the hashes
         return int(m.group(1)) + 1 if m else None
-    runs = glob.glob(os.path.join(ROOT, "results", "**", "*.metrics.jsonl"), recursive=True)
+    folder = lambda part, *sub: os.path.join(raw_results[part], *sub)  # a folder of runs, at its commit
+    h200 = [p for p in raw_results if p != "x2"]
+    runs = [r for p in h200 for r in glob.glob(folder(p, "h200", p, "*.metrics.jsonl"))] + glob.glob(
+        folder("x2", "x2", "check_async", "*.metrics.jsonl"))
     negative = ("check_v2_", "neg_", "dropped_", "base_only", "episodes_dropped_")  # the controls, checked below
     good = [p for p in runs if not os.path.basename(p).startswith(negative) or "check_v2_main" in p]
     assert len(good) >= 7, good  # 300 steps, lr 5e-5 async, the three seeds of the curve, lr 1e-5 and 1e-6
     for path in good:
         assert replay(path) is None, path
-    check = os.path.join(ROOT, "results", "h200", "check_v2")
+    check = folder("check_v2", "h200", "check_v2")
     assert replay(os.path.join(check, "check_v2_skip_one.metrics.jsonl")) == 7  # push after step 6 skipped
     assert replay(os.path.join(check, "check_v2_stop_syncing.metrics.jsonl")) == 5  # no push after step 4
     assert replay(os.path.join(check, "check_v2_dropped_tagged.metrics.jsonl")) == 18  # tag kept, weights dropped
     main = [r["mismatch_mean"] for r in map(json.loads, open(os.path.join(check, "check_v2_main.metrics.jsonl"))) if "mismatch_mean" in r]
     assert len(main) == 300 and max(main) < limit / 3  # the limit is over 3x the worst correct step of 300
-    ca = os.path.join(ROOT, "results", "x2", "check_async")  # async, lr 5e-5: the same controls, and the old rule's false alarm
+    ca = folder("x2", "x2", "check_async")  # async, lr 5e-5: the same controls, and the old rule's false alarm
     assert [replay(os.path.join(ca, f"neg_async_{n}.metrics.jsonl")) for n in ("skip_one", "stop_syncing", "dropped_tagged")] == [7, 5, 6]
     assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl")) is None
     assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl"), old_rule=True) == 4
-    lora = os.path.join(ROOT, "results", "h200", "lora")  # LoRA: the pushes from version 10 on the base's weights
+    lora = folder("lora", "h200", "lora")  # LoRA: the pushes from version 10 on the base's weights
     assert replay(os.path.join(lora, "base_only.metrics.jsonl")) == 11
-    trust = os.path.join(ROOT, "results", "h200", "trust")  # the weight hashes: the push after step 11 dropped
+    trust = folder("trust", "h200", "trust")  # the weight hashes: the push after step 11 dropped
     assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
-    episodes = os.path.join(ROOT, "results", "h200", "episodes")  # episodes: pushes dropped after version 6, tag kept
+    episodes = folder("episodes", "h200", "episodes")  # episodes: pushes dropped after version 6, tag kept
     assert replay(os.path.join(episodes, "episodes_dropped_tag_kept.metrics.jsonl")) == 7
