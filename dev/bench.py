@@ -6,7 +6,7 @@ One GPU (--layout colocated, the default); the server shares GPU 0 with this pro
 
     MODEL=$KIT_MODEL_DIR GPU=0 MEM_FRACTION=0.25 ATTENTION_BACKEND=triton \
         EXTRA_ARGS="--sampling-backend pytorch --cuda-graph-max-bs-decode 256" bash serve.sh
-    python3 dev/bench.py --model $KIT_MODEL_DIR --out results/bench               # all three parts
+    python3 dev/bench.py --model $KIT_MODEL_DIR --out runs/bench                  # all three parts
     python3 dev/bench.py --model $KIT_MODEL_DIR --parts sync --no-large            # no second server
     python3 dev/bench.py --model $KIT_MODEL_DIR --parts step --step_args --steps 10 --lr 2e-6   # --step_args last
     python3 dev/bench.py --merge OUT_DIR run1/bench.json run2/bench.json   # one report from several runs
@@ -19,10 +19,10 @@ else triton, "--sampling-backend pytorch --cuda-graph-max-bs-decode 256" and 0.7
 
     python3 dev/bench.py --layout x2 --model $KIT_MODEL_DIR --parts sync \
         --extra_models qwen1.5b=/tmp/models/qwen2.5-1.5b-random,qwen7b=/tmp/models/qwen2.5-7b-random \
-        --out results/x2/sync
+        --out runs/x2_sync
     # or with the --model server already on GPU 1 (the --extra_models servers would need room next to it):
     MODEL=$KIT_MODEL_DIR GPU=1 bash serve.sh
-    python3 dev/bench.py --layout x2 --model $KIT_MODEL_DIR --server_url http://127.0.0.1:30000 --out results/x2/sync
+    python3 dev/bench.py --layout x2 --model $KIT_MODEL_DIR --server_url http://127.0.0.1:30000 --out runs/x2_sync
 
 Parts (--parts; a part, model or method that fails is recorded in bench.json and the others still run):
   sync     time from "the trainer has new bf16 weights on cuda:0" to "the server generated with them"
@@ -766,7 +766,7 @@ def parse_args(argv=None):
                         "(sync only)")
     p.add_argument("--parts", default=None, help="comma-separated subset of sync,rollout,step (default: all three; "
                                                  "x2: sync)")
-    p.add_argument("--out", default="results/bench", help="folder for bench.json, summary.json, bench.md, bench.png, logs")
+    p.add_argument("--out", default="runs/bench", help="folder for bench.json, summary.json, bench.md, bench.png, logs")
     p.add_argument("--server_url", default=None,
                    help="the running server of --model (default colocated: http://127.0.0.1:30000; x2: none, "
                         "bench.py starts one on --server_gpu)")

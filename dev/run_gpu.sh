@@ -22,7 +22,8 @@
 #               default "0.5b 1.5b 3b 7b"), its server at MEM_FRACTION 0.3, then FIT_STEPS (4) steps of the quick
 #               start's batch (16 x 8, 128 tokens, --micro_batch 32, --beta 0.04 as fit_bench.py) full and
 #               --lora_rank 16, each without and with --grad_checkpointing: the trainer's peak (metrics' peak_mem_gb),
-#               the GPU's use (nvidia-smi every 0.5 s). (Until 8a15aea it ran at --beta 0: results/h200/fit/fit_1.5b_*)
+#               the GPU's use (nvidia-smi every 0.5 s). (Until 8a15aea it ran at --beta 0: the fit_1.5b_* runs of
+#               results/h200/fit, raw files at bf31402)
 #
 #   M=/path/to/model RES=/tmp/res bash dev/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
 # (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)

@@ -389,6 +389,7 @@ def caught_at(path):
 
 
 X2_SCRIPT = "git show 0e3eade:results/run_x2.sh"  # the script of the x2 runs, as they ran it
+X2 = "results/x2/"  # (their raw files' folders, at 0e3eade)
 
 
 def check_v2(res, png=None):
@@ -474,7 +475,7 @@ def x2_sync(res):
                     "disk_over_tensor": round(b["disk_s"] / b["tensor_s"], 1),
                     "disk_over_nccl": round(b["disk_s"] / b["nccl_s"], 1),
                     "tensor_gb_s": round(b["bytes"] / b["tensor_s"] / 1e9, 1),
-                    "nccl_gb_s": round(b["bytes"] / b["nccl_s"] / 1e9, 1), "source": "results/x2/sync/" + bench,
+                    "nccl_gb_s": round(b["bytes"] / b["nccl_s"] / 1e9, 1), "source": X2 + "sync/" + bench,
                     "commit": commit})
     return out
 
@@ -494,7 +495,7 @@ def x2_memory(res):
                         "peak_allocated_gb_by_step": [round(x["max_allocated_gb"], 1) for x in m["steps"]
                                                       if "max_allocated_gb" in x],
                         "step_s": [round(x["seconds"], 2) for x in m["steps"]],
-                        "source": "results/x2/memory/" + sub + f"memory_7b{ck}.json", "commit": commit})
+                        "source": X2 + "memory/" + sub + f"memory_7b{ck}.json", "commit": commit})
     return out
 
 

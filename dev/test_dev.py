@@ -183,3 +183,64 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs(raw_results):
     assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
     episodes = folder("episodes", "h200", "episodes")  # episodes: pushes dropped after version 6, tag kept
     assert replay(os.path.join(episodes, "episodes_dropped_tag_kept.metrics.jsonl")) == 7
+
+
+# ---------------------------------------------------------------------------------------------
+# the mutation list and the paths the docs name
+
+def test_every_mutation_breaks_a_line_its_file_holds_and_names_tests_that_exist():
+    """dev/mutation_check.py breaks the first place its pattern is found in the file an entry names, and says "??
+    pattern not found" only when someone runs it (30 minutes): an entry whose line was rewritten, or whose file moved,
+    is a check that silently stopped. Every entry: its file exists and holds its pattern, the break changes it, its
+    name is its own, and its -k expression selects tests of test_smoke.py or dev/test_dev.py."""
+    import subprocess
+    from _pytest.mark.expression import Expression
+    import mutation_check
+    text = lambda f: open(os.path.join(ROOT, f)).read() if os.path.isfile(os.path.join(ROOT, f)) else None
+    stale = [f"{name} ({f})" for name, f, old, new, _ in mutation_check.M if old not in (text(f) or "")]
+    assert not stale, (f"{len(stale)} entries of dev/mutation_check.py break a line their file no longer holds "
+                       f"(rewrite the pattern, or the entry): {'; '.join(stale)}")
+    names = [m[0] for m in mutation_check.M]
+    assert len(set(names)) == len(names), sorted({n for n in names if names.count(n) > 1})
+    assert not [name for name, _, old, new, _ in mutation_check.M if old == new]
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             *mutation_check.TESTS], cwd=ROOT, capture_output=True, text=True)
+    tests = [line.split("::", 1)[1] for line in listed.stdout.splitlines() if "::" in line]
+    assert len(tests) > 300, listed.stdout[-2000:] + listed.stderr[-2000:]
+    idle = [f"{name} [-k {k}]" for name, _, _, _, k in mutation_check.M
+            if not any(Expression.compile(k).evaluate(lambda w, **_: w.lower() in t.lower()) for t in tests)]
+    assert not idle, f"these entries' -k expressions select no test: {'; '.join(idle)}"
+
+
+def test_the_paths_the_docs_name_are_in_the_tree_or_name_their_commit():
+    """Every path under dev/, tools/, results/, docs/ or data/ that README.md, docs/*.md, results/README.md, the files
+    of dev/ and test_smoke.py name, and every relative link of those Markdown files, is in the tree, or says which
+    commit keeps it: `git show SHA:PATH`, or "at SHA" (as "last at `0e3eade`") within the next few lines. A tool that
+    moved, a folder folded into another, a file that left the tree: none leaves a pointer to nothing."""
+    mention = re.compile(r"(?<![\w/.$-])((?:dev|tools|results|docs|data)/[\w.*{},/-]*[\w*}/])")
+    kept = re.compile(r"\b(?:at|git show)\s+`?[0-9a-f]{7,40}\b")
+    link = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+
+    def expand(p):  # a{b,c}d -> abd, acd
+        m = re.search(r"\{([^{}]*)\}", p)
+        return [q for alt in m.group(1).split(",") for q in expand(p[:m.start()] + alt + p[m.end():])] if m else [p]
+    files = ["README.md", "results/README.md", "test_smoke.py", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(
+        os.path.join(ROOT, "docs", "*.md")) + glob.glob(os.path.join(ROOT, "dev", "*")))]
+    dangling = []
+    for f in files:
+        text = open(os.path.join(ROOT, f)).read()
+        for m in mention.finditer(text):
+            p = m.group(1)
+            if "{" in p and not re.search(r"\{[^{}]*,[^{}]*\}", p):  # an f-string's {name}, not a path
+                continue
+            if all(glob.glob(os.path.join(ROOT, q)) for q in expand(p)):
+                continue
+            if re.search(r"[0-9a-f]{7,40}:$", text[:m.start()]) or kept.search(text, m.end(), m.end() + 300):
+                continue
+            dangling.append(f"{f}:{text.count(chr(10), 0, m.start()) + 1}: {p}")
+        for m in link.finditer(text) if f.endswith(".md") else ():
+            target = m.group(1)
+            if not re.match(r"[a-z]+:", target) and not os.path.exists(os.path.join(ROOT, os.path.dirname(f), target)):
+                dangling.append(f"{f}:{text.count(chr(10), 0, m.start()) + 1}: a link to {target}")
+    assert not dangling, ("these paths are not in the tree and name no commit that keeps them (fix the path, or add "
+                          "'last at `SHA`' / `git show SHA:PATH`):\n" + "\n".join(dangling))

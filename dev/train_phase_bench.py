@@ -7,9 +7,10 @@ grpo_sglang.py (e.g. `-- --attention sdpa`).
         [--cudnn] [--reshard] [--profile DIR] [-- <more grpo_sglang.py flags, e.g. --grad_checkpointing>]
 
 --shape: a random-weight model built from a config in code (weights do not change the time): smol (SmolLM2-135M's
-shapes: 16 prompts x 8, 128 new tokens, micro-batch 128, beta 0.04, as results/run_x2.sh's SMOL runs) or q15
-(Qwen2.5-1.5B's: 24 x 8, 1024 new tokens, micro-batch 8, beta 0, every completion 1024 long as a random model's are)
-or q7 (Qwen2.5-7B's, untied head: 16 x 8, 128 new tokens, micro-batch 8, checkpointing, as run_x2.sh's 7B runs).
+shapes: 16 prompts x 8, 128 new tokens, micro-batch 128, beta 0.04, as the SMOL runs of the x2 script, `git show
+0e3eade:results/run_x2.sh`) or q15 (Qwen2.5-1.5B's: 24 x 8, 1024 new tokens, micro-batch 8, beta 0, every completion
+1024 long as a random model's are) or q7 (Qwen2.5-7B's, untied head: 16 x 8, 128 new tokens, micro-batch 8,
+checkpointing, as that script's 7B runs).
 Prompts are 40-52 tokens (the built-in task's ~46); completions are log-normal around 30 tokens with --truncated of
 them at the limit (SmolLM2's runs: mean 20-43, 2-12% truncated). --cudnn turns PyTorch's cuDNN attention back on
 (setup() turns it off); --reshard makes shard() gather the weights again for backward whatever the model's size.
@@ -158,7 +159,8 @@ def main():
     p.add_argument("--reshard", action="store_true", help="FSDP2 gathers the weights again for backward at any size")
     p.add_argument("--profile", default="", help="folder for torch.profiler tables of --profile_steps")
     p.add_argument("--profile_steps", default="", help="'a-b': the steps profiled (left out of the median); default: "
-                   "the last three, since SmolLM2's steps after a profile ran slower (results/h200/train_speed/)")
+                   "the last three, since SmolLM2's steps after a profile ran slower (results/h200/train_speed/, "
+                   "last at 0e3eade)")
     p.add_argument("--memory", default="", help="file for what is allocated at the last step's peak (CUDA)")
     p.add_argument("--out", required=True)
     args, rest = p.parse_known_args()
