@@ -215,10 +215,10 @@ def test_every_mutation_breaks_a_line_its_file_holds_and_names_tests_that_exist(
 def test_the_paths_the_docs_name_are_in_the_tree_or_name_their_commit():
     """Every path under dev/, tools/, results/, docs/ or data/ that README.md, docs/*.md, results/README.md, the files
     of dev/ and test_smoke.py name, and every relative link of those Markdown files, is in the tree, or says which
-    commit keeps it: `git show SHA:PATH`, or "at SHA" (as "last at `0e3eade`") within the next few lines. A tool that
-    moved, a folder folded into another, a file that left the tree: none leaves a pointer to nothing."""
+    commit keeps it: `git show SHA:PATH`, or "last at SHA" / "as at SHA" within the next few lines. A tool that moved,
+    a folder folded into another, a file that left the tree: none leaves a pointer to nothing."""
     mention = re.compile(r"(?<![\w/.$-])((?:dev|tools|results|docs|data)/[\w.*{},/-]*[\w*}/])")
-    kept = re.compile(r"\b(?:at|git show)\s+`?[0-9a-f]{7,40}\b")
+    kept = re.compile(r"\b(?:last at|as at|git show)\s+`?[0-9a-f]{7,40}\b")
     link = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 
     def expand(p):  # a{b,c}d -> abd, acd
@@ -235,7 +235,8 @@ def test_the_paths_the_docs_name_are_in_the_tree_or_name_their_commit():
                 continue
             if all(glob.glob(os.path.join(ROOT, q)) for q in expand(p)):
                 continue
-            if re.search(r"[0-9a-f]{7,40}:$", text[:m.start()]) or kept.search(text, m.end(), m.end() + 300):
+            if re.search(r"[0-9a-f]{7,40}:$", text[max(m.start() - 41, 0):m.start()]) or kept.search(text, m.end(),
+                                                                                            m.end() + 300):
                 continue
             dangling.append(f"{f}:{text.count(chr(10), 0, m.start()) + 1}: {p}")
         for m in link.finditer(text) if f.endswith(".md") else ():
@@ -243,4 +244,4 @@ def test_the_paths_the_docs_name_are_in_the_tree_or_name_their_commit():
             if not re.match(r"[a-z]+:", target) and not os.path.exists(os.path.join(ROOT, os.path.dirname(f), target)):
                 dangling.append(f"{f}:{text.count(chr(10), 0, m.start()) + 1}: a link to {target}")
     assert not dangling, ("these paths are not in the tree and name no commit that keeps them (fix the path, or add "
-                          "'last at `SHA`' / `git show SHA:PATH`):\n" + "\n".join(dangling))
+                          "'last at `SHA`' / `git show SHA:PATH` after it):\n" + "\n".join(dangling))
