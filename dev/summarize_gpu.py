@@ -432,7 +432,8 @@ def x2_async(res):
         trainer = lambda rs: (med_of(rs, "time_train") or 0) + (med_of(rs, "time_ref") or 0)
         row = {"model": name, "sync_step_s": med_of(s, "time_step"), "async_step_s": med_of(a, "time_step"),
                # the parts, from the sync run (nothing overlaps there); train = reference/old forward + training
-               "rollout_s": med_of(s, "time_rollout"), "train_s": round(trainer(s), 4), "sync_s": med_of(s, "time_sync"),
+               "rollout_s": med_of(s, "time_rollout"), "train_s": round(trainer(s), 4),
+               "sync_s": med_of(s, "time_sync"),
                "sync_eval_final": ev_s.get(last) if len(ev_s) > 2 else None,
                "async_eval_final": ev_a.get(last) if len(ev_a) > 2 else None}
         row["async_over_sync"] = round(row["async_step_s"] / row["sync_step_s"], 3)
@@ -586,8 +587,8 @@ def x2_check_async(res):
                                      "qwen2.5_1.5b_shape": round(st.median(stale(q)), 4)},
         "rescored_mismatch_max": {"smollm2": round(max(stale(main)), 4), "qwen2.5_1.5b_shape": round(max(stale(q)), 4)},
         "step_s_with_rescore": med_of(q, "time_step"), "step_s_without_rescore": med_of(q0, "time_step"),
-        "notes": {"old_rule": "the first step whose batch mismatch (server at θ_{s-1} vs trainer at θ_s) exceeds 0.1: "
-                              "the rule before this change would have stopped the run there",
+        "notes": {"old_rule": "the first step whose batch mismatch (server at θ_{s-1} vs trainer at θ_s) exceeds "
+                              "0.1: the rule before this change would have stopped the run there",
                   "steps_over_old_limit": sum(r["mismatch_mean"] > 0.1 for r in main),
                   "batch_mismatch_median_max": [round(st.median(r["mismatch_mean"] for r in main), 4),
                                                 round(max(r["mismatch_mean"] for r in main), 4)],
@@ -642,9 +643,12 @@ def git(*args, binary=False):
 
 
 def commit_of(sha):
-    """The full hash of commit `sha`, or None when this clone lacks it (or is no clone)."""
-    p = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}"],
-                       capture_output=True, text=True)
+    """The full hash of commit `sha`, or None when this clone lacks it (or is no clone, or git is missing)."""
+    try:
+        p = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}"],
+                           capture_output=True, text=True)
+    except FileNotFoundError:  # no git here
+        return None
     return p.stdout.strip() if p.returncode == 0 else None
 
 
@@ -680,8 +684,8 @@ def recompute(part, at=None, curve=None):
     if full is None and at:
         raise Error(f"--at {at}: no such commit in this clone")
     if full is None:
-        raise Error(f"results/{rel}: its raw files are at commit {sha}, which this clone lacks (a shallow clone? "
-                    f"git fetch --unshallow)")
+        raise Error(f"results/{rel}: its raw files are at commit {sha[:7]}, which is not here (a shallow clone: git "
+                    f"fetch --unshallow; a copy without .git, or no git: clone the repository)")
     with tempfile.TemporaryDirectory(prefix="raw_files_") as tmp:
         try:
             got = fn(raw_files(part, full, tmp), curve)
