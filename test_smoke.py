@@ -16,14 +16,15 @@ header `# N. title` below):
 10. faults: a server, a step or a process that fails stops with one clear message (or recovers)
 11. resume, checkpoints and the out_dir: a resumed run is the run it resumes, nothing is overwritten
 12. the GRPO variants of TRL, verl and slime, each a flag: hand values against the formula written here
-13. docs and tools: the README's recipes and size claims, the docs' flags, the tools, the GPU summaries, this index
+13. docs and tools: the README's recipes and size claims, the docs' flags, the plot tool and the metrics, this index
 14. serve.sh: its settings, layouts and ports, and its start and stop
 15. LoRA: adapters that start at 0, their gradients, the merged push, the base as reference, checkpoints and resume
 16. episodes: multi-turn rollouts, the environment's tokens (mask 0), the check, ranks, resume; dynamic sampling
 17. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
 
 Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serve.sh setting) is tested in that
-topic's section; section 10 holds the faults of no one topic.
+topic's section; section 10 holds the faults of no one topic. The maintainers' tools (dev/: benchmarks, the GPU
+pipeline, the mutation check) have tests of their own in dev/test_dev.py; nothing here needs dev/.
 
 Run them all:        python -m pytest -q -n 2 test_smoke.py            (pytest-xdist: about 4-7 minutes on 2 cores)
 Run section N:       python test_smoke.py N [pytest's flags]           (e.g. python test_smoke.py 14 -x)
@@ -70,7 +71,7 @@ its fence) and of its main plumbing -> the -k words that select the tests that c
   rescore -> sync_check or rescored or async_check
   push_weights, weight_buckets, pack, serialize_bucket -> payload_roundtrip or several_buckets or script_trains
   connect_nccl, broadcast -> nccl_path
-  recipes, checksums, hash_sent -> recipes or weight_check or weights_dropped or fuses_tensors or negative_controls
+  recipes, checksums, hash_sent -> recipes or weight_check or weights_dropped or fuses_tensors
   save_checkpoint, load_checkpoint, latest_checkpoint, checkpoint_to_resume -> checkpoint or resume
   lock_out_dir, run_files, MetricsLog -> second_trainer or never_writes or full_disk
 """
@@ -3051,75 +3052,6 @@ def test_one_server_of_two_missing_a_push_stops_the_run_and_is_named(tiny_model,
     assert len([r for r in read_metrics(tmp_path) if "reward_mean" in r]) == 2  # stopped before step 3 trained
 
 
-@pytest.mark.parametrize("flags, checker, says", [
-    (("--skip", "2"), True, "sampled with weights of version '1', but this rollout must come from version '2'"),
-    (("--skip", "2-6", "--tag_skipped"), True, "version 2 (the weights after step 2), the server at {url} holds other "
-                                               "weights than the trainer pushed: 20 of 20 "),
-    (("--half", "2"), True, "the trainer pushed: 10 of 20 tensors differ"),
-    (("--skip", "2-6", "--tag_skipped"), False, "weight sync check failed at step 3: the server at {url} had the")])
-def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, tmp_path, flags, checker, says):
-    """The tool's faults stop the run at the next step; --half: the 10 of 20 tensors it left out (all moved)."""
-    tool = os.path.join(HERE, "tools", "negative_control.py")
-    code, out, _, s = run_against(tiny_model, tmp_path, {"checker": checker}, "--steps", "6", tool=(tool, *flags))
-    assert code == 1 and says.format(url=s.url) in out and "negative control: the push of version 2" in out, out
-    assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]
-    assert held_differ(s, tmp_path)[0] == (10 if "--half" in flags else 20)  # the server's tensors, independently
-
-
-def test_sync_check_replayed_on_the_recorded_gpu_runs():
-    """The stop rule (each rollout from exactly its version; trainer and server under the same weights within
-    --mismatch_max: the batch mismatch where a run logged nothing else, the re-scored check where it did) replayed
-    over every recorded GPU run: no correct push stops a run, and the negative controls stop exactly where they did
-    on the GPU (the weight hashes' at the very next step). The async run at lr 5e-5 is one the rule before the
-    re-scored check (the batch mismatch) stopped."""
-    import glob
-    limit = g.Config.mismatch_max
-
-    def replay(path, old_rule=False):
-        """-> the first step that the rule stops, or None."""
-        rows = [r for r in map(json.loads, open(path)) if "reward_mean" in r]
-        saved = path.replace(".metrics.jsonl", ".config.json")  # the run's flags, where it kept them
-        said = re.search(r"rollouts: (a?sync)", open(path.replace(".metrics.jsonl", ".log")).read())  # its log
-        async_run = (json.load(open(saved))["async_"] if os.path.exists(saved) else said.group(1) == "async" if said
-                     else "async" in os.path.basename(path) or "nccl_hidden" in path)
-        for r in rows:
-            want = max(r["step"] - 2, 0) if async_run else r["step"] - 1
-            seen = r["mismatch_mean"] if old_rule else r.get("check_mismatch_mean", r["mismatch_mean"])
-            if r["sampled_from_version"] != want or (seen is not None and seen > limit):
-                return r["step"]
-        log = open(path.replace(".metrics.jsonl", ".log")).read()  # the step that stopped, never logged as a row
-        m = re.search(r"by ([\d.]+) nats on average", log)
-        if m and float(m.group(1)) > limit:
-            return rows[-1]["step"] + 1
-        m = re.search(r"with weights of version '(\d+)', but this (?:rollout|check) must come from version '(\d+)'", log)
-        if m:
-            return int(m.group(2)) + 1
-        m = re.search(r"holds other weights than the trainer sent in the push of version (\d+)", log)  # the hashes
-        return int(m.group(1)) + 1 if m else None
-    runs = glob.glob(os.path.join(HERE, "results", "**", "*.metrics.jsonl"), recursive=True)
-    negative = ("check_v2_", "neg_", "dropped_", "base_only", "episodes_dropped_")  # the controls, checked below
-    good = [p for p in runs if not os.path.basename(p).startswith(negative) or "check_v2_main" in p]
-    assert len(good) >= 7, good  # 300 steps, lr 5e-5 async, the three seeds of the curve, lr 1e-5 and 1e-6
-    for path in good:
-        assert replay(path) is None, path
-    check = os.path.join(HERE, "results", "h200", "check_v2")
-    assert replay(os.path.join(check, "check_v2_skip_one.metrics.jsonl")) == 7  # push after step 6 skipped
-    assert replay(os.path.join(check, "check_v2_stop_syncing.metrics.jsonl")) == 5  # no push after step 4
-    assert replay(os.path.join(check, "check_v2_dropped_tagged.metrics.jsonl")) == 18  # tag kept, weights dropped
-    main = [r["mismatch_mean"] for r in map(json.loads, open(os.path.join(check, "check_v2_main.metrics.jsonl"))) if "mismatch_mean" in r]
-    assert len(main) == 300 and max(main) < limit / 3  # the limit is over 3x the worst correct step of 300
-    ca = os.path.join(HERE, "results", "x2", "check_async")  # async, lr 5e-5: the same controls, and the old rule's false alarm
-    assert [replay(os.path.join(ca, f"neg_async_{n}.metrics.jsonl")) for n in ("skip_one", "stop_syncing", "dropped_tagged")] == [7, 5, 6]
-    assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl")) is None
-    assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl"), old_rule=True) == 4
-    lora = os.path.join(HERE, "results", "h200", "lora")  # LoRA: the pushes from version 10 on the base's weights
-    assert replay(os.path.join(lora, "base_only.metrics.jsonl")) == 11
-    trust = os.path.join(HERE, "results", "h200", "trust")  # the weight hashes: the push after step 11 dropped
-    assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
-    episodes = os.path.join(HERE, "results", "h200", "episodes")  # episodes: pushes dropped after version 6, tag kept
-    assert replay(os.path.join(episodes, "episodes_dropped_tag_kept.metrics.jsonl")) == 7
-
-
 # ---------------------------------------------------------------------------------------------
 # 9. async: rollouts one step off, the re-scored check, a resume, a server failing mid-generation
 
@@ -4271,7 +4203,7 @@ def test_every_variant_at_once_trains_on_two_ranks_and_logs_what_it_did(tiny_mod
 
 
 # ---------------------------------------------------------------------------------------------
-# 13. docs and tools: the README's recipes and size claims, the docs' flags, the tools, the GPU summaries, this index
+# 13. docs and tools: the README's recipes and size claims, the docs' flags, the plot tool and the metrics, this index
 
 def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     """Every recipe of the README's Hacking guide, applied to a copy as written and run: the reward that sees the
@@ -4410,55 +4342,6 @@ def test_the_readmes_size_claims_are_the_files():
     fence = next(i for i, line in enumerate(lines, 1) if line.startswith("# ---- Plumbing below"))
     assert abs(int(n.replace(",", "")) - fence) <= 5, (n, fence)
     assert abs(int(m.replace(",", "")) - len(lines)) <= 0.02 * len(lines), (m, len(lines))
-
-
-def test_the_profile_tool_profiles_the_steps_it_is_asked_for(tiny_model, server, tmp_path):
-    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "4", "--eval_every", "0")
-    tool = os.path.join(HERE, "tools", "profile_train.py")
-    code, out = run([cmd[0], tool, "--out", str(tmp_path / "prof"), "--profile_steps", "1-2", *cmd[2:]], timeout=180)
-    summary = json.load(open(tmp_path / "prof" / "summary.json"))
-    assert code == 0 and len(summary["train_wall_s_per_step"]) == 2 and summary["top_cpu_total_s_per_step"], out
-    assert "Self CPU" in (tmp_path / "prof" / "ops_by_cpu.txt").read_text()
-    assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2, 3, 4]
-
-
-def test_the_benchmark_tools_run_the_trainers_step_on_a_tiny_shape(tmp_path):
-    """tools/fit_bench.py (what fits my GPU) and tools/train_phase_bench.py run the trainer's own step on made-up
-    rollouts (through sequences(), as a real batch): on the CPU, a tiny Llama (2 layers, 64 wide, MLP 128, 4 heads of
-    16, 2 KV heads), each variant its steps; LoRA 16 trains r x (in + out) per adapted Linear and nothing else."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"]
-    code, out = run(torchrun + [os.path.join(HERE, "tools", "fit_bench.py"), "--shape", "tiny", "--models",
-                                str(tmp_path), "--steps", "2", "--variants", "full,lora_ckpt", "--out",
-                                str(tmp_path / "fit.json")], timeout=240)
-    assert code == 0, out[-3000:]
-    fit = json.load(open(tmp_path / "fit.json"))["variants"]
-    linears = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 128), (64, 128), (128, 64)]  # q k v o gate up down
-    assert fit["lora_ckpt"]["trainable"] == 2 * sum(16 * (i + o) for i, o in linears)
-    assert fit["full"]["trainable"] == fit["full"]["params"] == fit["lora_ckpt"]["params"] - fit["lora_ckpt"]["trainable"]
-    assert all(len(v["steps"]) == 2 and v["seconds_median"] > 0 for v in fit.values())
-    code, out = run(torchrun + [os.path.join(HERE, "tools", "train_phase_bench.py"), "--shape", "tiny", "--models",
-                                str(tmp_path), "--steps", "2", "--out", str(tmp_path / "phase.json")], timeout=240)
-    assert code == 0, out[-3000:]
-    phase = json.load(open(tmp_path / "phase.json"))
-    assert len(phase["steps"]) == 2 and all(s["tokens"] > 0 and s["grad_norm"] > 0 for s in phase["steps"])
-
-
-def test_the_gpu_summaries_are_computed_from_the_runs_files(tmp_path, monkeypatch):
-    """Every results/h200/*/summary.json (where the README's GPU numbers come from) is what tools/summarize_gpu.py
-    computes from the runs' logs and metrics beside it: a summary edited by hand, or left behind when its runs were
-    replaced, fails here. (On a copy of results/: the tool writes its summaries and curves where it reads.)"""
-    shutil.copytree(os.path.join(HERE, "results"), tmp_path / "results")
-    monkeypatch.syspath_prepend(os.path.join(HERE, "tools"))
-    import summarize_gpu
-    monkeypatch.setattr(summarize_gpu, "R", str(tmp_path / "results" / "h200"))
-    parts = ("quickstart", "trust", "trl", "lora", "episodes", "dynamic_sampling", "fit")
-    for part in parts:
-        getattr(summarize_gpu, part)()
-        recomputed = json.load(open(tmp_path / "results" / "h200" / part / "summary.json"))
-        assert recomputed == json.load(open(os.path.join(HERE, "results", "h200", part, "summary.json"))), part
-    on_disk = {os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(HERE, "results", "h200", "*",
-                                                                                    "summary.json"))}
-    assert on_disk == set(parts), on_disk  # a new folder's summary needs its part in summarize_gpu.py
 
 
 def test_the_plot_tool_draws_a_runs_metrics_and_every_metric_is_in_the_glossary(tiny_model, server, tmp_path):
@@ -5130,21 +5013,6 @@ def test_a_lora_run_whose_config_json_is_lost_resumed_without_lora_flags_names_t
             f"--resume: {full} is a full fine-tune's checkpoint (no adapter_config.json), but this run has --lora_rank 4 "
             f"({tmp_path}/full/config.json, which held the run's flags, is gone). Resume without the LoRA flags")):
         g.check_lora_resume(g.Config(lora_rank=4, out_dir=str(tmp_path / "full")), str(full))
-
-
-@pytest.mark.parametrize("checker", [True, False])
-def test_lora_a_server_sampling_from_the_base_model_is_caught(tiny_model, tmp_path, checker):
-    """negative_control.py --base_only: from the push of version 2 on, the server gets the base model's weights (the
-    adapters left out) under the right tag: the weight check stops the run at step 3, before it trains on that
-    batch; without /weights_checker the log-prob check stops it too, once the adapters moved the policy."""
-    code, out, _, s = run_against(tiny_model, tmp_path, {"checker": checker}, *LORA, "--steps", "12",
-                                  tool=("tools/negative_control.py", "--base_only", "2-12", "--"))
-    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
-    assert code == 1 and out.count("error: weight sync check failed") == 1 and "Traceback" not in out, out
-    assert ("version 2 (the weights after step 2), the server at " in out and "holds other weights than the trainer "
-            "pushed: 14 of 20 tensors differ" in out
-            if checker else "had the right version tag" in out and "it does not generate with the weights" in out)
-    assert len(m) == 2 if checker else 2 <= len(m) < 12
 
 
 @pytest.mark.parametrize("targets, says", [
@@ -5860,18 +5728,19 @@ def test_gpu_real_server_holds_exactly_the_trainers_weights(real_server, tmp_pat
 @gpu
 @pytest.mark.parametrize("layout", ["tp2_colocated", "two_servers_tensor", "two_servers_nccl"])
 def test_gpu_real_several_servers_hold_exactly_the_trainers_weights_on_every_rank(tmp_path, layout):
-    """Servers started beforehand (results/run_x2.sh, PHASES=multi): GRPO_TEST_TP_URL, a TP-2 server over GPUs 0-1;
-    GRPO_TEST_TWO_URLS, two servers on GPU 1; both serving GRPO_TEST_MULTI_MODEL. The trainer on GPU 0 (colocated
-    with the TP server, tensor path; with the two servers: tensor, and NCCL with their GPU hidden) runs 3 steps; AdamW's
-    weight decay moves every weight by 1% a step (more than bf16 rounds away), whatever the rewards of a random model.
-    Then every rank of every server holds exactly the trainer's weights: its checksums (/weights_checker, per rank) do
-    not change when the server loads the trainer's checkpoint from disk with its own loader, and they do when it loads
-    the model the run started from."""
+    """Servers started beforehand (as `git show 0e3eade:results/run_x2.sh` did, PHASES=multi): GRPO_TEST_TP_URL, a
+    TP-2 server over GPUs 0-1; GRPO_TEST_TWO_URLS, two servers on GPU 1; both serving GRPO_TEST_MULTI_MODEL. The
+    trainer on GPU 0 (colocated with the TP server, tensor path; with the two servers: tensor, and NCCL with their GPU
+    hidden) runs 3 steps; AdamW's weight decay moves every weight by 1% a step (more than bf16 rounds away), whatever
+    the rewards of a random model. Then every rank of every server holds exactly the trainer's weights: its checksums
+    (/weights_checker, per rank) do not change when the server loads the trainer's checkpoint from disk with its own
+    loader, and they do when it loads the model the run started from."""
     import requests
     model, urls = os.environ.get("GRPO_TEST_MULTI_MODEL"), os.environ.get(
         "GRPO_TEST_TP_URL" if layout == "tp2_colocated" else "GRPO_TEST_TWO_URLS")
     if not model or not urls:
-        pytest.skip("start the servers first: results/run_x2.sh, PHASES=multi")
+        pytest.skip("start the servers first: GRPO_TEST_TP_URL, GRPO_TEST_TWO_URLS and GRPO_TEST_MULTI_MODEL (this "
+                    "test's docstring)")
     flags = {"tp2_colocated": ["--server_gpu", "0+1", "--colocate", "--sync", "tensor"],
              "two_servers_tensor": ["--server_gpu", "1,1", "--sync", "tensor"],
              "two_servers_nccl": ["--server_gpu", "1,1", "--sync", "nccl"]}[layout]

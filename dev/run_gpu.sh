@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The GPU runs behind results/h200/: one H200 with the SGLang server and the trainer on it (--colocate), the
+# README's one-GPU quick start as written, with $M the model folder (SmolLM2-135M-Instruct; a user's $M is the hub's
+# name, HuggingFaceTB/SmolLM2-135M-Instruct). Phases (default: all, in this order):
+#   quickstart  the README's two commands: serve.sh, then 100 steps; its metrics.jsonl, log and wall time
+#   trl         ours with --async and --no-async (30 steps each), then TRL's GRPOTrainer (TRL_STEPS) on the same work
+#               (dev/trl_grpo.py: --beta 0, micro-batches of 32), on the same machine
+#   trust       the sync check: a correct run at lr 1e-6, and pushes dropped on purpose after step 10
+#               (dev/negative_control.py): weights dropped with the tag kept; half the tensors dropped
+#   cost        the weight check's cost per push at the 135M, 1.5B and 7B shapes (dev/check_cost.py)
+#   lora        the quick start with --lora_rank 16 beside the quick start itself (full fine-tune)
+#   base_only   a LoRA run whose pushes from step 10 send the base model's weights (negative_control.py --base_only)
+#   q7          LoRA on a Qwen2.5-7B shape (random weights, dev/make_models.py) with its server on the same GPU
+#   syncbench   merged weights vs adapters in SGLang's LoRA slots, per push and per rollout token, at the 135M,
+#               1.5B and 7B shapes (dev/lora_sync_bench.py, against servers started with --enable-lora)
+#   guess, calculator   the README's multi-turn quick start for each built-in task of episodes, then the same model
+#               on the same held-out rows with one reply and no environment (--max_turns 1, evaluated only)
+#   episodes_neg  a calculator run whose pushes from step 6 on are dropped with their tag kept (negative_control.py)
+#   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server (dev/turn_cost.py)
+#   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
+#   fit         what fits my GPU: for each Qwen2.5 shape in $FIT_SHAPES (random weights, dev/make_models.py;
+#               default "0.5b 1.5b 3b 7b"), its server at MEM_FRACTION 0.3, then FIT_STEPS (4) steps of the quick
+#               start's batch (16 x 8, 128 tokens, --micro_batch 32, --beta 0.04 as fit_bench.py) full and
+#               --lora_rank 16, each without and with --grad_checkpointing: the trainer's peak (metrics' peak_mem_gb),
+#               the GPU's use (nvidia-smi every 0.5 s). (Until 8a15aea it ran at --beta 0: the fit_1.5b_* runs of
+#               results/h200/fit, raw files at bf31402)
+#
+#   M=/path/to/model RES=/tmp/res bash dev/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
+# (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
+# The server here needs ATTENTION_BACKEND=triton EXTRA_ARGS="--sampling-backend pytorch" (this machine's SGLang has
+# no FA3 or flashinfer kernels); a stock SGLang install needs neither.
+set -uo pipefail
+M=${M:?set M to the model folder}
+RES=${RES:-/tmp/res}
+mkdir -p "$RES"
+export PYTHONUNBUFFERED=1
+log() { echo "[$(date +%T)] $*" | tee -a "$RES/pipeline.log"; }
+QUICK=(--colocate --model "$M" --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 128
+       --lr 1e-5 --beta 0.04 --steps "${STEPS:-100}" --eval_every 50)   # the README's command
+LORA=(--lora_rank 16 --lr 1e-4)   # the README's LoRA line: after QUICK, the later --lr wins
+EPISODES=(--colocate --model "$M" --dataset builtin --prompts_per_step 16 --micro_batch 128 --lr 2e-5
+          --steps "${EP_STEPS:-200}" --eval_every 50 --save_every 0)    # the README's multi-turn quick start
+GUESS=(--task guess --max_new_tokens 192 --max_reply_tokens 16)
+CALC=(--task calculator --max_new_tokens 128 --max_reply_tokens 32)
+# run NAME OUT_DIR TIMEOUT CMD...: one training run (writing to OUT_DIR), its log and metrics.jsonl in $RES
+run() { local name=$1 dir=$2 limit=$3; shift 3; log "$name: $*"; local t0=$SECONDS
+  timeout "$limit" "$@" > "$RES/$name.log" 2>&1
+  local code=$?
+  local last; last=$(grep -E '^error|^step +[0-9]+ ' "$RES/$name.log" | tail -n 1 | cut -c1-150)
+  log "$name: exit $code after $((SECONDS - t0)) s: $last"
+  cp "$dir/metrics.jsonl" "$RES/$name.metrics.jsonl" 2>/dev/null; return 0; }
+server() {  # the README's server line, once (server MODEL: another model, after stopping this one)
+  local model=${1:-$M}
+  curl -sf "http://127.0.0.1:30000/health" > /dev/null && [ "$model" = "${SERVED:-$M}" ] && return
+  bash serve.sh stop > /dev/null; SERVED=$model; local t0=$SECONDS
+  GPU=0 MEM_FRACTION=0.3 MODEL=$model LOG=$RES/serve.log bash serve.sh || { log "server did not start"; exit 1; }
+  log "server ($model) healthy after $((SECONDS - t0)) s"; }
+MODELS=${MODELS:-/tmp/models}
+make_model() { [ -f "$MODELS/$1/config.json" ] || python3 dev/make_models.py "$MODELS" --tokenizer "$M" --only "$1" \
+  >> "$RES/make_models.log" 2>&1; }
+
+phases=${*:-quickstart trl trust cost}
+{ python3 -c "import sglang, torch, transformers, sys
+print('python', sys.version.split()[0], '| sglang', sglang.__version__, '| torch', torch.__version__,
+      '| transformers', transformers.__version__)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+} > "$RES/versions.txt" 2>&1
+for phase in $phases; do
+  case $phase in
+  quickstart)
+    server
+    rm -rf runs/grpo  # the README's command as written, into its default --out_dir
+    run quickstart runs/grpo 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" ;;
+  trl)
+    server  # (idle while TRL trains: it holds its 30% of the memory, as in the quickstart)
+    for mode in async no-async; do  # TRL's settings: beta 0, micro-batches of 32
+      run "ours_$mode" "/tmp/runs/ours_$mode" 300 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
+          --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --lr 1e-5 --beta 0 --steps 30 \
+          --eval_every 0 --save_every 0 "--$mode" --out_dir "/tmp/runs/ours_$mode"
+    done
+    [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "${SITE:-/tmp/site}" .whl/*.whl
+    log "trl: dev/trl_grpo.py"; t0=$SECONDS
+    timeout 900 python3 dev/trl_grpo.py --model "$M" --steps "${TRL_STEPS:-40}" --out /tmp/runs/trl \
+        > "$RES/trl.log" 2>&1
+    log "trl: exit $? after $((SECONDS - t0)) s"
+    cp /tmp/runs/trl/steps.jsonl "$RES/trl.steps.jsonl"; cp /tmp/runs/trl/summary.json "$RES/trl.summary.json" ;;
+  trust)
+    server
+    run lr1e-6 /tmp/runs/lr1e-6 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" --lr 1e-6 \
+        --out_dir /tmp/runs/lr1e-6
+    for neg in "dropped_tag_kept --skip 11-100 --tag_skipped" "dropped_half --half 11-100"; do
+      set -- $neg
+      run "$1" "/tmp/runs/$1" 600 torchrun --nproc_per_node 1 dev/negative_control.py "${@:2}" -- "${QUICK[@]}" \
+          --eval_every 0 --out_dir "/tmp/runs/$1"
+    done ;;
+  cost)
+    log "cost: dev/check_cost.py"
+    timeout 900 python3 dev/check_cost.py --out "$RES/check_cost.json" > "$RES/check_cost.log" 2>&1
+    log "cost: exit $?: $(tail -n 1 "$RES/check_cost.log" | cut -c1-200)" ;;
+  lora)
+    server
+    run smol_full /tmp/runs/smol_full 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" \
+        --out_dir /tmp/runs/smol_full
+    run smol_lora /tmp/runs/smol_lora 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" "${LORA[@]}" \
+        --out_dir /tmp/runs/smol_lora ;;
+  base_only)
+    server
+    run base_only /tmp/runs/base_only 600 torchrun --nproc_per_node 1 dev/negative_control.py --base_only 10-100 \
+        -- "${QUICK[@]}" "${LORA[@]}" --eval_every 0 --out_dir /tmp/runs/base_only ;;
+  q7)
+    make_model qwen2.5-7b-random; Q7=$MODELS/qwen2.5-7b-random
+    server "$Q7"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$RES/q7_gpu_mem.txt" & smi=$!
+    run q7_lora /tmp/runs/q7_lora 900 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$Q7" \
+        --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --grad_checkpointing \
+        --lora_rank 16 --lr 1e-4 --steps "${Q7_STEPS:-12}" --eval_every 0 --eval_size 16 --out_dir /tmp/runs/q7_lora
+    kill $smi ;;
+  syncbench)
+    bash serve.sh stop > /dev/null; unset SERVED
+    make_model qwen2.5-1.5b-random; make_model qwen2.5-7b-random
+    k=0; for spec in "135m $M 0.15" "1.5b $MODELS/qwen2.5-1.5b-random 0.15" "7b $MODELS/qwen2.5-7b-random 0.3"; do
+      set -- $spec; port=$((30010 + k)); k=$((k + 1))
+      GPU=0 MEM_FRACTION=$3 MODEL=$2 PORT=$port LOG=$RES/serve_lora_$1.log PIDFILE=/tmp/serve_lora_$1.pid \
+        EXTRA_ARGS="$EXTRA_ARGS --enable-lora --max-lora-rank 16 --lora-target-modules all --max-loras-per-batch 2" \
+        bash serve.sh > "$RES/serve_lora_$1.out" 2>&1 &   # the three start side by side
+    done; wait; log "syncbench: servers: $(tail -qn 1 "$RES"/serve_lora_*.out | tr '\n' ' ')"
+    k=0; for spec in "135m $M" "1.5b $MODELS/qwen2.5-1.5b-random" "7b $MODELS/qwen2.5-7b-random"; do
+      set -- $spec; port=$((30010 + k)); k=$((k + 1))
+      timeout 300 python3 dev/lora_sync_bench.py --shape "$1" --model "$2" --url "http://127.0.0.1:$port" \
+          --rank 16 --alpha 32 --out "$RES/syncbench_$1.json" > "$RES/syncbench_$1.log" 2>&1
+      log "syncbench $1: exit $?: $(tail -n 1 "$RES/syncbench_$1.log" | cut -c1-200)"
+      PIDFILE=/tmp/serve_lora_$1.pid bash serve.sh stop > /dev/null
+    done ;;
+  guess|calculator)
+    server
+    [ "$phase" = guess ] && TASK=("${GUESS[@]}") || TASK=("${CALC[@]}")
+    run "$phase" "/tmp/runs/$phase" 600 torchrun --nproc_per_node 1 grpo_sglang.py "${EPISODES[@]}" "${TASK[@]}" \
+        --out_dir "/tmp/runs/$phase"
+    run "${phase}_single_turn" "/tmp/runs/${phase}_single_turn" 300 torchrun --nproc_per_node 1 grpo_sglang.py \
+        "${EPISODES[@]}" "${TASK[@]}" --max_turns 1 --steps 1 --lr 0 --out_dir "/tmp/runs/${phase}_single_turn" ;;
+  episodes_neg)
+    server
+    run episodes_dropped_tag_kept /tmp/runs/episodes_neg 300 torchrun --nproc_per_node 1 dev/negative_control.py \
+        --skip 6-100 --tag_skipped -- "${EPISODES[@]}" "${CALC[@]}" --steps 15 --eval_every 0 \
+        --out_dir /tmp/runs/episodes_neg ;;
+  turn_cost)
+    server
+    log "turn_cost: dev/turn_cost.py"
+    timeout 300 python3 dev/turn_cost.py --model "$M" --out "$RES/turn_cost.json" > "$RES/turn_cost.log" 2>&1
+    log "turn_cost: exit $?: $(tail -n 1 "$RES/turn_cost.log" | cut -c1-300)" ;;
+  dapo)
+    server
+    for ds in 3 0; do
+      run "dapo_ds$ds" "/tmp/runs/dapo_ds$ds" 600 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" \
+          --dynamic_sampling "$ds" --out_dir "/tmp/runs/dapo_ds$ds"
+    done ;;
+  fit)
+    for shape in ${FIT_SHAPES:-0.5b 1.5b 3b 7b}; do
+      make_model "qwen2.5-$shape-random"; FM=$MODELS/qwen2.5-$shape-random
+      server "$FM"
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits > "$RES/fit_${shape}_server_mib.txt"
+      for mode in full lora; do for ck in 0 1; do
+        name=fit_${shape}_${mode}_ck$ck; flags=()
+        [ $mode = lora ] && flags+=("${LORA[@]}"); [ $ck = 1 ] && flags+=(--grad_checkpointing)
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$RES/${name}_gpu_mib.txt" & smi=$!
+        run "$name" "/tmp/runs/$name" 300 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$FM" \
+            --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --lr 1e-5 --beta 0.04 \
+            --steps "${FIT_STEPS:-4}" --eval_every 0 --save_every 0 "${flags[@]}" --out_dir "/tmp/runs/$name"
+        kill $smi
+      done; done
+    done ;;
+  *) log "unknown phase $phase" ;;
+  esac
+done
+log "done: $phases"

@@ -1,0 +1,251 @@
+"""Tests of the maintainers' tools in dev/. test_smoke.py tests the trainer and imports nothing from here: a copy
+without dev/ passes it. This file borrows test_smoke's helpers (the tiny model, the stand-in server, run()) and covers
+the tools that run the trainer (negative_control.py's faults, LoRA's too; profile_train.py; fit_bench.py and
+train_phase_bench.py) and the GPU results (summarize_gpu.py's summaries, the sync check's rule replayed on the runs).
+
+    python -m pytest -q dev/test_dev.py                  # from the repo root
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from test_smoke import (LORA, g, held_differ, read_metrics, run, run_against, server, tiny_model,  # noqa: E402,F401
+                        train_cmd)
+
+DEV = os.path.join(ROOT, "dev")
+sys.path.insert(0, DEV)
+
+
+# ---------------------------------------------------------------------------------------------
+# the tools that run the trainer
+
+@pytest.mark.parametrize("flags, checker, says", [
+    (("--skip", "2"), True, "sampled with weights of version '1', but this rollout must come from version '2'"),
+    (("--skip", "2-6", "--tag_skipped"), True, "version 2 (the weights after step 2), the server at {url} holds other "
+                                               "weights than the trainer pushed: 20 of 20 "),
+    (("--half", "2"), True, "the trainer pushed: 10 of 20 tensors differ"),
+    (("--skip", "2-6", "--tag_skipped"), False, "weight sync check failed at step 3: the server at {url} had the")])
+def test_the_negative_controls_of_the_gpu_runs_stop_where_they_should(tiny_model, tmp_path, flags, checker, says):
+    """The tool's faults stop the run at the next step; --half: the 10 of 20 tensors it left out (all moved)."""
+    tool = os.path.join(DEV, "negative_control.py")
+    code, out, _, s = run_against(tiny_model, tmp_path, {"checker": checker}, "--steps", "6", tool=(tool, *flags))
+    assert code == 1 and says.format(url=s.url) in out and "negative control: the push of version 2" in out, out
+    assert [r["step"] for r in read_metrics(tmp_path) if "reward_mean" in r] == [1, 2]
+    assert held_differ(s, tmp_path)[0] == (10 if "--half" in flags else 20)  # the server's tensors, independently
+
+
+@pytest.mark.parametrize("checker", [True, False])
+def test_lora_a_server_sampling_from_the_base_model_is_caught(tiny_model, tmp_path, checker):
+    """negative_control.py --base_only: from the push of version 2 on, the server gets the base model's weights (the
+    adapters left out) under the right tag: the weight check stops the run at step 3, before it trains on that
+    batch; without /weights_checker the log-prob check stops it too, once the adapters moved the policy."""
+    code, out, _, s = run_against(tiny_model, tmp_path, {"checker": checker}, *LORA, "--steps", "12",
+                                  tool=(os.path.join(DEV, "negative_control.py"), "--base_only", "2-12", "--"))
+    m = [r for r in read_metrics(tmp_path) if "reward_mean" in r]
+    assert code == 1 and out.count("error: weight sync check failed") == 1 and "Traceback" not in out, out
+    assert ("version 2 (the weights after step 2), the server at " in out and "holds other weights than the trainer "
+            "pushed: 14 of 20 tensors differ" in out
+            if checker else "had the right version tag" in out and "it does not generate with the weights" in out)
+    assert len(m) == 2 if checker else 2 <= len(m) < 12
+
+
+def test_the_profile_tool_profiles_the_steps_it_is_asked_for(tiny_model, server, tmp_path):
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "4", "--eval_every", "0")
+    tool = os.path.join(DEV, "profile_train.py")
+    code, out = run([cmd[0], tool, "--out", str(tmp_path / "prof"), "--profile_steps", "1-2", *cmd[2:]], timeout=180)
+    summary = json.load(open(tmp_path / "prof" / "summary.json"))
+    assert code == 0 and len(summary["train_wall_s_per_step"]) == 2 and summary["top_cpu_total_s_per_step"], out
+    assert "Self CPU" in (tmp_path / "prof" / "ops_by_cpu.txt").read_text()
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2, 3, 4]
+
+
+def test_the_benchmark_tools_run_the_trainers_step_on_a_tiny_shape(tmp_path):
+    """dev/fit_bench.py (what fits my GPU) and dev/train_phase_bench.py run the trainer's own step on made-up
+    rollouts (through sequences(), as a real batch): on the CPU, a tiny Llama (2 layers, 64 wide, MLP 128, 4 heads of
+    16, 2 KV heads), each variant its steps; LoRA 16 trains r x (in + out) per adapted Linear and nothing else."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"]
+    code, out = run(torchrun + [os.path.join(DEV, "fit_bench.py"), "--shape", "tiny", "--models",
+                                str(tmp_path), "--steps", "2", "--variants", "full,lora_ckpt", "--out",
+                                str(tmp_path / "fit.json")], timeout=240)
+    assert code == 0, out[-3000:]
+    fit = json.load(open(tmp_path / "fit.json"))["variants"]
+    linears = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 128), (64, 128), (128, 64)]  # q k v o gate up down
+    assert fit["lora_ckpt"]["trainable"] == 2 * sum(16 * (i + o) for i, o in linears)
+    assert fit["full"]["trainable"] == fit["full"]["params"] == fit["lora_ckpt"]["params"] - fit["lora_ckpt"]["trainable"]
+    assert all(len(v["steps"]) == 2 and v["seconds_median"] > 0 for v in fit.values())
+    code, out = run(torchrun + [os.path.join(DEV, "train_phase_bench.py"), "--shape", "tiny", "--models",
+                                str(tmp_path), "--steps", "2", "--out", str(tmp_path / "phase.json")], timeout=240)
+    assert code == 0, out[-3000:]
+    phase = json.load(open(tmp_path / "phase.json"))
+    assert len(phase["steps"]) == 2 and all(s["tokens"] > 0 and s["grad_norm"] > 0 for s in phase["steps"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the GPU results: the summaries and the runs behind them
+
+def summaries():
+    """{part of dev/summarize_gpu.py: its summary in the tree}, or a skip where this clone lacks the commits that hold
+    the runs' raw files (a shallow clone; a copy without .git)."""
+    import summarize_gpu as sg
+    got = {part: sg.summary_in_tree(part) for part in sg.PARTS}
+    lacking = sorted({s.get("raw_files_at", "")[:7] for s in got.values() if s and s.get("raw_files_at")
+                      and sg.commit_of(s["raw_files_at"]) is None})
+    if lacking:
+        pytest.skip(f"the GPU runs' raw files are in git's history, at {', '.join(lacking)}, which this clone lacks "
+                    f"(a shallow clone, or a copy without .git): git fetch --unshallow")
+    return got
+
+
+@pytest.fixture(scope="module")
+def raw_results(tmp_path_factory):
+    """{part: a results/ folder holding the raw files it reads, out of git at the commit its summary names}."""
+    import summarize_gpu as sg
+    return {part: sg.raw_files(part, s["raw_files_at"], str(tmp_path_factory.mktemp(part)))
+            for part, s in summaries().items()}
+
+
+def test_the_gpu_summaries_are_computed_from_the_runs_files():
+    """Every summary.json under results/ (where the GPU numbers of the README and docs come from) is what
+    dev/summarize_gpu.py computes from its runs' raw files, read out of git at the commit the summary names
+    (raw_files_at, a full hash; the raw files are not in the tree): a summary edited by hand, or left behind when its
+    runs were replaced, fails here; so does one that names no commit, or one that no part of the tool computes."""
+    import summarize_gpu as sg
+    on_disk = sorted(os.path.relpath(p, sg.RESULTS) for p in glob.glob(os.path.join(sg.RESULTS, "**", "summary.json"),
+                                                                        recursive=True))
+    assert on_disk == sorted(rel for _, rel, _, _ in sg.PARTS.values()), (
+        f"results/ holds these summaries: {on_disk}; dev/summarize_gpu.py's PARTS compute "
+        f"{sorted(rel for _, rel, _, _ in sg.PARTS.values())}: a new summary needs its part there")
+    for part, there in summaries().items():
+        assert re.fullmatch(r"[0-9a-f]{40}", there.get("raw_files_at", "")), (
+            f"results/{sg.PARTS[part][1]} names no commit of its raw files (raw_files_at, a full hash): commit them, "
+            f"git rm them, then python dev/summarize_gpu.py --at HEAD {part} (dev/README.md)")
+        tree, got = sg.recompute(part)
+        assert got == tree, (f"results/{sg.PARTS[part][1]} is not what its raw files give; these keys differ: "
+                             f"{sorted(k for k in set(got) | set(tree) if got.get(k) != tree.get(k))}")
+
+
+def test_sync_check_replayed_on_the_recorded_gpu_runs(raw_results):
+    """The stop rule (each rollout from exactly its version; trainer and server under the same weights within
+    --mismatch_max: the batch mismatch where a run logged nothing else, the re-scored check where it did) replayed
+    over every recorded GPU run: no correct push stops a run, and the negative controls stop exactly where they did
+    on the GPU (the weight hashes' at the very next step). The async run at lr 5e-5 is one the rule before the
+    re-scored check (the batch mismatch) stopped. The runs are read out of git at the commits their summaries name."""
+    limit = g.Config.mismatch_max
+
+    def replay(path, old_rule=False):
+        """-> the first step that the rule stops, or None."""
+        rows = [r for r in map(json.loads, open(path)) if "reward_mean" in r]
+        saved = path.replace(".metrics.jsonl", ".config.json")  # the run's flags, where it kept them
+        said = re.search(r"rollouts: (a?sync)", open(path.replace(".metrics.jsonl", ".log")).read())  # its log
+        async_run = (json.load(open(saved))["async_"] if os.path.exists(saved) else said.group(1) == "async" if said
+                     else "async" in os.path.basename(path) or "nccl_hidden" in path)
+        for r in rows:
+            want = max(r["step"] - 2, 0) if async_run else r["step"] - 1
+            seen = r["mismatch_mean"] if old_rule else r.get("check_mismatch_mean", r["mismatch_mean"])
+            if r["sampled_from_version"] != want or (seen is not None and seen > limit):
+                return r["step"]
+        log = open(path.replace(".metrics.jsonl", ".log")).read()  # the step that stopped, never logged as a row
+        m = re.search(r"by ([\d.]+) nats on average", log)
+        if m and float(m.group(1)) > limit:
+            return rows[-1]["step"] + 1
+        m = re.search(r"with weights of version '(\d+)', but this (?:rollout|check) must come from version '(\d+)'", log)
+        if m:
+            return int(m.group(2)) + 1
+        m = re.search(r"holds other weights than the trainer sent in the push of version (\d+)|after the rollout "
+                      r"sampled from version (\d+)", log)  # the hashes (the message before, and after, 5377a06)
+        m = m and re.match(r"(\d+)", m.group(1) or m.group(2))
+        return int(m.group(1)) + 1 if m else None
+    folder = lambda part, *sub: os.path.join(raw_results[part], *sub)  # a folder of runs, at its commit
+    h200 = [p for p in raw_results if p != "x2"]
+    runs = [r for p in h200 for r in glob.glob(folder(p, "h200", p, "*.metrics.jsonl"))] + glob.glob(
+        folder("x2", "x2", "check_async", "*.metrics.jsonl"))
+    negative = ("check_v2_", "neg_", "dropped_", "base_only", "episodes_dropped_")  # the controls, checked below
+    good = [p for p in runs if not os.path.basename(p).startswith(negative) or "check_v2_main" in p]
+    assert len(good) >= 26, good  # 300 steps, lr 5e-5 async, the three seeds of the curve, lr 1e-5 and 1e-6, ...
+    for path in good:
+        assert replay(path) is None, path
+    check = folder("check_v2", "h200", "check_v2")
+    assert replay(os.path.join(check, "check_v2_skip_one.metrics.jsonl")) == 7  # push after step 6 skipped
+    assert replay(os.path.join(check, "check_v2_stop_syncing.metrics.jsonl")) == 5  # no push after step 4
+    assert replay(os.path.join(check, "check_v2_dropped_tagged.metrics.jsonl")) == 18  # tag kept, weights dropped
+    main = [r["mismatch_mean"] for r in map(json.loads, open(os.path.join(check, "check_v2_main.metrics.jsonl"))) if "mismatch_mean" in r]
+    assert len(main) == 300 and max(main) < limit / 3  # the limit is over 3x the worst correct step of 300
+    ca = folder("x2", "x2", "check_async")  # async, lr 5e-5: the same controls, and the old rule's false alarm
+    assert [replay(os.path.join(ca, f"neg_async_{n}.metrics.jsonl")) for n in ("skip_one", "stop_syncing", "dropped_tagged")] == [7, 5, 6]
+    assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl")) is None
+    assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl"), old_rule=True) == 4
+    lora = folder("lora", "h200", "lora")  # LoRA: the pushes from version 10 on the base's weights
+    assert replay(os.path.join(lora, "base_only.metrics.jsonl")) == 11
+    trust = folder("trust", "h200", "trust")  # the weight hashes: the push after step 11 dropped
+    assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
+    episodes = folder("episodes", "h200", "episodes")  # episodes: pushes dropped after version 6, tag kept
+    assert replay(os.path.join(episodes, "episodes_dropped_tag_kept.metrics.jsonl")) == 7
+
+
+# ---------------------------------------------------------------------------------------------
+# the mutation list and the paths the docs name
+
+def test_every_mutation_breaks_a_line_its_file_holds_and_names_tests_that_exist():
+    """dev/mutation_check.py breaks the first place its pattern is found in the file an entry names, and says "??
+    pattern not found" only when someone runs it (30 minutes): an entry whose line was rewritten, or whose file moved,
+    is a check that silently stopped. Every entry: its file exists and holds its pattern, the break changes it, its
+    name is its own, and its -k expression selects tests of test_smoke.py or dev/test_dev.py."""
+    import subprocess
+    from _pytest.mark.expression import Expression
+    import mutation_check
+    text = lambda f: open(os.path.join(ROOT, f)).read() if os.path.isfile(os.path.join(ROOT, f)) else None
+    stale = [f"{name} ({f})" for name, f, old, new, _ in mutation_check.M if old not in (text(f) or "")]
+    assert not stale, (f"{len(stale)} entries of dev/mutation_check.py break a line their file no longer holds "
+                       f"(rewrite the pattern, or the entry): {'; '.join(stale)}")
+    names = [m[0] for m in mutation_check.M]
+    assert len(set(names)) == len(names), sorted({n for n in names if names.count(n) > 1})
+    assert not [name for name, _, old, new, _ in mutation_check.M if old == new]
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             *mutation_check.TESTS], cwd=ROOT, capture_output=True, text=True)
+    tests = [line.split("::", 1)[1] for line in listed.stdout.splitlines() if "::" in line]
+    assert len(tests) > 300, listed.stdout[-2000:] + listed.stderr[-2000:]
+    idle = [f"{name} [-k {k}]" for name, _, _, _, k in mutation_check.M
+            if not any(Expression.compile(k).evaluate(lambda w, **_: w.lower() in t.lower()) for t in tests)]
+    assert not idle, f"these entries' -k expressions select no test: {'; '.join(idle)}"
+
+
+def test_the_paths_the_docs_name_are_in_the_tree_or_name_their_commit():
+    """Every path under dev/, tools/, results/, docs/ or data/ that README.md, docs/*.md, results/README.md, the files
+    of dev/ and test_smoke.py name, and every relative link of those Markdown files, is in the tree, or says which
+    commit keeps it: `git show SHA:PATH`, or "last at SHA" / "as at SHA" within the next few lines. A tool that moved,
+    a folder folded into another, a file that left the tree: none leaves a pointer to nothing."""
+    mention = re.compile(r"(?<![\w/.$-])((?:dev|tools|results|docs|data)/[\w.*{},/-]*[\w*}/])")
+    kept = re.compile(r"\b(?:last at|as at|git show)\s+`?[0-9a-f]{7,40}\b")
+    link = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+
+    def expand(p):  # a{b,c}d -> abd, acd
+        m = re.search(r"\{([^{}]*)\}", p)
+        return [q for alt in m.group(1).split(",") for q in expand(p[:m.start()] + alt + p[m.end():])] if m else [p]
+    files = ["README.md", "results/README.md", "test_smoke.py", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(
+        os.path.join(ROOT, "docs", "*.md")) + glob.glob(os.path.join(ROOT, "dev", "*")))]
+    dangling = []
+    for f in files:
+        text = open(os.path.join(ROOT, f)).read()
+        for m in mention.finditer(text):
+            p = m.group(1)
+            if "{" in p and not re.search(r"\{[^{}]*,[^{}]*\}", p):  # an f-string's {name}, not a path
+                continue
+            if all(glob.glob(os.path.join(ROOT, q)) for q in expand(p)):
+                continue
+            if re.search(r"[0-9a-f]{7,40}:$", text[max(m.start() - 41, 0):m.start()]) or kept.search(text, m.end(),
+                                                                                            m.end() + 300):
+                continue
+            dangling.append(f"{f}:{text.count(chr(10), 0, m.start()) + 1}: {p}")
+        for m in link.finditer(text) if f.endswith(".md") else ():
+            target = m.group(1)
+            if not re.match(r"[a-z]+:", target) and not os.path.exists(os.path.join(ROOT, os.path.dirname(f), target)):
+                dangling.append(f"{f}:{text.count(chr(10), 0, m.start()) + 1}: a link to {target}")
+    assert not dangling, ("these paths are not in the tree and name no commit that keeps them (fix the path, or add "
+                          "'last at `SHA`' / `git show SHA:PATH` after it):\n" + "\n".join(dangling))
