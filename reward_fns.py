@@ -322,11 +322,15 @@ def calculator_rows(n=20000, seed=1234):
 
 
 _CALL_RE = re.compile(r"calc:\s*([-+*/()×xX \d.]+)", re.IGNORECASE)  # (× and x: times, as models write it)
+CALC_MAX_CHARS = 200  # an expression longer than this is "error": the task's products need ~20 characters
 
 
 def calculate(expr):
-    """An arithmetic expression (numbers, + - * / and brackets) -> its value as text, or why it has none."""
+    """An arithmetic expression (numbers, + - * / and brackets) -> its value as text, or "error" when it has none:
+    never an exception, whatever the model wrote (one reply of 6,000 minus signs made ast.parse raise MemoryError)."""
     import ast
+    if len(expr) > CALC_MAX_CHARS:  # deep nesting exhausts the parser's memory and the evaluator's recursion
+        return "error"
     ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
            ast.Div: lambda a, b: a / b}
 
@@ -343,9 +347,9 @@ def calculate(expr):
         raise ValueError("not arithmetic")
     try:
         v = ev(ast.parse(re.sub(r"[×xX]", "*", expr).strip(), mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
-        return "error"
-    return str(int(v)) if float(v).is_integer() else f"{v:.6g}"
+        return str(int(v)) if float(v).is_integer() else f"{v:.6g}"
+    except (SyntaxError, ValueError, ArithmeticError, RecursionError, MemoryError):  # ArithmeticError: 1 / 0, or a
+        return "error"                                                               # number too large for a float
 
 
 def calculator_env(messages, answer):

@@ -1688,6 +1688,20 @@ def test_a_new_reward_needs_no_test_edit_and_cannot_change_the_accuracy(tiny_mod
     assert all(r["eval_reward"] == 1 and r["eval_accuracy"] < 1 for r in evals) and len(evals) == 2
 
 
+def test_the_calculator_answers_error_to_any_expression_it_cannot_evaluate_however_deep_or_long(monkeypatch):
+    """A reply of 6,000 unary minus signs made ast.parse raise MemoryError, which ended the run: now any expression
+    longer than CALC_MAX_CHARS (200) is 'error' unread, and one that exhausts the parser's memory or recursion anyway
+    is 'error' too (the bound lifted here to reach them)."""
+    rf = reward_fns
+    call = lambda expr: rf.calculator_env([{"role": "assistant", "content": "calc: " + expr}], "0")
+    assert call("-" * 6000 + "1") == "error" and rf.calculate("-" * 6000 + "1") == "error"
+    assert rf.calculate("1+" * 99 + "1") == "100" and rf.calculate("1+" * 100 + "1") == "error"  # 199 / 201 chars
+    assert rf.calculate("-" * 151 + "1") == "-1" and rf.calculate("(" * 99 + "7" + ")" * 99) == "7"
+    monkeypatch.setattr(rf, "CALC_MAX_CHARS", 10 ** 6)
+    for expr in ("-" * 6000 + "1", "(" * 300 + "1" + ")" * 300, "1+" * 5000 + "1", "9" * 400):
+        assert rf.calculate(expr) == "error", expr[:10]  # MemoryError, SyntaxError, RecursionError, OverflowError
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. data: the prompts of each step, prompt formats, data files, splits and held-out rows
 
