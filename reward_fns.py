@@ -166,6 +166,30 @@ def safe_reward(fn, completion: str, answer: str, warnings, sample=None, name=No
     return 0.0
 
 
+def safe_env(env, messages, answer, warnings, name=None):
+    """Call a task's environment: its next user message (a str) passes, None ends the episode. Anything else (it raised,
+    or returned an int or a dict) ends the episode with a counted warning, under `name` (else the function's), as
+    safe_reward does for a reward: one bad reply of the model must not end the run with a traceback, and a dict's repr
+    must not reach the model as a message."""
+    name = name or getattr(env, "__name__", repr(env))
+    try:
+        said = env(messages, answer)
+        if said is None or isinstance(said, str):
+            return said
+        reason = f"returned {type(said).__name__} (a message must be a str, or None to end the episode)"
+    except Exception as e:  # not BaseException: Ctrl-C should still stop training
+        reason = f"raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
+    key = f"{name}: {reason}"
+    warnings[key] = warnings.get(key, 0) + 1
+    return None
+
+
+def shorten(text, n=80):
+    """One line of at most n characters: an error's message in a warning's key, or a value in an error."""
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
 def not_a_number(r):
     """-> why r is not a finite real number, or None. Bools are ints, so True -> 1.0 is fine."""
     if r is None:
@@ -284,9 +308,26 @@ def first_integer(text):
     return int(m.group()) if m else None
 
 
+def secret_problem(answer):
+    """guess's answer check (see answer_problem): the secret must be a whole number from 1 to GUESS_MAX."""
+    try:
+        ok = 1 <= int(answer) <= GUESS_MAX
+    except (TypeError, ValueError):  # '7.5', 'five'
+        ok = False
+    return None if ok else f"answer that is not a whole number from 1 to {GUESS_MAX}"
+
+
+def guess_secret(answer):
+    """The row's secret, or a ValueError that says what is wrong with it (a traceback would say 'invalid literal for
+    int()'). answer_problem keeps such rows out of training; safe_env counts the error if one gets this far."""
+    if secret_problem(answer):
+        raise ValueError(f"the answer {answer!r} is not a whole number from 1 to {GUESS_MAX}, so no guess can find it")
+    return int(answer)
+
+
 def guess_env(messages, answer):
     """The reply's guess (its first integer) -> "higher" or "lower" than it, or None: found, the game ends."""
-    guess, secret = first_integer(messages[-1]["content"]), int(answer)
+    guess, secret = first_integer(messages[-1]["content"]), guess_secret(answer)
     if guess == secret:
         return None
     if guess is None:
@@ -296,7 +337,7 @@ def guess_env(messages, answer):
 
 def guess_correct(completion, answer):
     """The last reply found the secret (the game ends at the right guess)."""
-    return first_integer(completion) == int(answer)
+    return first_integer(completion) == guess_secret(answer)
 
 
 def guess_reward(completion, answer, sample):
@@ -305,7 +346,7 @@ def guess_reward(completion, answer, sample):
     credit for playing by the rules and using the feedback, which a small model must learn first."""
     if guess_correct(completion, answer):
         return 1.0
-    lo, hi, secret, fair = 1, GUESS_MAX, int(answer), []
+    lo, hi, secret, fair = 1, GUESS_MAX, guess_secret(answer), []
     for guess in (first_integer(m["content"]) for m in sample["messages"] if m["role"] == "assistant"):
         fair.append(guess is not None and lo <= guess <= hi)
         if guess is not None:  # the environment's answer narrows the range

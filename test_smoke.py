@@ -1702,6 +1702,57 @@ def test_the_calculator_answers_error_to_any_expression_it_cannot_evaluate_howev
         assert rf.calculate(expr) == "error", expr[:10]  # MemoryError, SyntaxError, RecursionError, OverflowError
 
 
+def one_arg_env(messages):  # (top level, as a user's: a nested function's TypeError names its test too)
+    return "again"
+
+
+def test_safe_env_passes_a_message_and_ends_the_episode_on_anything_else_with_a_short_counted_warning():
+    """An environment's str is the next message and None ends the episode, silently; one that raises (int() of a word,
+    the wrong arguments) or returns a non-str (an int, a dict) ends the episode with one counted warning naming it and
+    what went wrong, the error's message cut to 80 characters: never a traceback, never a repr sent as a message."""
+    rf = reward_fns
+    said = lambda text: [{"role": "user", "content": "?"}, {"role": "assistant", "content": text}]
+
+    def my_env(messages, answer):
+        return "higher" if int(messages[-1]["content"]) < int(answer) else None
+
+    def dict_env(messages, answer):
+        return {"role": "user", "content": "again"}
+
+    def long_env(messages, answer):
+        raise RuntimeError("x" * 100 + "\nsecond line")
+    w = {}
+    assert rf.safe_env(my_env, said("3"), "5", w) == "higher" and rf.safe_env(my_env, said("5"), "5", w) is None
+    assert w == {}  # a message and an end are no warnings
+    assert rf.safe_env(my_env, said("five"), "5", w) is None and rf.safe_env(my_env, said("five"), "5", w) is None
+    assert rf.safe_env(dict_env, said("3"), "5", w) is None
+    assert rf.safe_env(lambda m, a: 7, said("3"), "5", w, name="count_env") is None
+    assert rf.safe_env(one_arg_env, said("3"), "5", w) is None
+    assert rf.safe_env(long_env, said("3"), "5", w) is None
+    assert w == {"my_env: raised ValueError: invalid literal for int() with base 10: 'five'": 2,
+                 "dict_env: returned dict (a message must be a str, or None to end the episode)": 1,
+                 "count_env: returned int (a message must be a str, or None to end the episode)": 1,
+                 "one_arg_env: raised TypeError: " + "one_arg_env() takes 1 positional argument but 2 were given": 1,
+                 "long_env: raised RuntimeError: " + "x" * 77 + "...": 1}
+    c = collections.Counter()  # the trainer's counter works as well
+    rf.safe_env(lambda m, a: 1 / 0, said("3"), "5", c)
+    assert c == {"<lambda>: raised ZeroDivisionError: division by zero": 1}
+
+    def stop(messages, answer):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C still stops training
+        rf.safe_env(stop, said("3"), "5", w)
+    # guess on a secret that is no whole number (answer_problem keeps such rows out): a clear error, counted
+    with pytest.raises(ValueError, match=re.escape("the answer '7.5' is not a whole number from 1 to 16, so no guess "
+                                                   "can find it")):
+        rf.guess_env(said("5"), "7.5")
+    w = {}
+    assert rf.safe_env(rf.guess_env, said("5"), "7.5", w) is None and rf.safe_env(rf.guess_env, said("5"), "7", w)
+    assert w == {"guess_env: raised ValueError: the answer '7.5' is not a whole number from 1 to 16, so no guess can "
+                 "find it": 1}
+    assert safe_reward(rf.guess_correct, "7", "7.5", w) == 0.0 and w["guess_correct: raised ValueError"] == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. data: the prompts of each step, prompt formats, data files, splits and held-out rows
 
