@@ -27,10 +27,12 @@ safe_reward            a reward's bad value or exception -> 0.0 and a counted wa
 combine                --reward -> the trainer's reward: (sample, warnings) -> (reward, {part: value}).
 """
 import inspect
+import json
 import math
 import numbers
 import random
 import re
+import unicodedata
 from dataclasses import dataclass, replace
 from typing import Callable
 from decimal import Decimal, InvalidOperation
@@ -51,6 +53,8 @@ def _normalize(num: str) -> str | None:
     try:
         d = Decimal(num.replace(",", "").replace("$", ""))
     except InvalidOperation:
+        return None
+    if not d.is_finite():  # 'NaN', 'Infinity': no completion's number is one
         return None
     if d == d.to_integral_value():
         return str(int(d))  # "72.00" -> "72", and "-0" -> "0"
@@ -104,14 +108,21 @@ def arithmetic_reward(completion: str, answer: str) -> float:
     return float(arithmetic_correct(completion, answer))
 
 
+def number_problem(answer):
+    """arithmetic's and calculator's answer check (see answer_problem): the answer must be a number itself ('19', not
+    '#### 19'), since the check compares the completion's last number with the whole answer."""
+    return None if _normalize(answer.strip()) is not None else "answer that is not a number"
+
+
 # Answers that are not numbers: words (exact) or the letter of a choice (choice).
 _LEAD_RE = re.compile(r"^(?:(?:so|thus|therefore)\s*,?\s*)?(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*", re.I)
 _LETTER_RE = re.compile(r"(?<![A-Za-z])\(?([A-J])\)?(?![A-Za-z])")  # capitals: 'a' is an article
 
 
 def normalize_text(text: str) -> str:
-    """'The  Eiffel-Tower.' -> 'eiffel tower': lower case, no punctuation, articles or extra spaces (SQuAD's way)."""
-    text = re.sub(r"[^\w\s]", " ", text.lower())
+    """'The  Eiffel-Tower.' -> 'eiffel tower': lower case, no punctuation, articles or extra spaces (SQuAD's way).
+    NFKC first: an 'é' written as 'e' and a combining accent (decomposed, NFD) is the one-character 'é' a model writes."""
+    text = re.sub(r"[^\w\s]", " ", unicodedata.normalize("NFKC", text).lower())
     return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
 
 
@@ -123,9 +134,38 @@ def final_line(completion: str) -> str:
     return _LEAD_RE.sub("", lines[-1].strip())
 
 
+def aliases(answer: str) -> list[str] | None:
+    """An answer that is a JSON list of strings ('["Paris", "City of Light"]': a dataset row's list, which the trainer
+    passes as its JSON text) -> its strings, any of which is right (exact, choice); any other answer -> None: a plain
+    answer, even one that starts with '[' ('[1, 2]', '[citation needed]')."""
+    if not answer.lstrip().startswith("["):
+        return None
+    try:
+        got = json.loads(answer)
+    except ValueError:
+        return None
+    return got if isinstance(got, list) and all(isinstance(a, str) for a in got) else None
+
+
 def exact_correct(completion: str, answer: str) -> bool:
-    """The completion's final line (final_line) equals the answer once both are normalized: 'Paris.' for 'paris'."""
+    """The completion's final line (final_line) equals the answer once both are normalized: 'Paris.' for 'paris'; an
+    answer that is a list (aliases) is matched by any of its strings."""
+    names = aliases(answer)
+    return any(_exact_match(completion, a) for a in ([answer] if names is None else names))
+
+
+def _exact_match(completion, answer):
     return bool(normalize_text(answer)) and normalize_text(final_line(completion)) == normalize_text(answer)
+
+
+def text_problem(answer):
+    """exact's answer check (see answer_problem): some answer must be left once normalized ('the', '!!!': none is)."""
+    names = aliases(answer)
+    if names is None:
+        return None if normalize_text(answer) else "answer empty once normalized (case, punctuation and a/an/the dropped)"
+    if not names:
+        return "answer an empty list of aliases"
+    return None if any(map(normalize_text, names)) else "answer a list of aliases, each empty once normalized"
 
 
 def exact_reward(completion: str, answer: str) -> float:
@@ -134,9 +174,22 @@ def exact_reward(completion: str, answer: str) -> float:
 
 def choice_correct(completion: str, answer: str) -> bool:
     """The letter the final line names (its last standalone capital A-J: 'B', '(B)', 'The answer is B.') is the
-    answer's ('B', '(B)', 'b')."""
-    got, want = _LETTER_RE.findall(final_line(completion)), _LETTER_RE.findall(answer.strip().upper())
-    return bool(got and want) and got[-1].upper() == want[0].upper()
+    answer's ('B', '(B)', 'b'), or one of a list's ('["B", "D"]')."""
+    got, names = _LETTER_RE.findall(final_line(completion)), aliases(answer)
+    for want in (_LETTER_RE.findall(a.strip().upper()) for a in ([answer] if names is None else names)):
+        if got and want and got[-1].upper() == want[0].upper():
+            return True
+    return False
+
+
+def letter_problem(answer):
+    """choice's answer check (see answer_problem): the answer (or an alias) must name a letter A-J ('2' does not)."""
+    names = aliases(answer)
+    if any(_LETTER_RE.findall(a.strip().upper()) for a in ([answer] if names is None else names)):
+        return None
+    if names is None:
+        return "answer that is not a letter A-J"
+    return "answer a list of aliases, none a letter A-J" if names else "answer an empty list of aliases"
 
 
 def choice_reward(completion: str, answer: str) -> float:
@@ -279,6 +332,23 @@ class Task:
     max_turns: int = 1               # the model's replies per episode at most (--max_turns 0 takes this)
     rows: Callable | None = None     # () -> the built-in rows [{"question", "answer"}] (--dataset builtin)
     numeric: bool = True             # its answers hold a number (rows without one are skipped)
+    check_answer: Callable[[str], str | None] | None = None  # (answer) -> why no completion can match it, or None
+
+
+def answer_problem(task, answer):
+    """-> why no completion could ever match this row's answer under the task's check (the trainer skips the row and
+    counts it under this reason), or None: it can be matched. The task's check_answer when it has one (a rule that
+    raises or returns no str says so, as the reason); else a numeric task's answer must hold a number."""
+    rule = task.check_answer
+    if rule is None:
+        return "answer without a number" if task.numeric and extract_number(answer) is None else None
+    name = getattr(rule, "__name__", repr(rule))
+    try:
+        why = rule(answer)
+    except Exception as e:
+        return f"{name} raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
+    return why if why is None or isinstance(why, str) else f"{name} returned {type(why).__name__} (why, a str, or None)"
+
 
 
 def arithmetic_rows(max_operand=20, seed=1234):
@@ -415,13 +485,16 @@ def calculator_reward(completion, answer, sample):
 
 REWARD_FNS.update(guess=guess_reward, calculator=calculator_reward)
 TASKS = {
-    "arithmetic": Task("arithmetic", arithmetic_correct, "Answer with the number only.", rows=arithmetic_rows),
+    "arithmetic": Task("arithmetic", arithmetic_correct, "Answer with the number only.", rows=arithmetic_rows,
+                       check_answer=number_problem),
     "gsm8k": Task("gsm8k", gsm8k_correct, "Solve the problem step by step, then give the final answer on its own line "
                                           "as '#### <number>'."),
-    "exact": Task("exact", exact_correct, "Answer with the answer only.", numeric=False),
-    "choice": Task("choice", choice_correct, "Answer with the letter of the right choice only.", numeric=False),
-    "guess": Task("guess", guess_correct, env=guess_env, max_turns=GUESS_TURNS, rows=guess_rows),
+    "exact": Task("exact", exact_correct, "Answer with the answer only.", numeric=False, check_answer=text_problem),
+    "choice": Task("choice", choice_correct, "Answer with the letter of the right choice only.", numeric=False,
+                   check_answer=letter_problem),
+    "guess": Task("guess", guess_correct, env=guess_env, max_turns=GUESS_TURNS, rows=guess_rows,
+                  check_answer=secret_problem),
     "calculator": Task("calculator", calculator_correct, "To use a calculator, reply with calc: followed by the "
                        "expression (for example calc: 12 * 34) and I will tell you the result.",
-                       env=calculator_env, max_turns=3, rows=calculator_rows),
+                       env=calculator_env, max_turns=3, rows=calculator_rows, check_answer=number_problem),
 }

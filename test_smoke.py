@@ -1753,6 +1753,74 @@ def test_safe_env_passes_a_message_and_ends_the_episode_on_anything_else_with_a_
     assert safe_reward(rf.guess_correct, "7", "7.5", w) == 0.0 and w["guess_correct: raised ValueError"] == 1
 
 
+def test_answer_problem_says_why_no_completion_could_match_a_rows_answer_under_the_tasks_check(monkeypatch):
+    """Each task's answers that its check can never match (a numeric task's without a number, exact's empty once
+    normalized, choice's without a letter, guess's secret out of 1..16 or not whole, arithmetic's that is no number
+    itself) -> the reason the trainer counts the skipped row under; None for answers a completion can match. A user's
+    Task brings its own rule as check_answer (one that raises or returns no str is said as the reason). Every row of
+    the built-in tasks passes."""
+    rf = reward_fns
+    T = rf.TASKS
+    not_number = "answer that is not a number"
+    empty = "answer empty once normalized (case, punctuation and a/an/the dropped)"
+    for task, answer, why in [
+            ("gsm8k", "none", "answer without a number"), ("gsm8k", "#### 72", None), ("gsm8k", "It is 1,234.", None),
+            ("arithmetic", "19", None), ("arithmetic", "$1,234", None), ("arithmetic", "#### 19", not_number),
+            ("arithmetic", "NaN", not_number), ("arithmetic", "Infinity", not_number), ("calculator", "5535", None),
+            ("calculator", "x", not_number),
+            ("exact", "Paris", None), ("exact", "", empty), ("exact", "the", empty), ("exact", "!!!", empty),
+            ("exact", "[citation needed]", None), ("exact", "[1, 2]", None),  # plain answers that start with "["
+            ("exact", '["Paris", "City of Light"]', None), ("exact", "[]", "answer an empty list of aliases"),
+            ("exact", '["the", "!!"]', "answer a list of aliases, each empty once normalized"),
+            ("choice", "B", None), ("choice", "(c)", None), ("choice", "2", "answer that is not a letter A-J"),
+            ("choice", "K", "answer that is not a letter A-J"), ("choice", '["1", "D"]', None),
+            ("choice", '["1", "2"]', "answer a list of aliases, none a letter A-J"),
+            ("choice", "[]", "answer an empty list of aliases"),
+            ("guess", "7", None), ("guess", "16", None), ("guess", " 1 ", None)] + [
+            ("guess", a, "answer that is not a whole number from 1 to 16") for a in ("7.5", "0", "17", "five", "")]:
+        assert rf.answer_problem(T[task], answer) == why, (task, answer)
+        if why is None and task in ("exact", "choice", "arithmetic", "calculator", "guess"):  # a completion matches
+            names = rf.aliases(answer) or [answer]
+            assert T[task].correct(names[-1].upper() if task == "choice" else names[-1], answer), (task, answer)
+    assert not rf.arithmetic_correct("5", "Infinity")  # (it raised OverflowError)
+    my = rf.Task("exact", rf.exact_correct, numeric=False)  # a user's task without a rule: any answer goes
+    assert rf.answer_problem(my, "") is None and rf.answer_problem(rf.Task("gsm8k", rf.gsm8k_correct), "x") == \
+        "answer without a number"
+
+    def city_rule(answer):
+        return None if answer.istitle() else "answer that is not a city's name"
+
+    def broken_rule(answer):
+        return int(answer) and None
+    assert rf.answer_problem(dataclasses.replace(my, check_answer=city_rule), "paris") == "answer that is not a city's name"
+    assert rf.answer_problem(dataclasses.replace(my, check_answer=city_rule), "Paris") is None
+    assert rf.answer_problem(dataclasses.replace(my, check_answer=broken_rule), "Paris") == \
+        "broken_rule raised ValueError: invalid literal for int() with base 10: 'Paris'"
+    assert rf.answer_problem(dataclasses.replace(my, check_answer=str.istitle), "Paris") == \
+        "istitle returned bool (why, a str, or None)"
+    for task, rows in (("arithmetic", rf.arithmetic_rows()), ("guess", rf.guess_rows()),
+                       ("calculator", rf.calculator_rows())):
+        assert [r["answer"] for r in rows if rf.answer_problem(T[task], r["answer"])] == [], task
+
+
+def test_exact_and_choice_take_a_list_of_aliases_and_exact_compares_unicode_after_nfkc():
+    """A row's answer that is a JSON list of strings is matched by any alias (exact, choice); an empty list by none; any
+    other answer, even one that starts with '[', is plain as before. An accented answer in decomposed Unicode (NFD)
+    matches the composed (NFC) text a model writes, and the other way round."""
+    rf = reward_fns
+    cities = json.dumps(["Paris", "City of Light"])
+    assert rf.exact_correct("The answer is Paris.", cities) and rf.exact_correct("the city of light", cities)
+    assert not rf.exact_correct("Lyon", cities) and not rf.exact_correct("", "[]") and not rf.exact_correct("[]", "[]")
+    assert rf.exact_correct("[citation needed]", "[citation needed]") and rf.exact_correct("1 2", "[1, 2]")
+    assert rf.exact_correct("[Paris", "[Paris") and rf.aliases("[Paris") is None and rf.aliases('["a", 1]') is None
+    assert rf.choice_correct("(D)", '["B", "D"]') and rf.choice_correct("B", '["B", "D"]')
+    assert not rf.choice_correct("C", '["B", "D"]') and not rf.choice_correct("A", "[]")
+    nfd, nfc = "Cafe\u0301 de Flore", "Caf\u00e9 de Flore"
+    assert len(nfd) == len(nfc) + 1 and rf.normalize_text(nfd) == rf.normalize_text(nfc) == "café de flore"
+    assert rf.exact_correct(nfc, nfd) and rf.exact_correct(nfd, nfc) and not rf.exact_correct("Cafe de Flore", nfc)
+    assert rf.exact_correct("\uff30\uff41\uff52\uff49\uff53", "Paris")  # full-width letters (NFKC)
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. data: the prompts of each step, prompt formats, data files, splits and held-out rows
 
