@@ -261,35 +261,36 @@ def wants_sample(fn):
         return False
 
 
+def cannot_call(fn, role, *args, **kwargs):
+    """-> why fn cannot be called with these arguments ("f(x) cannot be called as a check (too many positional
+    arguments)"), or None: it can, or it has no signature to read (a builtin: it says so when called)."""
+    if not callable(fn):
+        return f"{shorten(repr(fn))} (a {type(fn).__name__}) cannot be called as {role}"
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        return f"{getattr(fn, '__name__', fn)}{sig} cannot be called as {role} ({e})"
+    return None
+
+
 def check_signature(name, fn):
     """A reward must take (completion, answer), or (completion, answer, sample): else one error at start, not a run
     that trains on zeros with a warning a step."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a signature: it will say so when called
-        return
-    try:
-        sig.bind("completion", "answer", **({"sample": {}} if "sample" in sig.parameters else {}))
-    except TypeError as e:
-        raise ValueError(f"{name!r}: {getattr(fn, '__name__', fn)}{sig} cannot be called as a reward ({e}): it must "
-                         f"take (completion, answer), or (completion, answer, sample) to see the sequence") from None
+    why = cannot_call(fn, "a reward", "completion", "answer", **({"sample": {}} if wants_sample(fn) else {}))
+    if why:
+        raise ValueError(f"{name!r}: {why}: it must take (completion, answer), or (completion, answer, sample) to see "
+                         f"the sequence")
 
 
 def combine(spec, task):
     """--reward -> fn(sample, warnings) -> (reward, {part: value}). spec: 'auto' (the task's reward), a name in
     REWARD_FNS, or a weighted mix 'name:weight,name:weight' (TRL's reward_funcs + reward_weights): the reward is the
     weighted sum, and each function's value is logged unweighted as a part (a dict's entries, each as its own)."""
-    terms = []
-    for item in spec.split(","):
-        name, _, weight = item.strip().partition(":")
-        try:
-            terms.append((name, get_reward_fn(TASKS[task].reward if name == "auto" else name), float(weight or 1)))
-            if not math.isfinite(terms[-1][2]):  # a NaN weight makes every reward NaN, then NaN gradients
-                raise ValueError
-        except ValueError as e:
-            raise ValueError(str(e) if "unknown" in str(e) else f"{item!r}: the weight must be a finite number "
-                             f"(e.g. gsm8k:1,format:0.1)") from None
-        check_signature(name, terms[-1][1])
+    terms = reward_terms(spec, task)
     if not any(w for _, _, w in terms):  # every reward 0: every advantage 0, a run that trains on nothing
         raise ValueError(f"{spec!r}: every weight is 0, so every reward would be 0: give at least one term a weight "
                          f"other than 0 (e.g. gsm8k:1,format:0.1)")
@@ -306,6 +307,28 @@ def combine(spec, task):
             total += weight * r
         return total, parts
     return reward
+
+
+def reward_terms(spec, task=None):
+    """A --reward spec -> [(name, fn, weight)]: each name registered, each weight finite, each signature a reward's.
+    'auto' is the task's own reward (none without a task): a name, or a mix whose weights auto's weight scales (auto:2
+    of a task's 'a:1,b:0.1' is a:2,b:0.2)."""
+    terms = []
+    for item in spec.split(","):
+        name, _, weight = item.strip().partition(":")
+        try:
+            terms.append((name, None if name == "auto" and task else get_reward_fn(name), float(weight or 1)))
+            if not math.isfinite(terms[-1][2]):  # a NaN weight makes every reward NaN, then NaN gradients
+                raise ValueError
+        except ValueError as e:
+            raise ValueError(str(e) if "unknown" in str(e) else f"{item!r}: the weight must be a finite number "
+                             f"(e.g. gsm8k:1,format:0.1)") from None
+        if terms[-1][1] is None:  # auto: the task's terms, weighted; one term keeps the name 'auto' (its part's)
+            own, w = reward_terms(TASKS[task].reward), terms.pop()[2]
+            terms += [("auto" if len(own) == 1 else n, fn, w * v) for n, fn, v in own]
+            continue
+        check_signature(name, terms[-1][1])
+    return terms
 
 
 REWARD_FNS = {"gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward, "format": format_reward,
@@ -349,6 +372,49 @@ def answer_problem(task, answer):
         return f"{name} raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
     return why if why is None or isinstance(why, str) else f"{name} returned {type(why).__name__} (why, a str, or None)"
 
+
+def check_task(name, task):
+    """The task the trainer will run, checked at start: each mistake is one ValueError that names the task and says the
+    fix, where it would have been a traceback from the rollout, a warning every step while accuracy stays 0, an error
+    that blames --reward (a flag the user never gave), or an environment whose messages are silently dropped."""
+    where = f"--task {name} (TASKS[{name!r}] in reward_fns.py)"
+    if not isinstance(task.reward, str):  # a function given for its name: the trainer looks names up
+        fn = getattr(task.reward, "__name__", "")
+        what = f"the function {fn}" if callable(task.reward) else shorten(repr(task.reward))
+        fn = fn if fn.isidentifier() else "my_reward"
+        raise ValueError(f"{where}: its reward must be the name of a reward in REWARD_FNS (or a mix of them, e.g. "
+                         f"'gsm8k:1,format:0.1'), not {what}: register the function, REWARD_FNS[{fn!r}] = {fn}, "
+                         f"and give the task its name, Task({fn!r}, ...)")
+    try:
+        combine(task.reward, None)  # its names, weights and signatures, as --reward's
+    except ValueError as e:
+        raise ValueError(f"{where}: its reward {task.reward!r} must name rewards of REWARD_FNS (a name, or a mix such "
+                         f"as 'gsm8k:1,format:0.1'): {e}") from None
+    calls = [("correct", "a check", ("completion", "answer"),
+              "take (completion, answer) and return whether the completion is right (True or False)"),
+             ("env", "an environment", ([], "answer"),
+              "take (messages, answer) and return the next user message (a str), or None to end the episode"),
+             ("check_answer", "an answer check", ("answer",),
+              "take (answer) and return why no completion can match it (a str), or None")]
+    for field, role, args, must in calls:
+        fn = getattr(task, field)
+        if fn is None and field != "correct":  # env and check_answer are optional
+            continue
+        why = cannot_call(fn, role, *args)
+        if why:
+            raise ValueError(f"{where}: its {field}, {why}: it must {must}")
+    turns, env = task.max_turns, getattr(task.env, "__name__", "env")
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+        raise ValueError(f"{where}: its max_turns is {turns!r}: it must be a whole number of replies, at least 1 "
+                         f"(1 for a task without an environment)")
+    if task.env is not None and turns == 1:
+        raise ValueError(f"{where}: it has an environment ({env}) but max_turns 1, so every episode ends at the first "
+                         f"reply and the environment's messages would be thrown away: set max_turns to the most "
+                         f"replies an episode may take, e.g. Task(..., env={env}, max_turns=3)")
+    if task.env is None and turns > 1:
+        raise ValueError(f"{where}: its max_turns is {turns} but it has no environment to answer a reply, so every "
+                         f"episode is one turn: give it an env (messages, answer) -> the next user message, or drop "
+                         f"max_turns")
 
 
 def arithmetic_rows(max_operand=20, seed=1234):

@@ -1821,6 +1821,67 @@ def test_exact_and_choice_take_a_list_of_aliases_and_exact_compares_unicode_afte
     assert rf.exact_correct("\uff30\uff41\uff52\uff49\uff53", "Paris")  # full-width letters (NFKC)
 
 
+@pytest.mark.parametrize("change, says", [
+    (lambda t: dataclasses.replace(t["exact"], reward=reward_fns.exact_reward),
+     "its reward must be the name of a reward in REWARD_FNS (or a mix of them, e.g. 'gsm8k:1,format:0.1'), not the "
+     "function exact_reward: register the function, REWARD_FNS['exact_reward'] = exact_reward, and give the task its "
+     "name, Task('exact_reward', ...)"),
+    (lambda t: dataclasses.replace(t["exact"], reward=lambda c, a: 1.0),
+     "its reward must be the name of a reward in REWARD_FNS (or a mix of them, e.g. 'gsm8k:1,format:0.1'), not the "
+     "function <lambda>: register the function, REWARD_FNS['my_reward'] = my_reward, and give the task its name, "
+     "Task('my_reward', ...)"),
+    (lambda t: dataclasses.replace(t["exact"], reward="exakt"),
+     "its reward 'exakt' must name rewards of REWARD_FNS (a name, or a mix such as 'gsm8k:1,format:0.1'): unknown "
+     "reward function 'exakt'; valid names: arithmetic, calculator, choice, exact, format, gsm8k, gsm8k_format, guess"),
+    (lambda t: dataclasses.replace(t["exact"], reward="exact:1,format:x"),
+     "its reward 'exact:1,format:x' must name rewards of REWARD_FNS (a name, or a mix such as 'gsm8k:1,format:0.1'): "
+     "'format:x': the weight must be a finite number (e.g. gsm8k:1,format:0.1)"),
+    (lambda t: dataclasses.replace(t["exact"], correct=lambda completion: True),
+     "its correct, <lambda>(completion) cannot be called as a check (too many positional arguments): it must take "
+     "(completion, answer) and return whether the completion is right (True or False)"),
+    (lambda t: dataclasses.replace(t["exact"], correct=None),
+     "its correct, None (a NoneType) cannot be called as a check: it must take (completion, answer) and return whether "
+     "the completion is right (True or False)"),
+    (lambda t: dataclasses.replace(t["guess"], env=lambda messages: None),
+     "its env, <lambda>(messages) cannot be called as an environment (too many positional arguments): it must take "
+     "(messages, answer) and return the next user message (a str), or None to end the episode"),
+    (lambda t: dataclasses.replace(t["guess"], max_turns=1),
+     "it has an environment (guess_env) but max_turns 1, so every episode ends at the first reply and the "
+     "environment's messages would be thrown away: set max_turns to the most replies an episode may take, e.g. "
+     "Task(..., env=guess_env, max_turns=3)"),
+    (lambda t: dataclasses.replace(t["guess"], max_turns=0),
+     "its max_turns is 0: it must be a whole number of replies, at least 1 (1 for a task without an environment)"),
+    (lambda t: dataclasses.replace(t["arithmetic"], max_turns=3),
+     "its max_turns is 3 but it has no environment to answer a reply, so every episode is one turn: give it an env "
+     "(messages, answer) -> the next user message, or drop max_turns"),
+    (lambda t: dataclasses.replace(t["exact"], check_answer=lambda: None),
+     "its check_answer, <lambda>() cannot be called as an answer check (too many positional arguments): it must take "
+     "(answer) and return why no completion can match it (a str), or None"),
+])
+def test_check_task_refuses_a_task_that_breaks_the_contract_naming_the_task_and_the_fix(change, says):
+    """Each mistake of a user's task is one ValueError at start that names the task (--task NAME, and where it lives)
+    and says the fix: a reward given as a function or misspelt (not blamed on --reward, a flag never given), a check
+    or an environment that cannot be called with their arguments, an environment that max_turns 1 would silence."""
+    with pytest.raises(ValueError) as e:
+        reward_fns.check_task("mine", change(reward_fns.TASKS))
+    assert str(e.value) == "--task mine (TASKS['mine'] in reward_fns.py): " + says
+
+
+def test_check_task_takes_every_built_in_task_and_a_mix_as_a_tasks_reward(monkeypatch):
+    """The built-in tasks pass check_task; a task's reward may be a mix (Task's comment says so), and --reward auto
+    trains on it term by term, auto's weight scaling each; a task whose reward is one name keeps the part 'auto'."""
+    rf = reward_fns
+    for name, task in rf.TASKS.items():
+        rf.check_task(name, task)
+    monkeypatch.setitem(rf.TASKS, "mixed", dataclasses.replace(rf.TASKS["guess"], reward="guess:1,format:0.5"))
+    rf.check_task("mixed", rf.TASKS["mixed"])
+    won = {"text": "#### 7", "answer": "7", "messages": [{"role": "assistant", "content": "#### 7"}]}
+    assert rf.combine("auto", "mixed")(won, {}) == (1.5, {"guess": 1.0, "format": 1.0})  # 1 x 1 + 0.5 x 1
+    assert rf.combine("auto:2", "mixed")(won, {}) == (3.0, {"guess": 1.0, "format": 1.0})  # 2 x 1 + 1 x 1
+    assert rf.combine("auto:1,format:0.1", "arithmetic")({"text": "#### 3", "answer": "3"}, {}) == (
+        pytest.approx(1.1), {"auto": 1.0, "format": 1.0})
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. data: the prompts of each step, prompt formats, data files, splits and held-out rows
 
