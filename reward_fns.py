@@ -17,14 +17,27 @@ Two registries:
                its instruction, its built-in rows (--dataset builtin) and, for episodes of several turns, its
                environment: (messages, answer) -> the next user message, or None (the episode ends).
 
+A task is held to a contract as its reward is, so that a student's first environment fails with a message, not a
+traceback. At start the trainer checks the task it will run (check_task): a reward that names no REWARD_FNS entry, a
+check that cannot be called as (completion, answer), an environment that cannot be called as (messages, answer) or
+has max_turns 1 (its messages would never be sent) is one error naming the task and the fix. During the run an
+environment that raises, or returns anything but a str or None, ends that episode with a counted warning (safe_env).
+Rows whose answer no completion could match under the task's check ('' for exact, '2' for choice, '7.5' for guess)
+are skipped at start and counted by why (answer_problem; a task's own rule is its check_answer). An answer given as a
+JSON list of strings ('["Paris", "City of Light"]') is a list of aliases: exact and choice accept any of them.
+
 extract_number(text)   the model's final numeric answer, normalized ("1,234" -> "1234", "$5" -> "5", "3.50" -> "3.5"):
                        the number after the LAST "####" wins; else the LAST \\boxed{...}; else the LAST number.
 gsm8k, arithmetic      the final (GSM8K) or last (the built-in "What is 7 + 12?") number equals the answer's.
-exact, choice          answers that are not numbers: the final line equals the answer, normalized; or names its letter.
+exact, choice          answers that are not numbers: the final line equals the answer, normalized (NFKC, case,
+                       punctuation, a/an/the); or names its letter. A list answer: any of its aliases.
 format                 1.0 for a line "#### <number>" or a "\\boxed{<number>}": a small shaping reward (weight ~0.1).
 guess, calculator      the built-in tasks of episodes: guess the number ("higher"/"lower"), a calculator tool.
 safe_reward            a reward's bad value or exception -> 0.0 and a counted warning (one NaN would poison a group).
+safe_env               an environment's exception or non-str message -> the episode ends, and a counted warning.
 combine                --reward -> the trainer's reward: (sample, warnings) -> (reward, {part: value}).
+check_task             a task's reward, check, environment and max_turns, at start -> one ValueError naming the task.
+answer_problem         why no completion could match a row's answer under a task's check, or None.
 """
 import inspect
 import json
@@ -348,6 +361,14 @@ def get_reward_fn(name: str):
 
 @dataclass
 class Task:
+    """A task, TASKS[NAME] (--task NAME). The trainer checks it at start (check_task): a reward that is no name of
+    REWARD_FNS, a check or an environment that cannot be called as below, an environment with max_turns 1 (its
+    messages would never be sent) -- each is one error that names the task, not a traceback mid-run or a blamed flag.
+    The environment runs on whatever the model replies: a str is the next user message, None ends the episode; when it
+    raises or returns anything else, that episode ends with a counted warning (safe_env), and the run goes on.
+    Rows whose answer no completion could match are skipped at start, counted by why (answer_problem): check_answer
+    says why, or None; a task without one needs a number in each answer when numeric, and takes any answer when not.
+    An answer may be a JSON list of strings, its aliases: exact and choice accept any of them."""
     reward: str                      # what --reward auto trains on: a REWARD_FNS name or a mix ("guess:1,format:0.1")
     correct: Callable                # (completion, answer) -> bool, on the episode's last reply: what accuracy counts
     instruction: str = ""            # appended to each question
