@@ -17,20 +17,35 @@ Two registries:
                its instruction, its built-in rows (--dataset builtin) and, for episodes of several turns, its
                environment: (messages, answer) -> the next user message, or None (the episode ends).
 
+A task is held to a contract as its reward is, so that a student's first environment fails with a message, not a
+traceback. At start the trainer checks the task it will run (check_task): a reward that names no REWARD_FNS entry, a
+check that cannot be called as (completion, answer), an environment that cannot be called as (messages, answer) or
+has max_turns 1 (its messages would never be sent) is one error naming the task and the fix. During the run an
+environment that raises, or returns anything but a str or None, ends that episode with a counted warning (safe_env).
+Rows whose answer no completion could match under the task's check ('' for exact, '2' for choice, '7.5' for guess)
+are skipped at start and counted by why (answer_problem; a task's own rule is its check_answer). An answer given as a
+JSON list of strings ('["Paris", "City of Light"]') is a list of aliases: exact and choice accept any of them.
+
 extract_number(text)   the model's final numeric answer, normalized ("1,234" -> "1234", "$5" -> "5", "3.50" -> "3.5"):
                        the number after the LAST "####" wins; else the LAST \\boxed{...}; else the LAST number.
 gsm8k, arithmetic      the final (GSM8K) or last (the built-in "What is 7 + 12?") number equals the answer's.
-exact, choice          answers that are not numbers: the final line equals the answer, normalized; or names its letter.
+exact, choice          answers that are not numbers: the final line equals the answer, normalized (NFKC, case,
+                       punctuation, a/an/the); or names its letter. A list answer: any of its aliases.
 format                 1.0 for a line "#### <number>" or a "\\boxed{<number>}": a small shaping reward (weight ~0.1).
 guess, calculator      the built-in tasks of episodes: guess the number ("higher"/"lower"), a calculator tool.
 safe_reward            a reward's bad value or exception -> 0.0 and a counted warning (one NaN would poison a group).
+safe_env               an environment's exception or non-str message -> the episode ends, and a counted warning.
 combine                --reward -> the trainer's reward: (sample, warnings) -> (reward, {part: value}).
+check_task             a task's reward, check, environment and max_turns, at start -> one ValueError naming the task.
+answer_problem         why no completion could match a row's answer under a task's check, or None.
 """
 import inspect
+import json
 import math
 import numbers
 import random
 import re
+import unicodedata
 from dataclasses import dataclass, replace
 from typing import Callable
 from decimal import Decimal, InvalidOperation
@@ -51,6 +66,8 @@ def _normalize(num: str) -> str | None:
     try:
         d = Decimal(num.replace(",", "").replace("$", ""))
     except InvalidOperation:
+        return None
+    if not d.is_finite():  # 'NaN', 'Infinity': no completion's number is one
         return None
     if d == d.to_integral_value():
         return str(int(d))  # "72.00" -> "72", and "-0" -> "0"
@@ -104,14 +121,21 @@ def arithmetic_reward(completion: str, answer: str) -> float:
     return float(arithmetic_correct(completion, answer))
 
 
+def number_problem(answer):
+    """arithmetic's and calculator's answer check (see answer_problem): the answer must be a number itself ('19', not
+    '#### 19'), since the check compares the completion's last number with the whole answer."""
+    return None if _normalize(answer.strip()) is not None else "answer that is not a number"
+
+
 # Answers that are not numbers: words (exact) or the letter of a choice (choice).
 _LEAD_RE = re.compile(r"^(?:(?:so|thus|therefore)\s*,?\s*)?(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*", re.I)
 _LETTER_RE = re.compile(r"(?<![A-Za-z])\(?([A-J])\)?(?![A-Za-z])")  # capitals: 'a' is an article
 
 
 def normalize_text(text: str) -> str:
-    """'The  Eiffel-Tower.' -> 'eiffel tower': lower case, no punctuation, articles or extra spaces (SQuAD's way)."""
-    text = re.sub(r"[^\w\s]", " ", text.lower())
+    """'The  Eiffel-Tower.' -> 'eiffel tower': lower case, no punctuation, articles or extra spaces (SQuAD's way).
+    NFKC first: an 'é' written as 'e' and a combining accent (decomposed, NFD) is the one-character 'é' a model writes."""
+    text = re.sub(r"[^\w\s]", " ", unicodedata.normalize("NFKC", text).lower())
     return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
 
 
@@ -123,9 +147,38 @@ def final_line(completion: str) -> str:
     return _LEAD_RE.sub("", lines[-1].strip())
 
 
+def aliases(answer: str) -> list[str] | None:
+    """An answer that is a JSON list of strings ('["Paris", "City of Light"]': a dataset row's list, which the trainer
+    passes as its JSON text) -> its strings, any of which is right (exact, choice); any other answer -> None: a plain
+    answer, even one that starts with '[' ('[1, 2]', '[citation needed]')."""
+    if not answer.lstrip().startswith("["):
+        return None
+    try:
+        got = json.loads(answer)
+    except ValueError:
+        return None
+    return got if isinstance(got, list) and all(isinstance(a, str) for a in got) else None
+
+
 def exact_correct(completion: str, answer: str) -> bool:
-    """The completion's final line (final_line) equals the answer once both are normalized: 'Paris.' for 'paris'."""
+    """The completion's final line (final_line) equals the answer once both are normalized: 'Paris.' for 'paris'; an
+    answer that is a list (aliases) is matched by any of its strings."""
+    names = aliases(answer)
+    return any(_exact_match(completion, a) for a in ([answer] if names is None else names))
+
+
+def _exact_match(completion, answer):
     return bool(normalize_text(answer)) and normalize_text(final_line(completion)) == normalize_text(answer)
+
+
+def text_problem(answer):
+    """exact's answer check (see answer_problem): some answer must be left once normalized ('the', '!!!': none is)."""
+    names = aliases(answer)
+    if names is None:
+        return None if normalize_text(answer) else "answer empty once normalized (case, punctuation and a/an/the dropped)"
+    if not names:
+        return "answer an empty list of aliases"
+    return None if any(map(normalize_text, names)) else "answer a list of aliases, each empty once normalized"
 
 
 def exact_reward(completion: str, answer: str) -> float:
@@ -134,9 +187,22 @@ def exact_reward(completion: str, answer: str) -> float:
 
 def choice_correct(completion: str, answer: str) -> bool:
     """The letter the final line names (its last standalone capital A-J: 'B', '(B)', 'The answer is B.') is the
-    answer's ('B', '(B)', 'b')."""
-    got, want = _LETTER_RE.findall(final_line(completion)), _LETTER_RE.findall(answer.strip().upper())
-    return bool(got and want) and got[-1].upper() == want[0].upper()
+    answer's ('B', '(B)', 'b'), or one of a list's ('["B", "D"]')."""
+    got, names = _LETTER_RE.findall(final_line(completion)), aliases(answer)
+    for want in (_LETTER_RE.findall(a.strip().upper()) for a in ([answer] if names is None else names)):
+        if got and want and got[-1].upper() == want[0].upper():
+            return True
+    return False
+
+
+def letter_problem(answer):
+    """choice's answer check (see answer_problem): the answer (or an alias) must name a letter A-J ('2' does not)."""
+    names = aliases(answer)
+    if any(_LETTER_RE.findall(a.strip().upper()) for a in ([answer] if names is None else names)):
+        return None
+    if names is None:
+        return "answer that is not a letter A-J"
+    return "answer a list of aliases, none a letter A-J" if names else "answer an empty list of aliases"
 
 
 def choice_reward(completion: str, answer: str) -> float:
@@ -166,6 +232,30 @@ def safe_reward(fn, completion: str, answer: str, warnings, sample=None, name=No
     return 0.0
 
 
+def safe_env(env, messages, answer, warnings, name=None):
+    """Call a task's environment: its next user message (a str) passes, None ends the episode. Anything else (it raised,
+    or returned an int or a dict) ends the episode with a counted warning, under `name` (else the function's), as
+    safe_reward does for a reward: one bad reply of the model must not end the run with a traceback, and a dict's repr
+    must not reach the model as a message."""
+    name = name or getattr(env, "__name__", repr(env))
+    try:
+        said = env(messages, answer)
+        if said is None or isinstance(said, str):
+            return said
+        reason = f"returned {type(said).__name__} (a message must be a str, or None to end the episode)"
+    except Exception as e:  # not BaseException: Ctrl-C should still stop training
+        reason = f"raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
+    key = f"{name}: {reason}"
+    warnings[key] = warnings.get(key, 0) + 1
+    return None
+
+
+def shorten(text, n=80):
+    """One line of at most n characters: an error's message in a warning's key, or a value in an error."""
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
 def not_a_number(r):
     """-> why r is not a finite real number, or None. Bools are ints, so True -> 1.0 is fine."""
     if r is None:
@@ -184,35 +274,36 @@ def wants_sample(fn):
         return False
 
 
+def cannot_call(fn, role, *args, **kwargs):
+    """-> why fn cannot be called with these arguments ("f(x) cannot be called as a check (too many positional
+    arguments)"), or None: it can, or it has no signature to read (a builtin: it says so when called)."""
+    if not callable(fn):
+        return f"{shorten(repr(fn))} (a {type(fn).__name__}) cannot be called as {role}"
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        return f"{getattr(fn, '__name__', fn)}{sig} cannot be called as {role} ({e})"
+    return None
+
+
 def check_signature(name, fn):
     """A reward must take (completion, answer), or (completion, answer, sample): else one error at start, not a run
     that trains on zeros with a warning a step."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a signature: it will say so when called
-        return
-    try:
-        sig.bind("completion", "answer", **({"sample": {}} if "sample" in sig.parameters else {}))
-    except TypeError as e:
-        raise ValueError(f"{name!r}: {getattr(fn, '__name__', fn)}{sig} cannot be called as a reward ({e}): it must "
-                         f"take (completion, answer), or (completion, answer, sample) to see the sequence") from None
+    why = cannot_call(fn, "a reward", "completion", "answer", **({"sample": {}} if wants_sample(fn) else {}))
+    if why:
+        raise ValueError(f"{name!r}: {why}: it must take (completion, answer), or (completion, answer, sample) to see "
+                         f"the sequence")
 
 
 def combine(spec, task):
     """--reward -> fn(sample, warnings) -> (reward, {part: value}). spec: 'auto' (the task's reward), a name in
     REWARD_FNS, or a weighted mix 'name:weight,name:weight' (TRL's reward_funcs + reward_weights): the reward is the
     weighted sum, and each function's value is logged unweighted as a part (a dict's entries, each as its own)."""
-    terms = []
-    for item in spec.split(","):
-        name, _, weight = item.strip().partition(":")
-        try:
-            terms.append((name, get_reward_fn(TASKS[task].reward if name == "auto" else name), float(weight or 1)))
-            if not math.isfinite(terms[-1][2]):  # a NaN weight makes every reward NaN, then NaN gradients
-                raise ValueError
-        except ValueError as e:
-            raise ValueError(str(e) if "unknown" in str(e) else f"{item!r}: the weight must be a finite number "
-                             f"(e.g. gsm8k:1,format:0.1)") from None
-        check_signature(name, terms[-1][1])
+    terms = reward_terms(spec, task)
     if not any(w for _, _, w in terms):  # every reward 0: every advantage 0, a run that trains on nothing
         raise ValueError(f"{spec!r}: every weight is 0, so every reward would be 0: give at least one term a weight "
                          f"other than 0 (e.g. gsm8k:1,format:0.1)")
@@ -229,6 +320,28 @@ def combine(spec, task):
             total += weight * r
         return total, parts
     return reward
+
+
+def reward_terms(spec, task=None):
+    """A --reward spec -> [(name, fn, weight)]: each name registered, each weight finite, each signature a reward's.
+    'auto' is the task's own reward (none without a task): a name, or a mix whose weights auto's weight scales (auto:2
+    of a task's 'a:1,b:0.1' is a:2,b:0.2)."""
+    terms = []
+    for item in spec.split(","):
+        name, _, weight = item.strip().partition(":")
+        try:
+            terms.append((name, None if name == "auto" and task else get_reward_fn(name), float(weight or 1)))
+            if not math.isfinite(terms[-1][2]):  # a NaN weight makes every reward NaN, then NaN gradients
+                raise ValueError
+        except ValueError as e:
+            raise ValueError(str(e) if "unknown" in str(e) else f"{item!r}: the weight must be a finite number "
+                             f"(e.g. gsm8k:1,format:0.1)") from None
+        if terms[-1][1] is None:  # auto: the task's terms, weighted; one term keeps the name 'auto' (its part's)
+            own, w = reward_terms(TASKS[task].reward), terms.pop()[2]
+            terms += [("auto" if len(own) == 1 else n, fn, w * v) for n, fn, v in own]
+            continue
+        check_signature(name, terms[-1][1])
+    return terms
 
 
 REWARD_FNS = {"gsm8k": gsm8k_reward, "arithmetic": arithmetic_reward, "format": format_reward,
@@ -248,6 +361,14 @@ def get_reward_fn(name: str):
 
 @dataclass
 class Task:
+    """A task, TASKS[NAME] (--task NAME). The trainer checks it at start (check_task): a reward that is no name of
+    REWARD_FNS, a check or an environment that cannot be called as below, an environment with max_turns 1 (its
+    messages would never be sent) -- each is one error that names the task, not a traceback mid-run or a blamed flag.
+    The environment runs on whatever the model replies: a str is the next user message, None ends the episode; when it
+    raises or returns anything else, that episode ends with a counted warning (safe_env), and the run goes on.
+    Rows whose answer no completion could match are skipped at start, counted by why (answer_problem): check_answer
+    says why, or None; a task without one needs a number in each answer when numeric, and takes any answer when not.
+    An answer may be a JSON list of strings, its aliases: exact and choice accept any of them."""
     reward: str                      # what --reward auto trains on: a REWARD_FNS name or a mix ("guess:1,format:0.1")
     correct: Callable                # (completion, answer) -> bool, on the episode's last reply: what accuracy counts
     instruction: str = ""            # appended to each question
@@ -255,6 +376,66 @@ class Task:
     max_turns: int = 1               # the model's replies per episode at most (--max_turns 0 takes this)
     rows: Callable | None = None     # () -> the built-in rows [{"question", "answer"}] (--dataset builtin)
     numeric: bool = True             # its answers hold a number (rows without one are skipped)
+    check_answer: Callable[[str], str | None] | None = None  # (answer) -> why no completion can match it, or None
+
+
+def answer_problem(task, answer):
+    """-> why no completion could ever match this row's answer under the task's check (the trainer skips the row and
+    counts it under this reason), or None: it can be matched. The task's check_answer when it has one (a rule that
+    raises or returns no str says so, as the reason); else a numeric task's answer must hold a number."""
+    rule = task.check_answer
+    if rule is None:
+        return "answer without a number" if task.numeric and extract_number(answer) is None else None
+    name = getattr(rule, "__name__", repr(rule))
+    try:
+        why = rule(answer)
+    except Exception as e:
+        return f"{name} raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
+    return why if why is None or isinstance(why, str) else f"{name} returned {type(why).__name__} (why, a str, or None)"
+
+
+def check_task(name, task):
+    """The task the trainer will run, checked at start: each mistake is one ValueError that names the task and says the
+    fix, where it would have been a traceback from the rollout, a warning every step while accuracy stays 0, an error
+    that blames --reward (a flag the user never gave), or an environment whose messages are silently dropped."""
+    where = f"--task {name} (TASKS[{name!r}] in reward_fns.py)"
+    if not isinstance(task.reward, str):  # a function given for its name: the trainer looks names up
+        fn = getattr(task.reward, "__name__", "")
+        what = f"the function {fn}" if callable(task.reward) else shorten(repr(task.reward))
+        fn = fn if fn.isidentifier() else "my_reward"
+        raise ValueError(f"{where}: its reward must be the name of a reward in REWARD_FNS (or a mix of them, e.g. "
+                         f"'gsm8k:1,format:0.1'), not {what}: register the function, REWARD_FNS[{fn!r}] = {fn}, "
+                         f"and give the task its name, Task({fn!r}, ...)")
+    try:
+        combine(task.reward, None)  # its names, weights and signatures, as --reward's
+    except ValueError as e:
+        raise ValueError(f"{where}: its reward {task.reward!r} must name rewards of REWARD_FNS (a name, or a mix such "
+                         f"as 'gsm8k:1,format:0.1'): {e}") from None
+    calls = [("correct", "a check", ("completion", "answer"),
+              "take (completion, answer) and return whether the completion is right (True or False)"),
+             ("env", "an environment", ([], "answer"),
+              "take (messages, answer) and return the next user message (a str), or None to end the episode"),
+             ("check_answer", "an answer check", ("answer",),
+              "take (answer) and return why no completion can match it (a str), or None")]
+    for field, role, args, must in calls:
+        fn = getattr(task, field)
+        if fn is None and field != "correct":  # env and check_answer are optional
+            continue
+        why = cannot_call(fn, role, *args)
+        if why:
+            raise ValueError(f"{where}: its {field}, {why}: it must {must}")
+    turns, env = task.max_turns, getattr(task.env, "__name__", "env")
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+        raise ValueError(f"{where}: its max_turns is {turns!r}: it must be a whole number of replies, at least 1 "
+                         f"(1 for a task without an environment)")
+    if task.env is not None and turns == 1:
+        raise ValueError(f"{where}: it has an environment ({env}) but max_turns 1, so every episode ends at the first "
+                         f"reply and the environment's messages would be thrown away: set max_turns to the most "
+                         f"replies an episode may take, e.g. Task(..., env={env}, max_turns=3)")
+    if task.env is None and turns > 1:
+        raise ValueError(f"{where}: its max_turns is {turns} but it has no environment to answer a reply, so every "
+                         f"episode is one turn: give it an env (messages, answer) -> the next user message, or drop "
+                         f"max_turns")
 
 
 def arithmetic_rows(max_operand=20, seed=1234):
@@ -284,9 +465,26 @@ def first_integer(text):
     return int(m.group()) if m else None
 
 
+def secret_problem(answer):
+    """guess's answer check (see answer_problem): the secret must be a whole number from 1 to GUESS_MAX."""
+    try:
+        ok = 1 <= int(answer) <= GUESS_MAX
+    except (TypeError, ValueError):  # '7.5', 'five'
+        ok = False
+    return None if ok else f"answer that is not a whole number from 1 to {GUESS_MAX}"
+
+
+def guess_secret(answer):
+    """The row's secret, or a ValueError that says what is wrong with it (a traceback would say 'invalid literal for
+    int()'). answer_problem keeps such rows out of training; safe_env counts the error if one gets this far."""
+    if secret_problem(answer):
+        raise ValueError(f"the answer {answer!r} is not a whole number from 1 to {GUESS_MAX}, so no guess can find it")
+    return int(answer)
+
+
 def guess_env(messages, answer):
     """The reply's guess (its first integer) -> "higher" or "lower" than it, or None: found, the game ends."""
-    guess, secret = first_integer(messages[-1]["content"]), int(answer)
+    guess, secret = first_integer(messages[-1]["content"]), guess_secret(answer)
     if guess == secret:
         return None
     if guess is None:
@@ -296,7 +494,7 @@ def guess_env(messages, answer):
 
 def guess_correct(completion, answer):
     """The last reply found the secret (the game ends at the right guess)."""
-    return first_integer(completion) == int(answer)
+    return first_integer(completion) == guess_secret(answer)
 
 
 def guess_reward(completion, answer, sample):
@@ -305,7 +503,7 @@ def guess_reward(completion, answer, sample):
     credit for playing by the rules and using the feedback, which a small model must learn first."""
     if guess_correct(completion, answer):
         return 1.0
-    lo, hi, secret, fair = 1, GUESS_MAX, int(answer), []
+    lo, hi, secret, fair = 1, GUESS_MAX, guess_secret(answer), []
     for guess in (first_integer(m["content"]) for m in sample["messages"] if m["role"] == "assistant"):
         fair.append(guess is not None and lo <= guess <= hi)
         if guess is not None:  # the environment's answer narrows the range
@@ -322,11 +520,15 @@ def calculator_rows(n=20000, seed=1234):
 
 
 _CALL_RE = re.compile(r"calc:\s*([-+*/()×xX \d.]+)", re.IGNORECASE)  # (× and x: times, as models write it)
+CALC_MAX_CHARS = 200  # an expression longer than this is "error": the task's products need ~20 characters
 
 
 def calculate(expr):
-    """An arithmetic expression (numbers, + - * / and brackets) -> its value as text, or why it has none."""
+    """An arithmetic expression (numbers, + - * / and brackets) -> its value as text, or "error" when it has none:
+    never an exception, whatever the model wrote (one reply of 6,000 minus signs made ast.parse raise MemoryError)."""
     import ast
+    if len(expr) > CALC_MAX_CHARS:  # deep nesting exhausts the parser's memory and the evaluator's recursion
+        return "error"
     ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
            ast.Div: lambda a, b: a / b}
 
@@ -343,9 +545,9 @@ def calculate(expr):
         raise ValueError("not arithmetic")
     try:
         v = ev(ast.parse(re.sub(r"[×xX]", "*", expr).strip(), mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
-        return "error"
-    return str(int(v)) if float(v).is_integer() else f"{v:.6g}"
+        return str(int(v)) if float(v).is_integer() else f"{v:.6g}"
+    except (SyntaxError, ValueError, ArithmeticError, RecursionError, MemoryError):  # ArithmeticError: 1 / 0, or a
+        return "error"                                                               # number too large for a float
 
 
 def calculator_env(messages, answer):
@@ -370,13 +572,16 @@ def calculator_reward(completion, answer, sample):
 
 REWARD_FNS.update(guess=guess_reward, calculator=calculator_reward)
 TASKS = {
-    "arithmetic": Task("arithmetic", arithmetic_correct, "Answer with the number only.", rows=arithmetic_rows),
+    "arithmetic": Task("arithmetic", arithmetic_correct, "Answer with the number only.", rows=arithmetic_rows,
+                       check_answer=number_problem),
     "gsm8k": Task("gsm8k", gsm8k_correct, "Solve the problem step by step, then give the final answer on its own line "
                                           "as '#### <number>'."),
-    "exact": Task("exact", exact_correct, "Answer with the answer only.", numeric=False),
-    "choice": Task("choice", choice_correct, "Answer with the letter of the right choice only.", numeric=False),
-    "guess": Task("guess", guess_correct, env=guess_env, max_turns=GUESS_TURNS, rows=guess_rows),
+    "exact": Task("exact", exact_correct, "Answer with the answer only.", numeric=False, check_answer=text_problem),
+    "choice": Task("choice", choice_correct, "Answer with the letter of the right choice only.", numeric=False,
+                   check_answer=letter_problem),
+    "guess": Task("guess", guess_correct, env=guess_env, max_turns=GUESS_TURNS, rows=guess_rows,
+                  check_answer=secret_problem),
     "calculator": Task("calculator", calculator_correct, "To use a calculator, reply with calc: followed by the "
                        "expression (for example calc: 12 * 34) and I will tell you the result.",
-                       env=calculator_env, max_turns=3, rows=calculator_rows),
+                       env=calculator_env, max_turns=3, rows=calculator_rows, check_answer=number_problem),
 }

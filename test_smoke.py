@@ -1714,6 +1714,200 @@ def test_a_new_reward_needs_no_test_edit_and_cannot_change_the_accuracy(tiny_mod
     assert all(r["eval_reward"] == 1 and r["eval_accuracy"] < 1 for r in evals) and len(evals) == 2
 
 
+def test_the_calculator_answers_error_to_any_expression_it_cannot_evaluate_however_deep_or_long(monkeypatch):
+    """A reply of 6,000 unary minus signs made ast.parse raise MemoryError, which ended the run: now any expression
+    longer than CALC_MAX_CHARS (200) is 'error' unread, and one that exhausts the parser's memory or recursion anyway
+    is 'error' too (the bound lifted here to reach them)."""
+    rf = reward_fns
+    call = lambda expr: rf.calculator_env([{"role": "assistant", "content": "calc: " + expr}], "0")
+    assert call("-" * 6000 + "1") == "error" and rf.calculate("-" * 6000 + "1") == "error"
+    assert rf.calculate("1+" * 99 + "1") == "100" and rf.calculate("1+" * 100 + "1") == "error"  # 199 / 201 chars
+    assert rf.calculate("-" * 151 + "1") == "-1" and rf.calculate("(" * 99 + "7" + ")" * 99) == "7"
+    monkeypatch.setattr(rf, "CALC_MAX_CHARS", 10 ** 6)
+    for expr in ("-" * 6000 + "1", "(" * 300 + "1" + ")" * 300, "1+" * 5000 + "1", "9" * 400):
+        assert rf.calculate(expr) == "error", expr[:10]  # MemoryError, SyntaxError, RecursionError, OverflowError
+
+
+def one_arg_env(messages):  # (top level, as a user's: a nested function's TypeError names its test too)
+    return "again"
+
+
+def test_safe_env_passes_a_message_and_ends_the_episode_on_anything_else_with_a_short_counted_warning():
+    """An environment's str is the next message and None ends the episode, silently; one that raises (int() of a word,
+    the wrong arguments) or returns a non-str (an int, a dict) ends the episode with one counted warning naming it and
+    what went wrong, the error's message cut to 80 characters: never a traceback, never a repr sent as a message."""
+    rf = reward_fns
+    said = lambda text: [{"role": "user", "content": "?"}, {"role": "assistant", "content": text}]
+
+    def my_env(messages, answer):
+        return "higher" if int(messages[-1]["content"]) < int(answer) else None
+
+    def dict_env(messages, answer):
+        return {"role": "user", "content": "again"}
+
+    def long_env(messages, answer):
+        raise RuntimeError("x" * 100 + "\nsecond line")
+    w = {}
+    assert rf.safe_env(my_env, said("3"), "5", w) == "higher" and rf.safe_env(my_env, said("5"), "5", w) is None
+    assert w == {}  # a message and an end are no warnings
+    assert rf.safe_env(my_env, said("five"), "5", w) is None and rf.safe_env(my_env, said("five"), "5", w) is None
+    assert rf.safe_env(dict_env, said("3"), "5", w) is None
+    assert rf.safe_env(lambda m, a: 7, said("3"), "5", w, name="count_env") is None
+    assert rf.safe_env(one_arg_env, said("3"), "5", w) is None
+    assert rf.safe_env(long_env, said("3"), "5", w) is None
+    assert w == {"my_env: raised ValueError: invalid literal for int() with base 10: 'five'": 2,
+                 "dict_env: returned dict (a message must be a str, or None to end the episode)": 1,
+                 "count_env: returned int (a message must be a str, or None to end the episode)": 1,
+                 "one_arg_env: raised TypeError: " + "one_arg_env() takes 1 positional argument but 2 were given": 1,
+                 "long_env: raised RuntimeError: " + "x" * 77 + "...": 1}
+    c = collections.Counter()  # the trainer's counter works as well
+    rf.safe_env(lambda m, a: 1 / 0, said("3"), "5", c)
+    assert c == {"<lambda>: raised ZeroDivisionError: division by zero": 1}
+
+    def stop(messages, answer):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C still stops training
+        rf.safe_env(stop, said("3"), "5", w)
+    # guess on a secret that is no whole number (answer_problem keeps such rows out): a clear error, counted
+    with pytest.raises(ValueError, match=re.escape("the answer '7.5' is not a whole number from 1 to 16, so no guess "
+                                                   "can find it")):
+        rf.guess_env(said("5"), "7.5")
+    w = {}
+    assert rf.safe_env(rf.guess_env, said("5"), "7.5", w) is None and rf.safe_env(rf.guess_env, said("5"), "7", w)
+    assert w == {"guess_env: raised ValueError: the answer '7.5' is not a whole number from 1 to 16, so no guess can "
+                 "find it": 1}
+    assert safe_reward(rf.guess_correct, "7", "7.5", w) == 0.0 and w["guess_correct: raised ValueError"] == 1
+
+
+def test_answer_problem_says_why_no_completion_could_match_a_rows_answer_under_the_tasks_check(monkeypatch):
+    """Each task's answers that its check can never match (a numeric task's without a number, exact's empty once
+    normalized, choice's without a letter, guess's secret out of 1..16 or not whole, arithmetic's that is no number
+    itself) -> the reason the trainer counts the skipped row under; None for answers a completion can match. A user's
+    Task brings its own rule as check_answer (one that raises or returns no str is said as the reason). Every row of
+    the built-in tasks passes."""
+    rf = reward_fns
+    T = rf.TASKS
+    not_number = "answer that is not a number"
+    empty = "answer empty once normalized (case, punctuation and a/an/the dropped)"
+    for task, answer, why in [
+            ("gsm8k", "none", "answer without a number"), ("gsm8k", "#### 72", None), ("gsm8k", "It is 1,234.", None),
+            ("arithmetic", "19", None), ("arithmetic", "$1,234", None), ("arithmetic", "#### 19", not_number),
+            ("arithmetic", "NaN", not_number), ("arithmetic", "Infinity", not_number), ("calculator", "5535", None),
+            ("calculator", "x", not_number),
+            ("exact", "Paris", None), ("exact", "", empty), ("exact", "the", empty), ("exact", "!!!", empty),
+            ("exact", "[citation needed]", None), ("exact", "[1, 2]", None),  # plain answers that start with "["
+            ("exact", '["Paris", "City of Light"]', None), ("exact", "[]", "answer an empty list of aliases"),
+            ("exact", '["the", "!!"]', "answer a list of aliases, each empty once normalized"),
+            ("choice", "B", None), ("choice", "(c)", None), ("choice", "2", "answer that is not a letter A-J"),
+            ("choice", "K", "answer that is not a letter A-J"), ("choice", '["1", "D"]', None),
+            ("choice", '["1", "2"]', "answer a list of aliases, none a letter A-J"),
+            ("choice", "[]", "answer an empty list of aliases"),
+            ("guess", "7", None), ("guess", "16", None), ("guess", " 1 ", None)] + [
+            ("guess", a, "answer that is not a whole number from 1 to 16") for a in ("7.5", "0", "17", "five", "")]:
+        assert rf.answer_problem(T[task], answer) == why, (task, answer)
+        if why is None and task in ("exact", "choice", "arithmetic", "calculator", "guess"):  # a completion matches
+            names = rf.aliases(answer) or [answer]
+            assert T[task].correct(names[-1].upper() if task == "choice" else names[-1], answer), (task, answer)
+    assert not rf.arithmetic_correct("5", "Infinity")  # (it raised OverflowError)
+    my = rf.Task("exact", rf.exact_correct, numeric=False)  # a user's task without a rule: any answer goes
+    assert rf.answer_problem(my, "") is None and rf.answer_problem(rf.Task("gsm8k", rf.gsm8k_correct), "x") == \
+        "answer without a number"
+
+    def city_rule(answer):
+        return None if answer.istitle() else "answer that is not a city's name"
+
+    def broken_rule(answer):
+        return int(answer) and None
+    assert rf.answer_problem(dataclasses.replace(my, check_answer=city_rule), "paris") == "answer that is not a city's name"
+    assert rf.answer_problem(dataclasses.replace(my, check_answer=city_rule), "Paris") is None
+    assert rf.answer_problem(dataclasses.replace(my, check_answer=broken_rule), "Paris") == \
+        "broken_rule raised ValueError: invalid literal for int() with base 10: 'Paris'"
+    assert rf.answer_problem(dataclasses.replace(my, check_answer=str.istitle), "Paris") == \
+        "istitle returned bool (why, a str, or None)"
+    for task, rows in (("arithmetic", rf.arithmetic_rows()), ("guess", rf.guess_rows()),
+                       ("calculator", rf.calculator_rows())):
+        assert [r["answer"] for r in rows if rf.answer_problem(T[task], r["answer"])] == [], task
+
+
+def test_exact_and_choice_take_a_list_of_aliases_and_exact_compares_unicode_after_nfkc():
+    """A row's answer that is a JSON list of strings is matched by any alias (exact, choice); an empty list by none; any
+    other answer, even one that starts with '[', is plain as before. An accented answer in decomposed Unicode (NFD)
+    matches the composed (NFC) text a model writes, and the other way round."""
+    rf = reward_fns
+    cities = json.dumps(["Paris", "City of Light"])
+    assert rf.exact_correct("The answer is Paris.", cities) and rf.exact_correct("the city of light", cities)
+    assert not rf.exact_correct("Lyon", cities) and not rf.exact_correct("", "[]") and not rf.exact_correct("[]", "[]")
+    assert rf.exact_correct("[citation needed]", "[citation needed]") and rf.exact_correct("1 2", "[1, 2]")
+    assert rf.exact_correct("[Paris", "[Paris") and rf.aliases("[Paris") is None and rf.aliases('["a", 1]') is None
+    assert rf.choice_correct("(D)", '["B", "D"]') and rf.choice_correct("B", '["B", "D"]')
+    assert not rf.choice_correct("C", '["B", "D"]') and not rf.choice_correct("A", "[]")
+    nfd, nfc = "Cafe\u0301 de Flore", "Caf\u00e9 de Flore"
+    assert len(nfd) == len(nfc) + 1 and rf.normalize_text(nfd) == rf.normalize_text(nfc) == "café de flore"
+    assert rf.exact_correct(nfc, nfd) and rf.exact_correct(nfd, nfc) and not rf.exact_correct("Cafe de Flore", nfc)
+    assert rf.exact_correct("\uff30\uff41\uff52\uff49\uff53", "Paris")  # full-width letters (NFKC)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda t: dataclasses.replace(t["exact"], reward=reward_fns.exact_reward),
+     "its reward must be the name of a reward in REWARD_FNS (or a mix of them, e.g. 'gsm8k:1,format:0.1'), not the "
+     "function exact_reward: register the function, REWARD_FNS['exact_reward'] = exact_reward, and give the task its "
+     "name, Task('exact_reward', ...)"),
+    (lambda t: dataclasses.replace(t["exact"], reward=lambda c, a: 1.0),
+     "its reward must be the name of a reward in REWARD_FNS (or a mix of them, e.g. 'gsm8k:1,format:0.1'), not the "
+     "function <lambda>: register the function, REWARD_FNS['my_reward'] = my_reward, and give the task its name, "
+     "Task('my_reward', ...)"),
+    (lambda t: dataclasses.replace(t["exact"], reward="exakt"),
+     "its reward 'exakt' must name rewards of REWARD_FNS (a name, or a mix such as 'gsm8k:1,format:0.1'): unknown "
+     "reward function 'exakt'; valid names: arithmetic, calculator, choice, exact, format, gsm8k, gsm8k_format, guess"),
+    (lambda t: dataclasses.replace(t["exact"], reward="exact:1,format:x"),
+     "its reward 'exact:1,format:x' must name rewards of REWARD_FNS (a name, or a mix such as 'gsm8k:1,format:0.1'): "
+     "'format:x': the weight must be a finite number (e.g. gsm8k:1,format:0.1)"),
+    (lambda t: dataclasses.replace(t["exact"], correct=lambda completion: True),
+     "its correct, <lambda>(completion) cannot be called as a check (too many positional arguments): it must take "
+     "(completion, answer) and return whether the completion is right (True or False)"),
+    (lambda t: dataclasses.replace(t["exact"], correct=None),
+     "its correct, None (a NoneType) cannot be called as a check: it must take (completion, answer) and return whether "
+     "the completion is right (True or False)"),
+    (lambda t: dataclasses.replace(t["guess"], env=lambda messages: None),
+     "its env, <lambda>(messages) cannot be called as an environment (too many positional arguments): it must take "
+     "(messages, answer) and return the next user message (a str), or None to end the episode"),
+    (lambda t: dataclasses.replace(t["guess"], max_turns=1),
+     "it has an environment (guess_env) but max_turns 1, so every episode ends at the first reply and the "
+     "environment's messages would be thrown away: set max_turns to the most replies an episode may take, e.g. "
+     "Task(..., env=guess_env, max_turns=3)"),
+    (lambda t: dataclasses.replace(t["guess"], max_turns=0),
+     "its max_turns is 0: it must be a whole number of replies, at least 1 (1 for a task without an environment)"),
+    (lambda t: dataclasses.replace(t["arithmetic"], max_turns=3),
+     "its max_turns is 3 but it has no environment to answer a reply, so every episode is one turn: give it an env "
+     "(messages, answer) -> the next user message, or drop max_turns"),
+    (lambda t: dataclasses.replace(t["exact"], check_answer=lambda: None),
+     "its check_answer, <lambda>() cannot be called as an answer check (too many positional arguments): it must take "
+     "(answer) and return why no completion can match it (a str), or None"),
+])
+def test_check_task_refuses_a_task_that_breaks_the_contract_naming_the_task_and_the_fix(change, says):
+    """Each mistake of a user's task is one ValueError at start that names the task (--task NAME, and where it lives)
+    and says the fix: a reward given as a function or misspelt (not blamed on --reward, a flag never given), a check
+    or an environment that cannot be called with their arguments, an environment that max_turns 1 would silence."""
+    with pytest.raises(ValueError) as e:
+        reward_fns.check_task("mine", change(reward_fns.TASKS))
+    assert str(e.value) == "--task mine (TASKS['mine'] in reward_fns.py): " + says
+
+
+def test_check_task_takes_every_built_in_task_and_a_mix_as_a_tasks_reward(monkeypatch):
+    """The built-in tasks pass check_task; a task's reward may be a mix (Task's comment says so), and --reward auto
+    trains on it term by term, auto's weight scaling each; a task whose reward is one name keeps the part 'auto'."""
+    rf = reward_fns
+    for name, task in rf.TASKS.items():
+        rf.check_task(name, task)
+    monkeypatch.setitem(rf.TASKS, "mixed", dataclasses.replace(rf.TASKS["guess"], reward="guess:1,format:0.5"))
+    rf.check_task("mixed", rf.TASKS["mixed"])
+    won = {"text": "#### 7", "answer": "7", "messages": [{"role": "assistant", "content": "#### 7"}]}
+    assert rf.combine("auto", "mixed")(won, {}) == (1.5, {"guess": 1.0, "format": 1.0})  # 1 x 1 + 0.5 x 1
+    assert rf.combine("auto:2", "mixed")(won, {}) == (3.0, {"guess": 1.0, "format": 1.0})  # 2 x 1 + 1 x 1
+    assert rf.combine("auto:1,format:0.1", "arithmetic")({"text": "#### 3", "answer": "3"}, {}) == (
+        pytest.approx(1.1), {"auto": 1.0, "format": 1.0})
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. data: the prompts of each step, prompt formats, data files, splits and held-out rows
 
