@@ -1,39 +1,45 @@
 """
 GRPO in one file, with rollouts from an SGLang server.
 
-    bash serve.sh && torchrun --nproc_per_node 3 grpo_sglang.py        # 4 GPUs: server on 3, training on 0-2
-    GPU=0 MEM_FRACTION=0.3 bash serve.sh && torchrun --nproc_per_node 1 grpo_sglang.py --colocate     # 1 GPU
-    torchrun --nproc_per_node 4 grpo_sglang.py --server_url http://B:30000 --sync nccl  # server on host B (docs)
-    GPU=2,3 SERVERS=2 bash serve.sh && torchrun --nproc_per_node 2 grpo_sglang.py --server_url URL1,URL2 \\
-        --server_gpu 2,3                                                # two servers (serve.sh prints the flags)
-    python grpo_sglang.py --help                                        # every flag
+GRPO, Group Relative Policy Optimization (Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300), is
+PPO without a value network. For each prompt the policy samples a group of G completions, and a
+reward function scores each one. A completion's advantage is its reward minus the mean reward of
+its group, over the group's standard deviation: the group is the baseline a value network would
+otherwise learn. The policy then follows PPO's clipped objective on the ratio π/π_old between the
+policy being trained and the "old" policy that sampled the batch, with a KL penalty that keeps it
+near a frozen reference model.
 
-Each step: the ranks send their prompts to the SGLang server (`/generate`: token ids in, token ids + logprobs out),
-score the completions (the old policy's and the reference's no-grad forwards), reward them, turn the rewards into
-group-relative advantages and a weight per sequence, take `mu` optimizer steps on the clipped GRPO loss and push the new
-weights to the server. Read it top to bottom: Config, the GRPO math, data, one step, main(); below the fence: plumbing.
+This file keeps that objective and changes four defaults, as later work did (each is a flag, and
+the README lists the peers' names for them):
+  - The loss is a mean over every sampled token of the batch (DAPO), not a mean of each sequence's
+    mean (GRPO), so long answers do not count less per token.
+  - No KL penalty by default (--beta 0, as in DAPO and Dr. GRPO); with --beta > 0 it is Schulman's
+    k3 estimator of KL(π || π_ref), always >= 0.
+  - The server samples with its own kernels, whose log-probs differ a little from the trainer's.
+    Each token's loss is weighted by min(π_trainer / π_server, 2): truncated importance sampling
+    (TIS, Yao et al. 2025).
+  - With --async (the default) the server samples the next batch while the trainer learns from
+    this one, so a batch is one optimizer step old (one step off-policy; TIS corrects that too).
+    --no-async is on-policy.
 
-The GRPO choices this file makes (each a flag; the README has the peers' names for them):
-  advantages   (r - mean(group)) / std(group): the std of the batch or none (Dr. GRPO) by --scale_rewards, a
-               leave-one-out baseline by --adv_estimator rloo; a group of equal rewards has advantage 0, exactly
-  loss         PPO-style clipped surrogate with separate low/high clips (DAPO's "clip higher"), or CISPO
-  ratio        per token (GRPO), or one per sequence, the geometric mean of its tokens' (GSPO, --ratio_level)
-  aggregation  token mean over the batch (DAPO, default), per-sequence mean (GRPO) or a constant divisor (Dr. GRPO);
-               each sequence counts with its weight (1, or 0 where a filter drops it)
-  KL           k3 estimator to a frozen reference model, only when --beta > 0 (default 0, as DAPO and Dr. GRPO)
-  TIS          importance weight min(π_trainer / π_server, --tis_cap) on every token (or --tis_mode): it corrects
-               for the server's kernels and, with --async, for the one step of staleness (decoupled PPO)
-  LoRA         --lora_rank: adapters on the attention and MLP projections train, the base is frozen (bf16); the
-               server is sent the merged weights W + (alpha / r) B A, which the trainer's forward computes with too
-  --async      (default) one step off-policy: train step s on a batch sampled from θ_{s-1} while the server samples
-               step s+1's from θ_s, never pushed mid-generation (--no-async: on-policy)
-Every push is tagged with a version and every rollout must come from it, or we stop; every step compares the server's
-tensor hashes with ours (where it has them) and trainer and server logprobs on the same tokens and weights (--async:
-re-scored): a server without what it was sent stops the run. GRPO's loss is no progress signal: watch the reward.
+A rollout is an episode: one reply, or several turns where the task's environment (a game, a tool)
+answers each reply. After every optimizer step the trainer pushes its weights to the server, tagged
+with a version (the number of steps they have taken). Every reply must come from the version it
+should, and every step checks that the server holds exactly the weights it was sent (README, "The
+sync check"). The loss value is not a progress signal in GRPO: watch the reward.
+
+    bash serve.sh && torchrun --nproc_per_node 3 grpo_sglang.py   # 4 GPUs: server on GPU 3
+    GPU=0 MEM_FRACTION=0.3 bash serve.sh && \
+        torchrun --nproc_per_node 1 grpo_sglang.py --colocate       # 1 GPU, shared with the server
+    python grpo_sglang.py --help                                   # every flag (docs/reference.md)
+
+Read it top to bottom: the config, the loss, the advantages, the data, the rollout, one step, the
+loop. Below the fence is the plumbing: the server's HTTP API, the weight sync, FSDP, checkpoints.
 """
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -57,70 +63,675 @@ import reward_fns
 
 
 def arg(default, help, ok=None):
-    """A flag: its default, one line of help, and the values it may take, checked before anything loads: a tuple
-    of choices, or a rule on its value v ("v > 0"; other flags by name: "v < steps")."""
+    """A flag: its default, one line of help, and the values it may take, checked at start: a tuple
+    of choices, or a rule on the value v ("v > 0"; other flags by name: "v < steps")."""
     return field(default=default, metadata={"help": help, "ok": ok})
 
 
+# ---- The knobs of GRPO. Config, below the fence, adds the plumbing's flags (server, checkpoints).
+
 @dataclass
-class Config:
+class GRPOConfig:
     # GRPO
     steps: int = arg(200, "optimizer updates of the outer loop (one rollout batch each)", "v >= 1")
-    prompts_per_step: int = arg(24, "prompts per step, over all ranks (must divide by world size)", "v >= 1")
+    prompts_per_step: int = arg(24, "prompts a step, over all ranks (a multiple of them)", "v >= 1")
     group_size: int = arg(8, "completions per prompt (G in the paper)", "v >= 2")
-    max_new_tokens: int = arg(256, "the tokens after the prompt at most: the completion, or an episode's replies and "
-                              "its environment's messages together", "v >= 1")
-    temperature: float = arg(1.0, "sampling temperature (logprobs are computed at the same temperature)", "v > 0")
-    top_p: float = arg(1.0, "keep 1.0 so the server samples the distribution the trainer scores", "0 < v <= 1")
+    max_new_tokens: int = arg(256, "tokens after the prompt at most (an episode's replies and the "
+                                   "environment's messages together)", "v >= 1")
+    temperature: float = arg(1.0, "sampling temperature (the trainer scores at it too)", "v > 0")
+    top_p: float = arg(1.0, "keep 1.0: the server samples what the trainer scores", "0 < v <= 1")
     top_k: int = arg(-1, "-1 = off, for the same reason", "v == -1 or v >= 1")
     lr: float = arg(1e-6, "AdamW learning rate", "v >= 0")
-    lr_schedule: str = arg("constant", "after the warmup: constant, or a linear or cosine decay to min_lr_ratio",
-                           ("constant", "linear", "cosine"))
-    lr_warmup_steps: int = arg(0, "linear learning-rate warmup from 0 over this many steps", "0 <= v < steps")
+    lr_schedule: str = arg("constant", "after the warmup: constant, or a linear or cosine decay to "
+                                       "min_lr_ratio", ("constant", "linear", "cosine"))
+    lr_warmup_steps: int = arg(0, "linear warmup of the lr over this many steps", "0 <= v < steps")
     min_lr_ratio: float = arg(0.0, "the decay's end, as a fraction of --lr", "0 <= v <= 1")
     weight_decay: float = arg(0.0, "AdamW weight decay", "v >= 0")
     max_grad_norm: float = arg(1.0, "clip the gradient's norm to this (0: no clipping)", "v >= 0")
     mu: int = arg(1, "optimizer steps per rollout batch", "v >= 1")
-    beta: float = arg(0.0, "KL coefficient to the reference model (0: no reference model is loaded)", "v >= 0")
+    beta: float = arg(0.0, "KL coefficient to the reference model (0: none is loaded)", "v >= 0")
     clip_low: float = arg(0.2, "ratio clip below 1 - clip_low", "0 <= v < 1")
     clip_high: float = arg(0.2, "ratio clip above 1 + clip_high (DAPO uses 0.28)", "v >= 0")
-    ratio_level: str = arg("token", "'token' (GRPO) or 'sequence' (GSPO; it clips at ~3e-4)", ("token", "sequence"))
-    loss_agg: str = arg("token", "'token' (DAPO), 'seq' (GRPO) or 'constant' (Dr. GRPO)", ("token", "seq", "constant"))
-    loss_type: str = arg("grpo", "'grpo': the clipped surrogate; 'cispo': a clipped, stopped IS weight on log π",
-                         ("grpo", "cispo"))
-    adv_estimator: str = arg("grpo", "baseline: the group's mean ('grpo') or the others' mean (leave-one-out)",
-                             ("grpo", "rloo"))
-    scale_rewards: str = arg("group", "advantages / the std of the group, of the batch or 'none' (Dr. GRPO)",
-                             ("group", "batch", "none"))
-    entropy_coef: float = arg(0.0, "entropy bonus: the loss minus this x the tokens' entropy", "v >= 0")
-    tis_cap: float = arg(2.0, "importance sampling cap on π_trainer / π_server (0 = off)", "v == 0 or v >= 1")
-    tis_mode: str = arg("token_truncate", "the IS ratio per token or sequence, truncated at the cap or masked above",
+    ratio_level: str = arg("token", "'token' (GRPO) or 'sequence' (GSPO; it clips at ~3e-4)",
+                           ("token", "sequence"))
+    loss_agg: str = arg("token", "'token' (DAPO), 'seq' (GRPO) or 'constant' (Dr. GRPO)",
+                        ("token", "seq", "constant"))
+    loss_type: str = arg("grpo", "'grpo': the clipped surrogate; 'cispo': a clipped, stopped IS "
+                                 "weight on log π", ("grpo", "cispo"))
+    adv_estimator: str = arg("grpo", "baseline: the group's mean ('grpo') or the others' mean "
+                                     "(leave-one-out)", ("grpo", "rloo"))
+    scale_rewards: str = arg("group", "advantages / the std of the group, of the batch or 'none' "
+                                      "(Dr. GRPO)", ("group", "batch", "none"))
+    entropy_coef: float = arg(0.0, "entropy bonus: the loss minus this x the entropy", "v >= 0")
+    tis_cap: float = arg(2.0, "TIS: the cap on π_trainer / π_server (0: off)", "v == 0 or v >= 1")
+    tis_mode: str = arg("token_truncate", "the IS ratio per token or sequence, truncated at the "
+                        "cap or masked above it",
                         ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
-    mask_truncated: bool = arg(False, "completions cut by max_new_tokens get weight 0: out of the loss")
-    overlong_buffer: int = arg(0, "DAPO's overlong penalty over the last N tokens before the limit (0 = off)",
-                               "0 <= v <= max_new_tokens")  # more would penalise even an empty completion
-    overlong_penalty: float = arg(1.0, "the penalty at max_new_tokens (it falls linearly from 0 to -this)", "v >= 0")
-    filter_flat_groups: bool = arg(False, "DAPO's dynamic sampling, no resampling: groups with equal rewards weigh 0")
-    dynamic_sampling: int = arg(0, "DAPO's dynamic sampling: up to N more rounds of new prompts a step, until every "
-                                   "group has rewards that differ (flat ones left at the cap weigh 0; 0: off)",
+    mask_truncated: bool = arg(False, "completions cut by max_new_tokens weigh 0: out of the loss")
+    overlong_buffer: int = arg(0, "DAPO's overlong penalty over the last N tokens before the limit "
+                               "(0 = off)", "0 <= v <= max_new_tokens")
+    overlong_penalty: float = arg(1.0, "the penalty at max_new_tokens (from 0, linearly)", "v >= 0")
+    filter_flat_groups: bool = arg(False, "groups of equal rewards weigh 0 (DAPO, no resampling)")
+    dynamic_sampling: int = arg(0, "DAPO's dynamic sampling: up to N more rounds of new prompts a "
+                                   "step while groups are flat (0: off)", "v >= 0")
+    async_: bool = arg(True, "sample step s+1 while training step s, one step off-policy "
+                             "(--no-async: on-policy)")
+    seed: int = arg(0, "seed for the data order and torch")
+    # the task: its prompts, reward, check and, for episodes, its environment (reward_fns.py)
+    task: str = arg("auto", "a task of reward_fns.py's TASKS ('auto': arithmetic for --dataset "
+                            "builtin, else by the answers)")
+    reward: str = arg("auto", "a reward of reward_fns.py's REWARD_FNS, a weighted mix "
+                              "('gsm8k:1,format:0.1', each part logged) or 'auto' (the task's)")
+    max_turns: int = arg(0, "the model's replies per episode at most (0: the task's)", "v >= 0")
+    max_reply_tokens: int = arg(0, "tokens of one reply at most (0: what max_new_tokens leaves)",
                                 "v >= 0")
-    async_: bool = arg(True, "one-step off-policy: sample step s+1 while training step s (--no-async: on-policy)")
-    # LoRA: the base frozen in bf16, only the adapters train (fp32); the server gets W + (alpha / rank) B A
-    lora_rank: int = arg(0, "LoRA adapters of this rank on --lora_targets, the rest frozen (0: full fine-tune)",
-                         "v >= 0")
-    lora_alpha: float = arg(32.0, "LoRA's alpha: an adapter adds (alpha / rank) B A to its weight", "v > 0")
-    lora_targets: str = arg("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "the Linears that get "
-                            "adapters, by name: attention and MLP projections of Llama, Qwen2/3, Gemma 3")
-    # the task: its prompts, reward, check and, for episodes of several turns, its environment (reward_fns.py)
-    task: str = arg("auto", f"one of reward_fns.py's TASKS {sorted(reward_fns.TASKS)} ('auto': arithmetic for "
-                            f"--dataset builtin, else gsm8k)")
-    max_turns: int = arg(0, "the model's replies per episode at most (0: the task's; single-turn tasks have 1)",
-                         "v >= 0")
-    max_reply_tokens: int = arg(0, "tokens of one reply at most (0: what is left of --max_new_tokens)", "v >= 0")
+    stop: str = arg("auto", "strings that end a reply, comma-separated, escapes read ('\\n'), or "
+                            "'none'; 'auto': plain prompts end at a newline (episodes) or a blank "
+                            "line, chat ones at the template's end of turn")
     # model and data
-    model: str = arg("Qwen/Qwen2.5-0.5B-Instruct", "HF model name or local path; the server must serve the same")
-    dataset: str = arg("openai/gsm8k", "HF dataset name, a local folder or .json/.jsonl file, or 'builtin' (the "
-                                       "task's own rows, offline)")
+    model: str = arg("Qwen/Qwen2.5-0.5B-Instruct", "HF model name or local path (the server's)")
+    dataset: str = arg("openai/gsm8k", "HF dataset name, a local folder or .json/.jsonl file, or "
+                                       "'builtin' (the task's own rows, offline)")
+    # LoRA: the base frozen in bf16, only the adapters train; the server gets W + (alpha / rank) B A
+    lora_rank: int = arg(0, "LoRA adapters of this rank (0: a full fine-tune)", "v >= 0")
+    lora_alpha: float = arg(32.0, "LoRA's alpha: an adapter adds (alpha / rank) B A", "v > 0")
+    lora_targets: str = arg("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                            "the Linears that get adapters, by name")
+
+
+# ---- The GRPO loss: its heart first, then the variants the flags layer on it. These small pure
+# functions are what test_smoke.py checks against hand-computed values. This is the part to edit.
+
+def clipped_surrogate(ratio, adv, clip_low, clip_high):
+    """The heart of GRPO, PPO's clipped surrogate, per token: -min(ρA, clip(ρ, 1 ± ε) A).
+    (B, T) ratios ρ = π/π_old, (B,) or (B, T) advantages -> (B, T) loss, (B, T) where it clipped.
+    Where the ratio has moved past the clip in the direction A rewards, the gradient stops: one
+    batch cannot push the policy far."""
+    a = per_token(adv, ratio)  # (B, 1), or (B, T): one per token
+    unclipped, clipped = ratio * a, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
+    return -torch.min(unclipped, clipped), (clipped < unclipped)
+
+
+def kl_k3(logp, ref_logp):
+    """(B, T) -> (B, T). Schulman's k3 estimator of KL(π || π_ref): e^(ref - logp) - (ref - logp)
+    - 1, >= 0, unbiased for samples of π, with less variance than log π - log π_ref."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def aggregate(x, mask, weight, mode, norm):
+    """(B, T) values, (B,) weights -> the micro-batch's sum / `norm`, the whole batch's count
+    (loss_norm): summed over micro-batches and ranks, these give the batch's mean.
+      token     weighted sum over all tokens / weighted token count (DAPO, the default)
+      seq       each sequence's token mean, weighted mean over sequences (GRPO: long answers' tokens
+                weigh less)
+      constant  weighted sum over all tokens / (weighted sequences x max_new_tokens) (Dr. GRPO)"""
+    if mode == "seq":
+        return (weight * (x * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / norm
+    return (weight.unsqueeze(1) * x * mask).sum() / norm
+
+
+def loss_norm(mode, seqs, tokens, max_new_tokens):
+    """The batch's divisor for aggregate: its weighted sequences, tokens, or sequences x length."""
+    return {"seq": seqs, "token": tokens, "constant": seqs * max_new_tokens}[mode]
+
+
+def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token", tis=None,
+                    ref_logp=None, beta=0.0, loss_type="grpo"):
+    """(B, T) log π and log π_old, (B,) or (B, T) advantages, (B, T) mask -> (B, T) loss, where it
+    clipped, and the KL (or None). The heart: ρ = π/π_old, the clipped surrogate, + β k3(π,
+    π_ref). The variants: GSPO's ratio per sequence (level), CISPO's surrogate, the TIS weight."""
+    ratio = torch.exp(log_ratio(logp, old_logp, mask, level))
+    if loss_type == "cispo":
+        clipped = ratio > 1 + clip_high
+        loss = -torch.clamp(ratio, max=1 + clip_high).detach() * per_token(adv, logp) * logp
+    else:
+        loss, clipped = clipped_surrogate(ratio, adv, clip_low, clip_high)
+    if tis is not None:
+        loss = loss * tis
+    kl = kl_k3(logp, ref_logp) if ref_logp is not None else None
+    if kl is not None:
+        loss = loss + beta * kl
+    return loss, clipped, kl
+
+
+# The variants. GSPO (Zheng et al. 2025) takes one ratio per sequence, the geometric mean of its
+# tokens'. CISPO (MiniMax-M1) keeps every token's gradient: -sg(min(ρ, 1 + clip_high)) A log π,
+# the weight clipped and stopped (sg), so a clipped token still learns. TIS weighs each token by
+# the trainer's and the server's probabilities of it.
+
+def log_ratio(logp, old_logp, mask, level="token"):
+    """(B, T) -> (B, T) log π/π_old: per token (GRPO), or each sequence's mean over its tokens
+    (GSPO; TRL's importance_sampling_level), the log of its token ratios' geometric mean."""
+    d = logp - old_logp
+    if level == "sequence":
+        d = ((d * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(d)
+    return d
+
+
+def tis_weights(old_logp, server_logp, cap, mask=None, mode="token_truncate"):
+    """(B, T) -> (B, T) weights π_trainer / π_server between the sampler (the server's kernels;
+    one step older with --async) and the trainer before this step's updates (Yao et al. 2025,
+    "TIS"; AReaL's decoupled PPO). token_*: per token; sequence_*: per sequence (the product over
+    its tokens). *_truncate: min(ratio, cap); *_mask: 0 above the cap."""
+    d = old_logp - server_logp if mask is None else (old_logp - server_logp) * mask
+    d = d.sum(1, keepdim=True) if mode.startswith("sequence") else d  # the log ratio
+    w = torch.exp(d.clamp(max=math.log(cap)))  # in log space: a sum of 400 x 0.25 nats overflows
+    return (w if mode.endswith("truncate") else w * (d <= math.log(cap))).expand_as(old_logp)
+
+
+def per_token(adv, like):
+    """(B,) or (B, T) advantages -> broadcastable to `like` (B, T); any other shape: one error."""
+    if adv.shape not in (like.shape[:1], like.shape):
+        raise UserError(f"advantages of shape {tuple(adv.shape)} for {like.shape[0]} sequences of "
+                        f"{like.shape[1]} tokens: they must be ({like.shape[0]},), one per "
+                        f"sequence, or {tuple(like.shape)}, per token")
+    return adv.unsqueeze(1) if adv.dim() == 1 else adv
+
+
+# ---- Advantages: a group turns its rewards into a training signal.
+
+def group_advantages(rewards, group_size, scale=True, eps=1e-4, rloo=False, std=None):
+    """(N,) rewards, groups of G consecutive -> (N,) advantages. GRPO: (r - the group's mean), over
+    the group's std (or `std`, the batch's: TRL's scale_rewards='batch'). RLOO (Ahmadian et al.
+    2024): r minus the mean of the others, (r - mean) G / (G - 1). A group of equal rewards gets
+    exactly 0 (a float std of eight 0.1s is 8e-9, not 0)."""
+    r = rewards.view(-1, group_size)  # (N/G, G)
+    adv = (r - r.mean(dim=1, keepdim=True)) * (group_size / (group_size - 1) if rloo else 1)
+    if scale:  # Dr. GRPO drops this: it favours groups that are nearly all right or all wrong
+        adv = adv / ((r.std(dim=1, keepdim=True) if std is None else std) + eps)  # unbiased, as TRL
+    return torch.where(flat_groups(rewards, group_size).unsqueeze(1), 0.0, adv).view(-1)
+
+
+def flat_groups(rewards, group_size):
+    """(N,) rewards -> (N/G,) True where every reward of the group is the same."""
+    r = rewards.view(-1, group_size)
+    return (r == r[:, :1]).all(dim=1)
+
+
+def batch_std(x):
+    """All ranks: (N,) -> the whole batch's unbiased std, in float64 about its mean (float32 loses
+    the digits of 1000 + {0, 1})."""
+    n_sum = torch.stack([torch.tensor(float(len(x)), device=x.device), x.double().sum()])
+    dist.all_reduce(n_sum)
+    ss = (x.double() - n_sum[1] / n_sum[0]).square().sum()  # the squares of the deviations from it
+    dist.all_reduce(ss)
+    return (ss / (n_sum[0] - 1).clamp(min=1)).sqrt().to(x.dtype)
+
+
+def overlong_penalty(lengths, max_len, buffer):
+    """(N,) completion lengths -> (N,) DAPO's soft overlong penalty (Yu et al. 2025, eq. 13): 0
+    up to max_len - buffer tokens, then falling linearly to -1 at max_len."""
+    return ((max_len - buffer - lengths) / buffer).clamp(-1.0, 0.0)
+
+
+def lr_factor(step, steps, warmup, schedule, min_ratio):
+    """The learning rate of `step` over --lr: a linear warmup over `warmup` steps, then constant, or
+    a linear or cosine decay to min_ratio at the last step (TRL's lr_scheduler_type, verl's
+    min_lr_ratio)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    t = (step - warmup) / max(steps - 1 - warmup, 1)  # 0 -> 1 over the steps after the warmup
+    decay = {"constant": 1.0, "linear": 1 - t, "cosine": 0.5 * (1 + math.cos(math.pi * t))}
+    decay = decay[schedule]
+    return min_ratio + (1 - min_ratio) * decay if schedule != "constant" else 1.0
+
+
+# ---- Data: a task's built-in rows, a local JSON/JSONL file, or an HF dataset (load_data, below).
+
+def prompts_for_step(n_rows, step, per_step, seed):
+    """Row indices of `step`: a new shuffle each epoch, so a resumed run sees what it would have."""
+    idx = []
+    for k in range(step * per_step, (step + 1) * per_step):
+        epoch, i = divmod(k, n_rows)
+        perm = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed + epoch))
+        idx.append(int(perm[i]))
+    return idx
+
+
+def rank_rounds(n_rows, step, per_step, seed, rank, world, rounds=1):
+    """This rank's row indices of `step`, in `rounds` rounds of per_step / world. The step takes
+    per_step x rounds rows of the shuffled stream, each rank a slice; round 0 is what a step
+    trains on without --dynamic_sampling, and rows a step does not need are skipped, not reused."""
+    n = per_step // world
+    idx = prompts_for_step(n_rows, step, per_step * rounds, seed)[rank * n * rounds:
+                                                                  (rank + 1) * n * rounds]
+    return [idx[r * n: (r + 1) * n] for r in range(rounds)]
+
+
+# ---- The rollout: an episode per sequence. In each turn the server samples the model's reply to
+# the episode so far (token ids in; ids and their log-probs out). The task's environment reads the
+# conversation and answers with the next user message, or ends the episode. The message's tokens
+# extend the episode with mask 0: the model did not sample them, so they are never trained on. A
+# single-turn task is an episode of one turn.
+
+def rollout(cfg, server, task, rows, version, greedy=False):
+    """group_size episodes per prompt row (greedy: one) from the weights of `version` -> the batch:
+      rows, version  the prompt rows (a group each); the version that sampled every token
+      sampling       the settings it sampled with (temperature, ...): the step reads these
+      srv            each episode's server (all its turns go there: its prefix is cached)
+      episodes       one per sequence, in the rows' order: prompt, completion (the ids after the
+                     prompt: replies and the environment's messages), mask (1 sampled, 0 the
+                     environment's), server_lp (the sampler's log-probs, 0 where mask is 0),
+                     messages (as text), answer, turns, finish ('stop'; 'length': the tokens ran
+                     out; 'turns': the replies ran out before the environment said done)
+      span           its (start, end) time"""
+    n, t0 = 1 if greedy else cfg.group_size, time.time()
+    sampling = {"temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
+                "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens, "stop": task.stop,
+                "max_reply_tokens": cfg.max_reply_tokens or cfg.max_new_tokens}
+    eps = [{"prompt": r["ids"], "completion": [], "mask": [], "server_lp": [], "turns": 0,
+            "answer": r["answer"], "messages": [{"role": "user", "content": r["text"]}],
+            "finish": None, "out_of_room": False} for r in rows for _ in range(n)]
+    srv, warn = server.place(len(rows), n), Counter()  # warn: environments that raised, or worse
+
+    def append(e, ids, lps, mask):  # tokens at the episode's end, their log-probs and mask
+        e["completion"] += ids
+        e["server_lp"] += lps
+        e["mask"] += [mask] * len(ids)
+    for turn in range(task.max_turns):
+        live = [i for i, e in enumerate(eps) if e["finish"] is None]
+        if not live:
+            break
+        left = [min(cfg.max_new_tokens - len(eps[i]["completion"]), sampling["max_reply_tokens"])
+                for i in live]
+        replies = server.sample([eps[i]["prompt"] + eps[i]["completion"] for i in live], left,
+                                sampling, version, [srv[i] for i in live])
+        for i, (ids, lps, finish) in zip(live, replies):
+            e = eps[i]
+            append(e, ids, lps, 1)
+            e["turns"] += 1
+            e["messages"].append({"role": "assistant", "content": task.decode(ids)})
+            room = cfg.max_new_tokens - len(e["completion"])
+            said = task.env and reward_fns.safe_env(task.env, e["messages"], e["answer"], warn)
+            if said is None:  # done (or a reply cut by the token budget: 'length')
+                e["finish"] = finish
+                continue
+            said_ids = task.env_ids(said, ids[-1] if ids else None)
+            if turn + 1 == task.max_turns or len(said_ids) >= room:  # no turn left, or no room
+                e["finish"] = "turns" if turn + 1 == task.max_turns else "length"
+                e["out_of_room"] = e["finish"] == "length"
+                continue
+            append(e, said_ids, [0.0] * len(said_ids), 0)
+            e["messages"].append({"role": "user", "content": said})
+    return {"rows": rows, "version": version, "sampling": sampling, "srv": srv, "episodes": eps,
+            "warnings": warn, "span": (t0, time.time())}
+
+
+def sample_groups(cfg, server, task, rounds, version):
+    """The step's rollout of this rank's groups: round 0's prompts and, with --dynamic_sampling
+    (DAPO, Yu et al. 2025, 3.2), round after round of new ones while fewer than len(rounds[0])
+    groups have rewards that differ. -> a batch of len(rounds[0]) groups: the first with rewards
+    that differ, in the order drawn, then flat ones if the rounds ran out (they weigh 0), and how
+    many groups were drawn and kept, in how many rounds."""
+    batch = rollout(cfg, server, task, rounds[0], version)
+    if len(rounds) == 1:
+        return batch
+    G, n, drawn, warn = cfg.group_size, len(rounds[0]), [], Counter()  # drawn: (differ?, b, group)
+    for k, rows in enumerate(rounds):
+        b = batch if k == 0 else rollout(cfg, server, task, rows, version)
+        warn += b["warnings"]
+        rewards = [task.reward_fn(row, Counter())[0] for row in samples(sequences(b, G, "cpu"))]
+        drawn += [(len(set(rewards[g * G: (g + 1) * G])) > 1, b, g) for g in range(len(rows))]
+        if sum(d for d, _, _ in drawn) >= n:
+            break
+    kept = ([x for x in drawn if x[0]] + [x for x in drawn if not x[0]])[:n]
+    return {**batch, "rows": [b["rows"][g] for _, b, g in kept],
+            "span": (batch["span"][0], time.time()),
+            "episodes": [e for _, b, g in kept for e in b["episodes"][g * G: (g + 1) * G]],
+            "srv": [s for _, b, g in kept for s in b["srv"][g * G: (g + 1) * G]],
+            "groups": {"drawn": len(drawn), "kept": sum(d for d, _, _ in kept), "rounds": k + 1},
+            "warnings": warn}
+
+
+# ---- One training step, in the order the math reads: the step's table of sequences, the no-grad
+# forwards (the old policy, the reference), rewards, advantages and a weight per sequence, then mu
+# optimizer steps on the loss.
+
+def sequences(batch, group_size, device):
+    """A rollout batch -> `seqs`, the step's table: one row per sequence (an episode), where every
+    per-sequence quantity lives. Rows are never reordered or dropped (to filter one, set its weight
+    to 0): row i is episode i of the batch.
+      lists (N)  prompt, completion (token ids), text (the last reply: what rewards and checks
+                 read), messages, answer, finish ('stop', 'length', 'turns'), server (its index)
+      (N,)       group, length (the completion's tokens), turns, truncated (1: cut by the token
+                 budget); the step adds reward, correct, adv (or (N, C): per token), weight
+      (N, C)     mask (1 where the model sampled the token: the only tokens that count), server_lp
+                 (the sampler's log-probs), right-padded; the forwards add old_lp (mu > 1), ref_lp
+                 (beta > 0) and lp0 (the trainer's, under the weights the server has)
+      sampling   the batch's sampling settings (temperature, ...)"""
+    eps = batch["episodes"]
+    C = max(len(e["completion"]) for e in eps)
+    padded = lambda k: torch.tensor([e[k] + [0] * (C - len(e[k])) for e in eps], device=device,
+                                    dtype=torch.float)
+    return {"prompt": [e["prompt"] for e in eps], "completion": [e["completion"] for e in eps],
+            "text": [e["messages"][-1]["content"] for e in eps],
+            "messages": [e["messages"] for e in eps], "answer": [e["answer"] for e in eps],
+            "finish": [e["finish"] for e in eps], "server": batch["srv"],
+            "group": torch.arange(len(eps), device=device) // group_size,
+            "length": torch.tensor([len(e["completion"]) for e in eps], device=device),
+            "turns": torch.tensor([e["turns"] for e in eps], device=device),
+            "truncated": torch.tensor([e["finish"] == "length" for e in eps], device=device,
+                                      dtype=torch.float),
+            "mask": padded("mask"), "server_lp": padded("server_lp"), "sampling": batch["sampling"]}
+
+
+def samples(seqs):
+    """The table's rows as dicts, what a reward function sees: per-token values cut to length.
+    (A value for all rows, as sampling, comes with each row.)"""
+    N = len(seqs["completion"])
+    cols = {k: v.tolist() if torch.is_tensor(v) and v.dim() == 1 else v for k, v in seqs.items()}
+    cut = lambda v, i: v[i, : len(seqs["completion"][i])] if torch.is_tensor(v) else v[i]
+    return [{k: v if isinstance(v, dict) else cut(v, i) for k, v in cols.items()} for i in range(N)]
+
+
+def micro_batches(seqs, size, pad_id):
+    """The rows, sorted by length, in micro-batches of at most `size` x the longest sequence's
+    tokens (memory goes with tokens), as many on every rank, each packed: sequences end to end in
+    rows (pack_batch). -> [{rows (B,), ids, pos (R, L), ..., C}]"""
+    n = [len(p) + len(c) for p, c in zip(seqs["prompt"], seqs["completion"])]
+    order = sorted(range(len(n)), key=lambda i: n[i])
+    out = []
+    for part in split_by_tokens([n[i] for i in order], size * max(n), seqs["mask"].device):
+        rows = [order[j] for j in part]
+        b = pack_batch([{"prompt": seqs["prompt"][i], "completion": seqs["completion"][i]}
+                        for i in rows], pad_id, seqs["mask"].device)
+        out.append({**b, "rows": torch.tensor(rows, device=b["ids"].device)})
+    return out
+
+
+def rows_of(seqs, b):
+    """Micro-batch b's slice of every tensor of the table: (B,) per sequence, (B, C) per token."""
+    return {k: v[b["rows"], : b["C"]] if v.dim() == 2 else v[b["rows"]] for k, v in seqs.items()
+            if torch.is_tensor(v)}
+
+
+def completion_logprobs(model, b, temperature):
+    """Micro-batch b -> (B, C) log π(token | what precedes it) of its completion tokens under
+    `model`, and (B, C) the entropy of each token's distribution: with z the logits before it,
+    log_softmax(z / temperature)[token] and -Σ p log p. model.token_logprobs runs the model to its
+    last hidden states and hands them, with the LM head's weight, to head_logprobs, which computes
+    just these: the (B, C, V) logits are never formed (a 150k vocabulary would not fit)."""
+    lp, ent = model.token_logprobs(b["ids"], b["pos"], b["src"], b["tgt"], temperature)  # (n,) each
+    table = lambda x: torch.zeros(b["mask"].shape, device=x.device).index_put(tuple(b["dst"]), x)
+    return table(lp), table(ent)  # (B, C): each completion's tokens from its row's start
+
+
+@torch.no_grad()
+def old_and_ref_logprobs(cfg, model, ref, seqs, mbs):
+    """No-grad forwards into the table: old_lp (mu > 1; at 1 the first training forward gives it),
+    ref_lp (beta > 0; with --lora_rank the reference is the policy with its adapters off)."""
+    for name, net in (("old_lp", model if cfg.mu > 1 else None), ("ref_lp", ref)):
+        if net is not None:
+            seqs[name] = torch.zeros_like(seqs["mask"])
+            with adapters_off(net, name == "ref_lp"):
+                for b in mbs:
+                    seqs[name][b["rows"], : b["C"]] = completion_logprobs(
+                        net, b, seqs["sampling"]["temperature"])[0]
+
+
+def score(seqs, task, group_size, metrics):
+    """Each sequence's reward (task.reward_fn: its total and named parts, each logged) and whether
+    the task's check calls its last reply correct (what accuracy counts) -> seqs["reward"],
+    seqs["correct"] (N,); the warnings (rewards that raised or were not numbers: counted as 0)."""
+    warn = Counter()
+    got = [task.reward_fn(row, warn) for row in samples(seqs)]  # [(reward, {part: value})]
+    dev, N = seqs["mask"].device, len(got)
+    seqs["reward"] = torch.tensor([r for r, _ in got], device=dev)
+    right = [reward_fns.safe_reward(task.correct, t, a, warn) == 1 for t, a in
+             zip(seqs["text"], seqs["answer"])]
+    seqs["correct"] = torch.tensor(right, device=dev, dtype=torch.float)
+    for part in {p for _, parts in got for p in parts}:  # its mean over the rows that have it
+        have = [parts[part] for _, parts in got if part in parts]
+        metrics.mean(f"reward_{part}", sum(have), len(have))
+    metrics.mean("accuracy", seqs["correct"].sum(), N)
+    metrics.mean("completion_len_mean", seqs["mask"].sum(), N)
+    metrics.mean("prompt_len_mean", sum(map(len, seqs["prompt"])), N)
+    metrics.mean("turns_mean", seqs["turns"].sum(), N)
+    metrics.sum("reward_warnings", sum(warn.values()))
+    metrics.mean("truncated_frac", seqs["truncated"].sum(), N)
+    metrics.mean("zero_std_groups_frac", flat_groups(seqs["reward"], group_size).sum(),
+                 N // group_size)
+    same, improbable = identical_groups(seqs, group_size)
+    metrics.mean("identical_groups_frac", same.sum(), N // group_size)
+    metrics.sum("improbable_identical_groups", improbable.sum())
+    return warn
+
+
+def identical_groups(seqs, group_size):
+    """-> (groups,) True where the group's completions are the same tokens, and (groups,) where the
+    sampler's own log-probs make that all but impossible: p^(G-1) < 1e-3, p the sequence's
+    probability (a sharp policy repeats itself; a server that does not sample each copy of a
+    prompt on its own repeats anything)."""
+    c, G = seqs["completion"], group_size
+    same = torch.tensor([all(c[i] == c[g] for i in range(g, g + G)) for g in range(0, len(c), G)],
+                        dtype=torch.bool)
+    log_p = (seqs["server_lp"] * seqs["mask"]).sum(1)[::G].cpu()  # (groups,) each group's first
+    sampled = seqs["sampling"]["temperature"] > 0
+    return same, same & ((G - 1) * log_p < math.log(1e-3)) & sampled
+
+
+def shape_rewards(cfg, seqs, metrics):
+    """Reward terms of the flags, added to seqs["reward"] and logged as parts. Add yours here."""
+    if cfg.overlong_buffer:
+        penalty = cfg.overlong_penalty * overlong_penalty(seqs["length"], cfg.max_new_tokens,
+                                                          cfg.overlong_buffer)
+        seqs["reward"] = seqs["reward"] + penalty
+        metrics.mean("reward_overlong", penalty.sum(), len(penalty))
+
+
+def advantages(cfg, rewards):
+    """(N,) rewards -> (N,) advantages: GRPO's or RLOO's baseline, scaled by the std of the group,
+    of the batch or not at all."""
+    std = batch_std(rewards) if cfg.scale_rewards == "batch" else None
+    return group_advantages(rewards, cfg.group_size, cfg.scale_rewards != "none",
+                            rloo=cfg.adv_estimator == "rloo", std=std)
+
+
+def weights(cfg, seqs):
+    """(N,) a weight per sequence in the loss and its divisors: 0 filters one out (its row stays)"""
+    w = torch.ones_like(seqs["reward"])
+    if cfg.mask_truncated:  # TRL's mask_truncated_completions: a cut answer's end says nothing
+        w = w * (seqs["truncated"] == 0)
+    if cfg.filter_flat_groups or cfg.dynamic_sampling:  # DAPO: a flat group's advantages are 0
+        w = w * ~flat_groups(seqs["reward"], cfg.group_size).repeat_interleave(cfg.group_size)
+    return w
+
+
+def set_lr(opt, lr, metrics):
+    for group in opt.param_groups:
+        group["lr"] = lr
+    metrics.max("lr", lr)
+
+
+def policy_loss(cfg, x, logp, old, ent):
+    """Micro-batch x's loss per token, by the flags: (B, C) log-probs now and before this step's
+    updates, their entropy -> (loss, clipped, kl), each (B, C). Wire a new loss variant in here."""
+    tis = (tis_weights(old, x["server_lp"], cfg.tis_cap, x["mask"], cfg.tis_mode) if cfg.tis_cap > 0
+           else None)
+    loss, clipped, kl = grpo_token_loss(logp, old, x["adv"], x["mask"], cfg.clip_low,
+                                        cfg.clip_high, cfg.ratio_level, tis, x.get("ref_lp"),
+                                        cfg.beta, cfg.loss_type)
+    return loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss, clipped, kl
+
+
+def train(cfg, model, opt, seqs, mbs, world, check, metrics):
+    """cfg.mu optimizer steps on this rank's micro-batches. Before the first, check(seqs, metrics)
+    compares the first forward's log-probs (lp0: under the weights the server holds) with the
+    server's. If every weight is 0, there is no update."""
+    metrics.mean("reward_mean", seqs["reward"].sum(), len(seqs["reward"]))  # shaping included
+    n_seqs, n_tokens = batch_counts(seqs, mbs)  # over all ranks, weighted
+    norm = loss_norm(cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
+    seqs["lp0"], skipped = torch.zeros_like(seqs["mask"]), 0
+    per_token(seqs["adv"], seqs["mask"])  # (N,) or (N, C): else one clear error, before any forward
+    for update in range(cfg.mu):
+        for k, b in enumerate(mbs):
+            fsdp_sync_grads(model, last=k == len(mbs) - 1)  # FSDP: reduce gradients once an update
+            x = rows_of(seqs, b)  # (B,) and (B, C) slices of the table
+            logp, ent = completion_logprobs(model, b, seqs["sampling"]["temperature"])
+            old = x["old_lp"] if cfg.mu > 1 else logp.detach()
+            if update == 0:  # the server's weights: the check's log-probs, the batch's metrics
+                seqs["lp0"][b["rows"], : b["C"]] = old
+                metrics.mean("entropy", (ent.detach() * x["mask"]).sum(), x["mask"].sum())
+                metrics.mean("pack_fill", b["tokens"], b["ids"].numel())  # real tokens / positions
+                mismatch_stats(old, x["server_lp"], x["mask"], cfg.tis_cap, metrics, cfg.tis_mode)
+            loss, clipped, kl = policy_loss(cfg, x, logp, old, ent)
+            loss = aggregate(loss, x["mask"], x["weight"], cfg.loss_agg, max(norm, 1e-9))
+            (loss * world).backward()  # FSDP averages gradients over ranks: x world sums them
+            w = x["mask"] * x["weight"].unsqueeze(1)  # the tokens that count, and their weight
+            metrics.sum("loss", loss.detach() / cfg.mu)
+            metrics.mean("clip_frac", (clipped * w).sum(), w.sum())
+            metrics.mean("kl", (kl.detach() * w).sum() if kl is not None else 0.0, w.sum())
+        if update == 0:
+            check(seqs, metrics)
+        grad_norm = clip_grads(model.parameters(), cfg.max_grad_norm or float("inf"))  # 0: no clip
+        finite = bool(torch.isfinite(grad_norm))  # else skipped: it would poison the weights
+        metrics.mean("grad_norm", grad_norm, 1)
+        skipped += not finite
+        if finite and n_seqs > 0:  # no sequence with a weight: the update is skipped (and logged)
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+    metrics.max("nonfinite_skips", skipped)
+    metrics.max("empty_batch_skips", cfg.mu if n_seqs == 0 else 0)
+
+
+# What the step needs because it runs on several ranks (FSDP): every rank must run as many
+# micro-batches and updates, or the collectives inside them would wait forever.
+
+def split_by_tokens(lengths, budget, device):
+    """Sorted lengths -> index ranges of <= `budget` tokens, as many on every rank."""
+    cuts, total = [0], 0
+    for i, n in enumerate(lengths):
+        if total + n > budget and i > cuts[-1]:
+            cuts, total = cuts + [i], 0
+        total += n
+    parts = [range(a, b) for a, b in zip(cuts, cuts[1:] + [len(lengths)])]
+    want = len(parts)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        want = int(all_reduce_named({"parts": want}, dist.ReduceOp.MAX, device)["parts"])
+    while len(parts) < want and any(len(p) > 1 for p in parts):  # (too few rows: batch_counts says)
+        k = max((k for k, p in enumerate(parts) if len(p) > 1),
+                key=lambda k: sum(lengths[i] for i in parts[k]))
+        p, half = parts[k], sum(lengths[i] for i in parts[k]) / 2
+        m = next(i for i in range(p.start + 1, p.stop)
+                 if sum(lengths[p.start: i]) >= half or i == p.stop - 1)
+        parts[k: k + 1] = [range(p.start, m), range(m, p.stop)]
+    return parts
+
+
+def batch_counts(seqs, mbs):
+    """All ranks: -> the batch's weighted sequence and token counts; ranks out of step: an error."""
+    got = [None] * dist.get_world_size()
+    w = seqs["weight"]
+    dist.all_gather_object(got, (len(mbs), float(w.sum()), float((w * seqs["mask"].sum(1)).sum())))
+    if len({n for n, _, _ in got}) > 1:
+        raise UserError(f"the ranks would run different numbers of micro-batches "
+                        f"({[n for n, _, _ in got]}), and FSDP would hang: every rank must keep "
+                        f"all its rows. To drop a sequence from the loss, set its seqs['weight'] "
+                        f"to 0 (docs/hacking.md)")
+    return sum(s for _, s, _ in got), sum(t for _, _, t in got)
+
+
+def clip_grads(params, max_norm):
+    """All ranks: torch's clip_grad_norm_ on FSDP's shards, without DTensor's per-tensor dispatch
+    (~20 ms a SmolLM2 step)."""
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params
+             if p.grad is not None]
+    total = torch.stack(torch._foreach_norm(grads)).double().square().sum()
+    dist.all_reduce(total)
+    total = total.sqrt().float()
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0).to(grads[0].device))
+    return total
+
+
+def fsdp_sync_grads(model, last):
+    """FSDP reduces the gradients, and gives back weights it kept gathered (shard), only after an
+    update's last micro-batch."""
+    model.set_requires_gradient_sync(last)
+    if model.keeps_gathered:
+        model.set_reshard_after_backward(last)
+
+
+# ---- The loop. -----------------------------------------------------------------------------
+
+def main(cfg):
+    rt = setup(cfg)                 # flags, ranks, GPUs, process group: checked before all else
+    server = Server(cfg, rt)        # up? our model? how do weights get there?
+    tok, train_rows, evals, task = load_data(cfg, server.context)  # task: its reward, check, env
+    model, ref, opt, start, state = load_models(cfg, rt)  # state: what steps keep (checkpointed)
+    log = MetricsLog(cfg, rt, start, len(train_rows))
+    pad = tok.pad_token_id or 0
+    my_prompts = lambda step: [[train_rows[i] for i in r] for r in rank_rounds(  # [round 0's, ...]
+        len(train_rows), step, cfg.prompts_per_step, cfg.seed, rt.rank, rt.world,
+        1 + cfg.dynamic_sampling)]
+    # this rank's batch of `step`, sampled from θ_version, then what its servers hold (the check's)
+    rollout_of = lambda step, version: server.weights_after(
+        sample_groups(cfg, server, task, my_prompts(step), version))
+
+    t0 = time.time()
+    nbytes = server.push(model, start)  # the server starts from our weights (also after a resume)
+    print0(f"initial sync: {nbytes / 2**20:.0f} MiB in {time.time() - t0:.2f}s, version {start}")
+    log.write(evaluate(cfg, server, task, evals, start))
+    t_run, next_batch = time.time(), None
+    for step in range(start, cfg.steps):
+        clock, metrics = Clock(), Metrics()  # the step's named metrics: sums, means, maxima
+        # 1. rollout. On-policy: sample now from θ_step. Async: this batch was sampled from
+        #    θ_{step-1} during the last step; meanwhile the server samples the next from θ_step.
+        batch = next_batch or fail_together(rollout_of, step, step)
+        pending = (POOL.submit(rollout_of, step + 1, step) if cfg.async_ and step + 1 < cfg.steps
+                   else None)
+        check = server.check(batch, step, model, pad)  # async: the server re-scores some rows now
+        seqs = sequences(batch, cfg.group_size, rt.device)  # the step's table: a row per sequence
+        mbs = micro_batches(seqs, cfg.micro_batch, pad)  # sequences packed end to end in rows
+        clock.lap("rollout_wait")
+        # 2. the no-grad forwards, per token: the old policy (mu > 1) and the reference (beta > 0)
+        old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
+        clock.lap("train")
+        # 3. rewards, then group-relative advantages and a weight per sequence (0 filters it out)
+        warn = score(seqs, task, cfg.group_size, metrics) + batch["warnings"]  # (the environment's)
+        metrics.sum("env_warnings", sum(batch["warnings"].values()))
+        metrics.mean("out_of_room_frac", sum(e["out_of_room"] for e in batch["episodes"]),
+                     len(seqs["text"]))
+        if "groups" in batch:  # --dynamic_sampling: what the step drew to fill its batch
+            metrics.sum("groups_drawn", batch["groups"]["drawn"])
+            metrics.sum("groups_kept", batch["groups"]["kept"])
+            metrics.mean("sampling_rounds", batch["groups"]["rounds"], 1)
+        shape_rewards(cfg, seqs, metrics)  # the flags' reward terms (DAPO's overlong penalty)
+        seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)
+        seqs["weight"] = weights(cfg, seqs)  # (N,): 1, or 0 for a sequence the flags filter out
+        lr = cfg.lr * lr_factor(step, cfg.steps, cfg.lr_warmup_steps, cfg.lr_schedule,
+                                cfg.min_lr_ratio)
+        set_lr(opt, lr, metrics)
+        clock.lap("score")
+        # 4. mu optimizer steps on the loss; before the first, the check of the server's weights
+        train(cfg, model, opt, seqs, mbs, rt.world, check, metrics)
+        clock.lap("train")
+        # 5. push θ_{step+1}. Async: first wait for the next batch: never a push mid-generation
+        next_batch = fail_together(pending.result) if pending else None
+        clock.lap("next_rollout_wait")
+        nbytes = server.push(model, step + 1)
+        clock.lap("sync")
+        # 6. log (the metrics over micro-batches and ranks), checkpoint, evaluate
+        row = step_metrics(cfg, step + 1, batch, metrics.reduce(rt.device), clock, t_run, nbytes,
+                           rt)
+        log.step(row, seqs, warn)
+        if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
+            save_checkpoint(cfg, model, opt, tok, step + 1, state)
+        if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
+            log.write(evaluate(cfg, server, task, evals, step + 1))
+    server.close()
+    log.close()
+    dist.destroy_process_group()
+
+
+# ==================================================================================================
+# ---- Plumbing below (server, weight sync, FSDP, checkpoints, logs), not needed to change GRPO; the end calls main().
+# ==================================================================================================
+
+@dataclass
+class Config(GRPOConfig):
+    """Every flag: the story's GRPO knobs (GRPOConfig, at the top) and these, how and where it runs."""
+    # data files, splits and prompts
     dataset_config: str = arg("main", "HF dataset config name ('' for none)")
     train_split: str = arg("train", "split to train on")
     eval_split: str = arg("test", "held-out split ('' = hold out rows of the train split)")
@@ -129,8 +740,6 @@ class Config:
     instruction: str = arg("auto", "text appended to each question ('auto': fits the task)")
     prompt_format: str = arg("auto", "'chat' (chat template), 'plain' (base models) or 'auto' (chat if it has one)",
                              ("auto", "chat", "plain"))
-    reward: str = arg("auto", f"one of reward_fns.py's {sorted(reward_fns.REWARD_FNS)}, a weighted mix "
-                              "('gsm8k:1,format:0.1', each part logged) or 'auto' (the task's)")
     builtin_max_operand: int = arg(20, "--task arithmetic, built in: operands of 'a + b' from 0..this", "v >= 1")
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)", "v >= 1")
     eval_size: int = arg(200, "held-out prompts per eval (no eval split: at most 10% of the train rows)", "v >= 1")
@@ -143,7 +752,6 @@ class Config:
     grad_checkpointing: bool = arg(False, "recompute activations in backward to save memory")
     max_nonfinite_steps: int = arg(3, "stop after this many steps in a row with a NaN/Inf gradient", "v >= 1")
     device: str = arg("auto", "'cuda', 'cpu' (tests) or 'auto'", ("auto", "cuda", "cpu"))
-    seed: int = arg(0, "seed for data order and torch")
     # the server and weight sync
     server_url: str = arg("http://127.0.0.1:30000", "SGLang server(s) started by serve.sh, comma-separated")
     api_key: str = arg("", "server API key (default: $SGLANG_API_KEY), sent as a Bearer token")
@@ -169,491 +777,6 @@ class Config:
     wandb: bool = arg(False, "log to Weights & Biases")
     wandb_project: str = arg("grpo_sglang", "wandb project")
 
-
-# ---- GRPO math: small pure functions (tested in test_smoke.py). This is the part to edit. --------
-
-def group_advantages(rewards, group_size, scale=True, eps=1e-4, rloo=False, std=None):
-    """(N,) rewards, groups of consecutive G -> (N,) advantages. GRPO: (r - mean) / std of the group (or `std`, the
-    batch's: TRL's scale_rewards='batch'). RLOO: r minus the others' mean, (r - mean) G / (G - 1) (Ahmadian et al. 2024;
-    verl's rloo). A group of equal rewards has advantages exactly 0 (a float std of eight 0.1s is 8e-9)."""
-    r = rewards.view(-1, group_size)  # (N/G, G)
-    adv = (r - r.mean(dim=1, keepdim=True)) * (group_size / (group_size - 1) if rloo else 1)
-    if scale:  # Dr. GRPO drops this: it up-weights groups that are nearly all right or all wrong
-        adv = adv / ((r.std(dim=1, keepdim=True) if std is None else std) + eps)  # unbiased std, as TRL
-    return torch.where(flat_groups(rewards, group_size).unsqueeze(1), 0.0, adv).view(-1)
-
-
-def flat_groups(rewards, group_size):
-    """(N,) rewards -> (N/G,) True where every reward of the group is the same."""
-    r = rewards.view(-1, group_size)
-    return (r == r[:, :1]).all(dim=1)
-
-
-def overlong_penalty(lengths, max_len, buffer):
-    """(N,) completion lengths -> (N,) DAPO's soft overlong punishment (Yu et al. 2025, eq. 13; TRL's
-    get_soft_overlong_punishment): 0 up to max_len - buffer tokens, then falling linearly to -1 at max_len."""
-    return ((max_len - buffer - lengths) / buffer).clamp(-1.0, 0.0)
-
-
-def lr_factor(step, steps, warmup, schedule, min_ratio):
-    """The learning rate of `step` over --lr: a linear warmup over `warmup` steps, then constant or a linear or cosine
-    decay to min_ratio at the last step (TRL's lr_scheduler_type and warmup, verl's min_lr_ratio)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    t = (step - warmup) / max(steps - 1 - warmup, 1)  # 0 -> 1 over the steps after the warmup
-    decay = {"constant": 1.0, "linear": 1 - t, "cosine": 0.5 * (1 + math.cos(math.pi * t))}[schedule]
-    return min_ratio + (1 - min_ratio) * decay if schedule != "constant" else 1.0
-
-
-def kl_k3(logp, ref_logp):
-    """(B, T) -> (B, T). Schulman's k3 estimator of KL(pi || ref): e^(ref-logp) - (ref-logp) - 1 >= 0."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1
-
-
-def log_ratio(logp, old_logp, mask, level="token"):
-    """(B, T) log-probs now and before the updates, (B, T) mask -> (B, T) log π/π_old: per token (GRPO), or each
-    completion's mean (GSPO, Zheng et al. 2025; TRL's importance_sampling_level), its token ratios' geometric mean."""
-    d = logp - old_logp
-    if level == "sequence":
-        d = ((d * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(d)
-    return d
-
-
-def clipped_surrogate(ratio, adv, clip_low, clip_high):
-    """(B, T) ratios π/π_old, (B,) or (B, T) advantages -> per-token loss (B, T) and where clipping was active (B, T).
-    PPO: -min(ratio * A, clip(ratio, 1 - low, 1 + high) * A)."""
-    a = per_token(adv, ratio)  # (B, 1), or (B, T): one per token
-    unclipped, clipped = ratio * a, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
-    return -torch.min(unclipped, clipped), (clipped < unclipped)
-
-
-def tis_weights(old_logp, server_logp, cap, mask=None, mode="token_truncate"):
-    """(B, T) -> (B, T). Importance weight π_trainer / π_server between the sampler (the server's kernels; one step
-    older with --async) and the trainer before this step's updates (Yao et al. 2025, "TIS"; AReaL's decoupled PPO).
-    token_*: per token; sequence_*: per sequence (the product). *_truncate: min(ratio, cap); *_mask: 0 over the cap."""
-    d = old_logp - server_logp if mask is None else (old_logp - server_logp) * mask
-    d = d.sum(1, keepdim=True) if mode.startswith("sequence") else d  # the log ratio, per token or per sequence
-    w = torch.exp(d.clamp(max=math.log(cap)))  # in log space: 400 tokens x 0.25 nats is exp(100) = inf, inf * 0 NaN
-    return (w if mode.endswith("truncate") else w * (d <= math.log(cap))).expand_as(old_logp)
-
-
-def grpo_token_loss(logp, old_logp, adv, mask, clip_low, clip_high, level="token", tis=None, ref_logp=None, beta=0.0,
-                    loss_type="grpo"):
-    """(B, T) log π and log π_old, (B,) or (B, T) advantages, (B, T) mask -> (B, T) loss, clipped, KL (or None).
-    loss = -min(ρA, clip(ρ)A)·w + β·k3(π, π_ref), ρ = π / π_old (see log_ratio), w: TIS weight (1 if None)
-    CISPO (MiniMax-M1, ScaleRL; TRL's loss_type='cispo'): -sg(min(ρ, 1 + clip_high)) A log π: the weight is clipped
-    and carries no gradient, so every token keeps its log π gradient, clipped or not."""
-    ratio = torch.exp(log_ratio(logp, old_logp, mask, level))
-    if loss_type == "cispo":
-        clipped = ratio > 1 + clip_high
-        loss = -torch.clamp(ratio, max=1 + clip_high).detach() * per_token(adv, logp) * logp
-    else:
-        loss, clipped = clipped_surrogate(ratio, adv, clip_low, clip_high)
-    if tis is not None:
-        loss = loss * tis
-    kl = kl_k3(logp, ref_logp) if ref_logp is not None else None
-    if kl is not None:
-        loss = loss + beta * kl
-    return loss, clipped, kl
-
-
-def aggregate(x, mask, weight, mode, norm):
-    """(B, T) values, (B,) weights -> scalar / `norm`, the WHOLE batch's count (loss_norm): sums give the batch loss.
-      seq      each sequence's token mean, then the weighted mean over sequences (GRPO; long answers' tokens weigh less)
-      token    weighted sum over all tokens / weighted token count (DAPO)
-      constant weighted sum over all tokens / (weighted sequence count * max_new_tokens) (Dr. GRPO: no length bias)"""
-    if mode == "seq":
-        return (weight * (x * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / norm
-    return (weight.unsqueeze(1) * x * mask).sum() / norm
-
-
-def loss_norm(mode, seqs, tokens, max_new_tokens):
-    """The batch's normaliser for aggregate: weighted sequences (seq), tokens (token) or sequences x max length."""
-    return {"seq": seqs, "token": tokens, "constant": seqs * max_new_tokens}[mode]
-
-
-# ---- LoRA (--lora_rank; Hu et al. 2021): W x + (alpha / r) B A x in each target Linear, W frozen, A and B trained.
-
-def add_lora(model, rank, alpha, targets, seed=0):
-    """Adapters on the Linears named in `targets`: A (r, in) random as peft's, B (out, r) zeros, so at the start the
-    model computes what it did. Every other parameter is frozen (no gradient, no optimizer state). -> the model"""
-    model.requires_grad_(False)
-    gen, found = torch.Generator().manual_seed(seed), []  # the same adapters on every rank and at any world size
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets:
-            if m is model.get_output_embeddings():  # install_head replaces its forward: the adapter would never train
-                raise UserError(f"--lora_targets {name}: the LM head takes no adapter here (the trainer's head "
-                                f"computes log-probs itself); adapt the attention and MLP projections")
-            a = torch.empty(rank, m.in_features).uniform_(-1, 1, generator=gen) / math.sqrt(m.in_features)
-            m.lora_A = torch.nn.Parameter(a.to(m.weight.device))  # fp32: the master weights that train
-            m.lora_B = torch.nn.Parameter(torch.zeros(m.out_features, rank, device=m.weight.device))
-            m.lora_scale, m.lora_on, m.forward = alpha / rank, True, lora_forward.__get__(m)
-            found.append(name)
-    missing = [t for t in targets if t not in {n.rsplit(".", 1)[-1] for n in found}]  # a typo trains the rest alone
-    if missing:
-        have = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise UserError(f"--lora_targets {','.join(missing)}: {type(model).__name__} has no Linear of "
-                        f"{'these names' if len(missing) > 1 else 'this name'}; its Linears are named {','.join(have)}")
-    return model
-
-
-def lora_forward(m, x):
-    """(..., in) -> (..., out): x (W + s B A)^T with the merged weight the server is sent, bit for bit (the sync check
-    compares log-probs under the same weights); the gradient reaches A and B by the adapter's path s (x A^T) B^T."""
-    if not m.lora_on:
-        return torch.nn.functional.linear(x, m.weight, m.bias)
-    with torch.no_grad():
-        w = merged_weight(m.weight, m.lora_A, m.lora_B, m.lora_scale)
-    y = torch.nn.functional.linear(x, w, m.bias)  # x's gradient: through W + s B A
-    if not torch.is_grad_enabled():
-        return y
-    z = m.lora_scale * (x.detach() @ m.lora_A.T) @ m.lora_B.T  # A's and B's: z's, whose value cancels (z - z = 0)
-    return y + (z - z.detach())
-
-
-# ---- Data: a task's built-in rows, a local JSON/JSONL file, or any HF dataset with question/answer columns.
-
-def prompts_for_step(n_rows, step, per_step, seed):
-    """Row indices of `step`: a fresh shuffle every epoch, so a run resumed at step s sees the prompts it would have."""
-    idx = []
-    for k in range(step * per_step, (step + 1) * per_step):
-        epoch, i = divmod(k, n_rows)
-        perm = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed + epoch))
-        idx.append(int(perm[i]))
-    return idx
-
-
-def rank_rounds(n_rows, step, per_step, seed, rank, world, rounds=1):
-    """This rank's row indices of `step` in `rounds` rounds of per_step / world: the step takes per_step x rounds rows
-    of the shuffled stream, each rank a slice; round 0 is what a step trains on without --dynamic_sampling, and rows a
-    step does not need are skipped, not reused (a pure function of the step: a resumed run draws what it would have)."""
-    n = per_step // world
-    idx = prompts_for_step(n_rows, step, per_step * rounds, seed)[rank * n * rounds: (rank + 1) * n * rounds]
-    return [idx[r * n: (r + 1) * n] for r in range(rounds)]
-
-
-# ---- The rollout: an episode per sequence. A turn: the server samples the model's reply to the episode so far (token
-# ids in, ids and their log-probs out); the task's environment reads the conversation and answers with the next user
-# message, whose tokens (the chat template's: env_ids, below the fence) extend the episode with mask 0 (the model did
-# not sample them), or ends it. A single-turn task is an episode of one turn.
-
-def rollout(cfg, server, task, rows, version, greedy=False):
-    """group_size episodes per prompt row (greedy: one) from θ_version -> the rollout batch:
-      rows, version  the prompt rows (a group each), the version of the weights that sampled every token
-      sampling       what it sampled with (temperature, top_p, top_k, max_new_tokens, max_reply_tokens): the step
-                     reads these from here, not from the flags
-      srv            each episode's server (all its turns go there: its prefix is cached)
-      episodes       one per sequence, in the rows' order: prompt, completion (its ids after the prompt: the replies
-                     and the environment's messages), mask (1 sampled, 0 the environment's), server_lp (the sampler's
-                     log-probs, 0 where mask is 0), messages (the conversation as text), answer, turns, finish ('stop',
-                     'length': the tokens ran out, 'turns': the replies ran out before the environment said done)
-      span           the rollout's (start, end) time"""
-    n, t0 = 1 if greedy else cfg.group_size, time.time()
-    sampling = {"temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
-                "max_new_tokens": cfg.max_new_tokens, "max_reply_tokens": cfg.max_reply_tokens or cfg.max_new_tokens}
-    eps = [{"prompt": r["ids"], "completion": [], "mask": [], "server_lp": [], "answer": r["answer"], "turns": 0,
-            "messages": [{"role": "user", "content": r["text"]}], "finish": None} for r in rows for _ in range(n)]
-    srv = server.place(len(rows), n)
-
-    def append(e, ids, lps, mask):  # tokens at the episode's end, with the sampler's log-probs and their mask
-        e["completion"] += ids
-        e["server_lp"] += lps
-        e["mask"] += [mask] * len(ids)
-    for turn in range(task.max_turns):
-        live = [i for i, e in enumerate(eps) if e["finish"] is None]
-        if not live:
-            break
-        left = [min(cfg.max_new_tokens - len(eps[i]["completion"]), sampling["max_reply_tokens"]) for i in live]
-        replies = server.sample([eps[i]["prompt"] + eps[i]["completion"] for i in live], left, sampling, version,
-                                [srv[i] for i in live])
-        for i, (ids, lps, finish) in zip(live, replies):
-            e = eps[i]
-            append(e, ids, lps, 1)
-            e["turns"] += 1
-            e["messages"].append({"role": "assistant", "content": task.decode(ids)})
-            room = cfg.max_new_tokens - len(e["completion"])
-            said = task.env(e["messages"], e["answer"]) if task.env and room > 0 else None
-            if said is None:  # done, or out of tokens (the reply was cut: 'length')
-                e["finish"] = finish
-                continue
-            said_ids = task.env_ids(said, ids[-1] if ids else None)
-            if turn + 1 == task.max_turns or len(said_ids) >= room:  # no turn left, or no room for another reply
-                e["finish"] = "turns" if turn + 1 == task.max_turns else "length"
-                continue
-            append(e, said_ids, [0.0] * len(said_ids), 0)
-            e["messages"].append({"role": "user", "content": said})
-    return {"rows": rows, "version": version, "sampling": sampling, "srv": srv, "episodes": eps,
-            "span": (t0, time.time())}
-
-
-def sample_groups(cfg, server, task, rounds, version):
-    """The step's rollout of this rank's groups: round 0's prompts and, with --dynamic_sampling (DAPO, Yu et al. 2025,
-    3.2), round after round of new ones while fewer than len(rounds[0]) groups have rewards that differ. -> a batch of
-    len(rounds[0]) groups: the first groups with differing rewards, in the order drawn, then flat ones if the rounds
-    ran out (they weigh 0: weights()); plus how many groups were drawn and kept, in how many rounds."""
-    batch = rollout(cfg, server, task, rounds[0], version)
-    if len(rounds) == 1:
-        return batch
-    G, n, drawn = cfg.group_size, len(rounds[0]), []  # drawn: (differ?, batch, group) in the order drawn
-    for k, rows in enumerate(rounds):
-        b = batch if k == 0 else rollout(cfg, server, task, rows, version)
-        rewards = [task.reward(row, Counter())[0] for row in samples(sequences(b, G, "cpu"))]  # (score's, again)
-        drawn += [(len(set(rewards[g * G: (g + 1) * G])) > 1, b, g) for g in range(len(rows))]
-        if sum(d for d, _, _ in drawn) >= n:
-            break
-    kept = ([x for x in drawn if x[0]] + [x for x in drawn if not x[0]])[:n]
-    return {**batch, "rows": [b["rows"][g] for _, b, g in kept], "span": (batch["span"][0], time.time()),
-            "episodes": [e for _, b, g in kept for e in b["episodes"][g * G: (g + 1) * G]],
-            "srv": [s for _, b, g in kept for s in b["srv"][g * G: (g + 1) * G]],
-            "groups": {"drawn": len(drawn), "kept": sum(d for d, _, _ in kept), "rounds": k + 1}}
-
-
-# ---- One training step, in the order the math reads: the step's sequences, the no-grad forwards (the old
-# policy, the reference), rewards, advantages and a weight per sequence, then mu optimizer steps on the loss.
-
-def sequences(batch, group_size, device):
-    """A rollout batch -> `seqs`, the step's table: one row per sequence (an episode), where every per-sequence quantity
-    lives. Rows are never reordered or dropped (to filter, set a weight to 0): row i is episode i of the batch.
-      lists (N)     prompt, completion (token ids: the replies and the environment's messages), text (the last reply:
-                    what rewards and checks read), messages (the conversation), answer, finish ('stop', 'length',
-                    'turns'), server (its index)
-      (N,)          group, length (the completion's tokens), turns, truncated (1: out of tokens); the step adds reward,
-                    correct, adv (or (N, C): one per token, right-padded as mask), weight
-      (N, C)        mask (1 where the model sampled the token: the only tokens that count), server_lp (the sampler's
-                    log-probs), right-padded to the longest completion; the forwards add old_lp (mu > 1), ref_lp (beta
-                    > 0) and lp0 (the trainer's under the weights the server has)
-      sampling      the batch's sampling settings (temperature, ...), for all rows"""
-    eps = batch["episodes"]
-    C = max(len(e["completion"]) for e in eps)
-    padded = lambda k: torch.tensor([e[k] + [0] * (C - len(e[k])) for e in eps], device=device, dtype=torch.float)
-    return {"prompt": [e["prompt"] for e in eps], "completion": [e["completion"] for e in eps],
-            "text": [e["messages"][-1]["content"] for e in eps], "messages": [e["messages"] for e in eps],
-            "answer": [e["answer"] for e in eps], "finish": [e["finish"] for e in eps], "server": batch["srv"],
-            "group": torch.arange(len(eps), device=device) // group_size,
-            "length": torch.tensor([len(e["completion"]) for e in eps], device=device),
-            "turns": torch.tensor([e["turns"] for e in eps], device=device),
-            "truncated": torch.tensor([e["finish"] == "length" for e in eps], device=device, dtype=torch.float),
-            "mask": padded("mask"), "server_lp": padded("server_lp"), "sampling": batch["sampling"]}
-
-
-def samples(seqs):
-    """The table's rows as dicts, what a reward function sees: per-token values cut to length; one CPU copy a column.
-    (A value for all rows, as sampling, comes with each row.)"""
-    N = len(seqs["completion"])
-    cols = {k: v.tolist() if torch.is_tensor(v) and v.dim() == 1 else v for k, v in seqs.items()}
-    return [{k: v if isinstance(v, dict) else v[i, : len(seqs["completion"][i])] if torch.is_tensor(v) else v[i]
-             for k, v in cols.items()} for i in range(N)]
-
-
-def micro_batches(seqs, size, pad_id):
-    """The rows, sorted by length, in micro-batches of at most `size` x the longest sequence's tokens (memory goes with
-    tokens), as many on every rank (token_parts), each packed (pack_batch). -> [{rows (B,), ids, pos (R, L), ..., C}]"""
-    n = [len(p) + len(c) for p, c in zip(seqs["prompt"], seqs["completion"])]
-    order = sorted(range(len(n)), key=lambda i: n[i])
-    out = []
-    for part in token_parts([n[i] for i in order], size * max(n), seqs["mask"].device):
-        rows = [order[j] for j in part]
-        b = pack_batch([{"prompt": seqs["prompt"][i], "completion": seqs["completion"][i]} for i in rows], pad_id,
-                       seqs["mask"].device)
-        out.append({**b, "rows": torch.tensor(rows, device=b["ids"].device)})
-    return out
-
-
-def rows_of(seqs, b):
-    """Micro-batch b's slice of every tensor of the table: (B,) per sequence, (B, C) per token."""
-    return {k: v[b["rows"], : b["C"]] if v.dim() == 2 else v[b["rows"]] for k, v in seqs.items() if torch.is_tensor(v)}
-
-
-@torch.no_grad()
-def old_and_ref_logprobs(cfg, model, ref, seqs, mbs):
-    """No-grad forwards into the table: old_lp (mu > 1; at 1 train's first forward gives it), ref_lp (beta > 0;
-    with --lora_rank the reference is the policy with its adapters off)."""
-    for name, net in (("old_lp", model if cfg.mu > 1 else None), ("ref_lp", ref)):
-        if net is not None:
-            seqs[name] = torch.zeros_like(seqs["mask"])
-            with adapters_off(net, name == "ref_lp"):
-                for b in mbs:
-                    seqs[name][b["rows"], : b["C"]] = completion_logprobs(net, b, seqs["sampling"]["temperature"])[0]
-
-
-def score(seqs, task, group_size, m):
-    """Each sequence's reward (task.reward: its total and named parts, each logged) and whether the task's check calls
-    its last reply correct (what accuracy counts) -> seqs["reward"], seqs["correct"] (N,); the warnings (count 0)."""
-    warn = Counter()
-    got = [task.reward(row, warn) for row in samples(seqs)]  # [(reward, {part: value})]
-    dev, N = seqs["mask"].device, len(got)
-    seqs["reward"] = torch.tensor([r for r, _ in got], device=dev)
-    seqs["correct"] = torch.tensor([reward_fns.safe_reward(task.correct, t, a, warn) == 1 for t, a in
-                                    zip(seqs["text"], seqs["answer"])], device=dev, dtype=torch.float)
-    for part in {p for _, parts in got for p in parts}:  # its mean over the rows that have it, on every rank alike
-        have = [parts[part] for _, parts in got if part in parts]
-        m.mean(f"reward_{part}", sum(have), len(have))
-    m.mean("accuracy", seqs["correct"].sum(), N)
-    m.mean("completion_len_mean", seqs["mask"].sum(), N), m.mean("prompt_len_mean", sum(map(len, seqs["prompt"])), N)
-    m.mean("turns_mean", seqs["turns"].sum(), N)
-    m.sum("reward_warnings", sum(warn.values()))
-    m.mean("truncated_frac", seqs["truncated"].sum(), N)
-    m.mean("zero_std_groups_frac", flat_groups(seqs["reward"], group_size).sum(), N // group_size)
-    same, improbable = identical_groups(seqs, group_size)
-    m.mean("identical_groups_frac", same.sum(), N // group_size), m.sum("improbable_identical_groups", improbable.sum())
-    return warn
-
-
-def identical_groups(seqs, group_size):
-    """-> (groups,) True where the group's completions are the same tokens, and (groups,) where the sampler's own
-    log-probs make that all but impossible: p^(G-1) < 1e-3 for the sequence's probability p (a sharp policy repeats
-    itself; a server that does not sample each copy of a prompt on its own repeats anything)."""
-    c, G = seqs["completion"], group_size
-    same = torch.tensor([all(c[i] == c[g] for i in range(g, g + G)) for g in range(0, len(c), G)], dtype=torch.bool)
-    log_p = (seqs["server_lp"] * seqs["mask"]).sum(1)[::G].cpu()  # (groups,) log p of each group's first sequence
-    sampled = seqs["sampling"]["temperature"] > 0
-    return same, same & ((G - 1) * log_p < math.log(1e-3)) & sampled
-
-
-def shape_rewards(cfg, seqs, m):
-    """Reward terms of the flags, added to seqs["reward"] and logged as parts. Add yours here."""
-    if cfg.overlong_buffer:
-        penalty = cfg.overlong_penalty * overlong_penalty(seqs["length"], cfg.max_new_tokens, cfg.overlong_buffer)
-        seqs["reward"] = seqs["reward"] + penalty
-        m.mean("reward_overlong", penalty.sum(), len(penalty))
-
-
-def advantages(cfg, rewards):
-    """(N,) rewards -> (N,) advantages: GRPO's or RLOO's baseline, scaled by the std of the group, the batch or none."""
-    std = batch_std(rewards) if cfg.scale_rewards == "batch" else None
-    return group_advantages(rewards, cfg.group_size, cfg.scale_rewards != "none", rloo=cfg.adv_estimator == "rloo",
-                            std=std)
-
-
-def weights(cfg, seqs):
-    """(N,) a weight per sequence in the loss and its normalisers; 0 filters one out (its row stays: batch_counts)."""
-    w = torch.ones_like(seqs["reward"])
-    if cfg.mask_truncated:  # TRL's mask_truncated_completions: a cut answer's ending says nothing of its reward
-        w = w * (seqs["truncated"] == 0)
-    if cfg.filter_flat_groups or cfg.dynamic_sampling:  # DAPO: a group of equal rewards has advantages 0: no signal
-        w = w * ~flat_groups(seqs["reward"], cfg.group_size).repeat_interleave(cfg.group_size)
-    return w
-
-
-def completion_logprobs(model, b, temperature):
-    """Micro-batch b -> (B, C) log π(token | what precedes it) of its completion tokens under `model`, and (B, C) the
-    entropy of the distribution each was drawn from: with z the logits before a token, log_softmax(z/temperature)[token]
-    and -Σ p log p. The LM head computes just these (head_logprobs): the (B, C, V) logits never exist."""
-    return head_logprobs(model, b, temperature)
-
-
-def policy_loss(cfg, x, logp, old, ent):
-    """Micro-batch x's GRPO loss per token, by the flags (where a loss variant is wired in): (B, C) log-probs now and
-    before this step's updates, their entropy -> (loss, clipped, kl), each (B, C). The entropy bonus is per token."""
-    tis = tis_weights(old, x["server_lp"], cfg.tis_cap, x["mask"], cfg.tis_mode) if cfg.tis_cap > 0 else None
-    loss, clipped, kl = grpo_token_loss(logp, old, x["adv"], x["mask"], cfg.clip_low, cfg.clip_high, cfg.ratio_level,
-                                        tis, x.get("ref_lp"), cfg.beta, cfg.loss_type)
-    return loss - cfg.entropy_coef * ent if cfg.entropy_coef else loss, clipped, kl
-
-
-def train(cfg, model, opt, seqs, mbs, world, check, m):
-    """cfg.mu optimizer steps on this rank's micro-batches; before the first, check(seqs, m) compares the first
-    forward's log-probs (lp0, under the weights the server holds) with the server's; all weights 0: no update."""
-    m.mean("reward_mean", seqs["reward"].sum(), len(seqs["reward"]))  # the reward that trains, shaping included
-    n_seqs, n_tokens = batch_counts(seqs, mbs)  # over all ranks, weighted; every rank must run as many micro-batches
-    norm = loss_norm(cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens)
-    seqs["lp0"], skipped = torch.zeros_like(seqs["mask"]), 0
-    per_token(seqs["adv"], seqs["mask"])  # (N,) or (N, C): else one clear error, before any forward
-    for update in range(cfg.mu):
-        for k, b in enumerate(mbs):
-            accumulate_grads(model, last=k == len(mbs) - 1)  # FSDP: reduce gradients once per update
-            x = rows_of(seqs, b)  # (B,) and (B, C) slices of the table
-            logp, ent = completion_logprobs(model, b, seqs["sampling"]["temperature"])
-            old = x["old_lp"] if cfg.mu > 1 else logp.detach()
-            if update == 0:  # under the weights the server holds: the check's log-probs, and the batch's metrics
-                seqs["lp0"][b["rows"], : b["C"]] = old
-                m.mean("entropy", (ent.detach() * x["mask"]).sum(), x["mask"].sum())
-                m.mean("pack_fill", b["tokens"], b["ids"].numel())  # real tokens / positions computed
-                mismatch_stats(old, x["server_lp"], x["mask"], cfg.tis_cap, m, cfg.tis_mode)
-            loss, clipped, kl = policy_loss(cfg, x, logp, old, ent)
-            loss = aggregate(loss, x["mask"], x["weight"], cfg.loss_agg, max(norm, 1e-9))
-            (loss * world).backward()  # FSDP averages gradients over ranks: * world gives the batch's gradient
-            w = x["mask"] * x["weight"].unsqueeze(1)  # the tokens that count, with their sequence's weight
-            m.sum("loss", loss.detach() / cfg.mu), m.mean("clip_frac", (clipped * w).sum(), w.sum())
-            m.mean("kl", (kl.detach() * w).sum() if kl is not None else 0.0, w.sum())
-        if update == 0:
-            check(seqs, m)
-        grad_norm = clip_grads(model.parameters(), cfg.max_grad_norm or float("inf"))  # 0: no clipping
-        finite = bool(torch.isfinite(grad_norm))  # else the step is skipped: it would poison the weights and the server
-        m.mean("grad_norm", grad_norm, 1)
-        skipped += not finite
-        if finite and n_seqs > 0:  # no sequence with a weight: the update is skipped (and logged)
-            opt.step()
-        opt.zero_grad(set_to_none=True)
-    m.max("nonfinite_skips", skipped), m.max("empty_batch_skips", cfg.mu if n_seqs == 0 else 0)
-
-
-# ---- The loop. -----------------------------------------------------------------------------------
-
-def main(cfg):
-    rt = setup(cfg)                 # flags, ranks, GPUs, process group: checked before anything heavy
-    server = Server(cfg, rt)        # up? our model? how do weights get there? (rollouts, check, pushes)
-    tok, train_rows, evals, task = load_data(cfg, server.context)  # task: reward, correct, env (reward_fns.py)
-    model, ref, opt, start, state = load_models(cfg, rt)  # state: what steps keep for later ones (checkpointed)
-    log = MetricsLog(cfg, rt, start, len(train_rows))
-    pad = tok.pad_token_id or 0
-    my_prompts = lambda step: [[train_rows[i] for i in r] for r in rank_rounds(  # [round 0's rows, round 1's ...]
-        len(train_rows), step, cfg.prompts_per_step, cfg.seed, rt.rank, rt.world, 1 + cfg.dynamic_sampling)]
-    # step's batch of this rank, sampled from θ_version, then what its servers hold (the check compares it)
-    rollout_of = lambda step, version: server.weights_after(sample_groups(cfg, server, task, my_prompts(step), version))
-
-    t0 = time.time()
-    nbytes = server.push(model, start)  # the server starts from our weights (also after a resume)
-    print0(f"initial sync: {nbytes / 2**20:.0f} MiB in {time.time() - t0:.2f}s, tagged version {start}")
-    log.write(evaluate(cfg, server, task, evals, start))
-    t_run, next_batch = time.time(), None
-    for step in range(start, cfg.steps):
-        clock, m = Clock(), Metrics()  # m: the step's named metrics (Metrics: a sum, a mean or a maximum)
-        # 1. rollout. Sync: sample now from θ_step. Async: this batch was sampled from θ_{step-1} during the last
-        #    step, and the server samples the next one from θ_step while we train on this one.
-        batch = next_batch or on_all_ranks(rollout_of, step, step)
-        pending = (POOL.submit(rollout_of, step + 1, step)
-                   if cfg.async_ and step + 1 < cfg.steps else None)
-        check = server.check(batch, step, model, pad)  # async: the server re-scores some of it with θ_step, meanwhile
-        seqs = sequences(batch, cfg.group_size, rt.device)  # the step's table: a row per sequence (an episode)
-        mbs = micro_batches(seqs, cfg.micro_batch, pad)  # sequences packed end to end in rows
-        clock.lap("rollout_wait")
-        # 2. the no-grad forwards, per token: the old policy (mu > 1) and the reference (beta > 0)
-        old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
-        clock.lap("train")
-        # 3. rewards, then group-relative advantages and a weight per sequence (a filter sets it to 0)
-        warn = score(seqs, task, cfg.group_size, m)
-        if "groups" in batch:  # --dynamic_sampling: what the step drew to fill its batch (summed over ranks)
-            m.sum("groups_drawn", batch["groups"]["drawn"]), m.sum("groups_kept", batch["groups"]["kept"])
-            m.mean("sampling_rounds", batch["groups"]["rounds"], 1)
-        shape_rewards(cfg, seqs, m)  # the flags' reward terms (DAPO's overlong penalty)
-        seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)
-        seqs["weight"] = weights(cfg, seqs)  # (N,): 1, or 0 for a sequence the flags filter out
-        set_lr(opt, cfg.lr * lr_factor(step, cfg.steps, cfg.lr_warmup_steps, cfg.lr_schedule, cfg.min_lr_ratio), m)
-        clock.lap("score")
-        # 4. mu optimizer steps on the GRPO loss; before the first, the check that the server holds our weights
-        train(cfg, model, opt, seqs, mbs, rt.world, check, m)
-        clock.lap("train")
-        # 5. push θ_{step+1}. Async: first wait for the next batch: weights never change mid-generation
-        next_batch = on_all_ranks(pending.result) if pending else None
-        clock.lap("next_rollout_wait")
-        nbytes = server.push(model, step + 1)
-        clock.lap("sync")
-        # 6. log (the metrics over micro-batches and ranks), checkpoint, evaluate
-        log.step(step_metrics(cfg, step + 1, batch, m.reduce(rt.device), clock, t_run, nbytes, rt), seqs, warn)
-        if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
-            save_checkpoint(cfg, model, opt, tok, step + 1, state)
-        if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
-            log.write(evaluate(cfg, server, task, evals, step + 1))
-    server.close()
-    log.close()
-    dist.destroy_process_group()
-
-
-# ======================================================================================================
-# ---- Plumbing below (server, weight sync, FSDP, checkpoints, logs), not needed to change GRPO; the end calls main().
-# ======================================================================================================
 
 def pack_batch(samples, pad_id, device):
     """[{prompt, completion}] -> the sequences end to end (first fit, longest first) in rows as long as the longest,
@@ -707,7 +830,8 @@ class Metrics:
         self.sum(name + "#n", count)
 
     def ess(self, name, w):
-        """w: importance weights (0 where no token) -> the effective sample size over their count, (Σw)² / (n Σw²)."""
+        """w: importance weights (0 where no token) -> their effective sample size over their count, (Σw)² /
+        (n Σw²)."""
         self.sum(name + "#w", w.sum()), self.sum(name + "#w2", w.square().sum()), self.sum(name + "#c", (w > 0).sum())
 
     def max(self, name, x):
@@ -722,7 +846,8 @@ class Metrics:
         s = all_reduce_named({k: self.sums.get(k, 0.0) for k in sums}, dist.ReduceOp.SUM, device)
         mx = all_reduce_named({k: self.maxes.get(k, -float("inf")) for k in maxes}, dist.ReduceOp.MAX, device)
         out = {k: (s[k] / s[k + "#n"] if s[k + "#n"] else None) if k + "#n" in s else s[k] for k in s if "#" not in k}
-        ess = {k[:-3]: s[k[:-3] + "#w"] ** 2 / (s[k[:-3] + "#c"] * s[k]) if s[k] else None for k in s if k.endswith("#w2")}
+        ess = {k[:-3]: s[k[:-3] + "#w"] ** 2 / (s[k[:-3] + "#c"] * s[k]) if s[k] else None for k in s
+               if k.endswith("#w2")}
         return {**out, **ess, **mx}
 
 
@@ -766,7 +891,7 @@ class Clock:
 class MetricsLog:
     """metrics.jsonl (and wandb) on rank 0, the one log line per step, and the NaN/Inf stop rule."""
     def __init__(self, cfg, rt, start, n_train):
-        self.cfg, self.master, self.nonfinite_run, self.said_identical = cfg, rt.master, 0, False
+        self.cfg, self.master, self.nonfinite_run, self.said_identical, self.said_room = cfg, rt.master, 0, False, False
         n = cfg.prompts_per_step * cfg.group_size
         print0(f"batch: {cfg.prompts_per_step} prompts x {cfg.group_size} completions = {n} sequences per step, "
                f"{n // rt.world} per rank x {rt.world} ranks; micro-batch {cfg.micro_batch}; {cfg.mu} optimizer "
@@ -806,8 +931,8 @@ class MetricsLog:
                 self.wandb.log(m, step=m["step"])
 
     def step(self, m, seqs, warn):
-        if warn:  # rewards that raised or returned NaN/None count as 0; say which (rank 0's)
-            print0(f"reward warnings at step {m['step']}: {dict(warn)}")
+        if warn:  # rewards that raised or returned no number count 0, environments end the episode (rank 0's)
+            print0(f"warnings at step {m['step']}: {dict(warn)}")
         f = lambda k, spec: "-" if m.get(k) is None else format(m[k], spec)
         print0(f"step {m['step']:4d} | reward {f('reward_mean', '.3f')} acc {f('accuracy', '.3f')} | "
                f"kl {f('kl', '.4f')} clip {f('clip_frac', '.3f')} ent {f('entropy', '.2f')} | "
@@ -818,6 +943,12 @@ class MetricsLog:
         if self.cfg.sample_every and m["step"] % self.cfg.sample_every == 0:
             said = " | ".join(m["content"] for m in seqs["messages"][0][1:])  # the episode after its prompt
             print0(f"  sample (reward {float(seqs['reward'][0]):g}): {said[:300]!r}")
+        if m.get("out_of_room_frac") and not self.said_room:
+            self.said_room = True  # (once a run: out_of_room_frac has every step's share)
+            print0(f"warning: at step {m['step']}, {m['out_of_room_frac']:.0%} of the episodes ended because the "
+                   f"environment's next message and another reply did not fit in --max_new_tokens "
+                   f"{self.cfg.max_new_tokens} (their replies and messages together): raise --max_new_tokens, or "
+                   f"lower --max_reply_tokens")
         if m.get("improbable_identical_groups") and not self.said_identical:
             self.said_identical = True  # (once a run: the metric has every step's count)
             print0(f"warning: at step {m['step']}, {m['improbable_identical_groups']:.0f} group(s) of "
@@ -1071,9 +1202,9 @@ def load_splits(cfg, task=None):
     return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
 
 
-def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None, held=(), numeric=True):
+def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, task, max_len=None, held=()):
     """Rows -> [{ids, answer, question, text (the user's message)}] by `fmt`, tokenized; unusable or `held` rows are
-    counted in `skipped`; `numeric`: rows whose answer holds no number are unusable."""
+    counted in `skipped`, by why: among them, answers no completion can match (reward_fns.answer_problem)."""
     out, limit = [], max_len or cfg.max_prompt_tokens
     for r in rows:
         q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
@@ -1083,8 +1214,10 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None, held=
         if q.strip() in held:
             skipped["question also held out for evaluation (a duplicate)"] += 1
             continue
-        if a is None or numeric and reward_fns.extract_number(str(a)) is None:
-            skipped[f"answer without a number (--answer_field {cfg.answer_field!r})"] += 1
+        answer = None if a is None else json.dumps(a) if isinstance(a, list) else str(a)  # a list: aliases
+        why = "no answer" if a is None else reward_fns.answer_problem(task, answer)
+        if why:
+            skipped[f"{why} (--answer_field {cfg.answer_field!r})"] += 1
             continue
         text = f"{q.strip()}\n{instruction}".strip()
         if fmt == "chat":
@@ -1097,13 +1230,14 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, max_len=None, held=
             skipped[f"prompt longer than max_prompt_tokens={limit}" if limit == cfg.max_prompt_tokens
                     else f"prompt longer than {limit} tokens (the server's context)"] += 1
             continue
-        out.append({"ids": ids, "answer": str(a), "question": q.strip(), "text": text})
+        out.append({"ids": ids, "answer": answer, "question": q.strip(), "text": text})
     return out
 
 
 def load_data(cfg, context=None):
-    """-> tokenizer, train and eval prompts (tokenized), the task (reward_fns.TASKS'): reward(sample, warnings),
-    correct(text, answer), and for episodes env, env_ids (its messages' tokens), max_turns; context: the server's."""
+    """-> tokenizer, train and eval prompts (tokenized), the task (reward_fns.TASKS'): reward_fn(sample, warnings),
+    correct(text, answer), stop (the strings that end a reply) and for episodes env, env_ids (its messages' tokens),
+    max_turns; context: the server's."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(cfg.model)
     fmt = ("chat" if tok.chat_template else "plain") if cfg.prompt_format == "auto" else cfg.prompt_format
@@ -1112,6 +1246,7 @@ def load_data(cfg, context=None):
                         f"model?): use --prompt_format plain (or auto)")
     builtin = cfg.dataset == "builtin"
     name = cfg.task if cfg.task != "auto" else "arithmetic" if builtin else None  # a dataset's: by its answers
+    check_task(name)
     try:  # a typo in --reward is said before any data loads
         reward_fns.combine(cfg.reward, name or "gsm8k")
     except ValueError as e:
@@ -1120,6 +1255,7 @@ def load_data(cfg, context=None):
         raise UserError(f"--dataset builtin: --task {name} has no built-in rows: give it a --dataset")
     raw_train, raw_eval, held_out = load_splits(cfg, reward_fns.TASKS[name] if builtin else None)
     name, why = (name, "") if name else pick_task(cfg, raw_train + raw_eval)
+    check_task(name)
     t, reward_fn = reward_fns.TASKS[name], reward_fns.combine(cfg.reward, name)  # (sample, warnings) -> (reward, parts)
     if "builtin_max_operand" in getattr(cfg, "given", ()) and not (cfg.dataset == "builtin" and
                                                                    t.rows is reward_fns.arithmetic_rows):
@@ -1129,9 +1265,14 @@ def load_data(cfg, context=None):
     if max_turns > 1 and not t.env:
         raise UserError(f"--max_turns {max_turns}: --task {name} has no environment to answer a reply, so its episodes "
                         f"are one turn: drop --max_turns, or give the task an env (reward_fns.py, Task)")
-    task = SimpleNamespace(name=name, reward=reward_fn, correct=t.correct, env=t.env, max_turns=max_turns,
-                           env_ids=t.env and env_ids(tok, fmt, name), decode=lambda ids: tok.decode(
-                               ids, skip_special_tokens=True))
+    if max_turns > 1 and cfg.max_reply_tokens >= cfg.max_new_tokens:
+        raise UserError(f"--max_reply_tokens {cfg.max_reply_tokens} leaves no room in --max_new_tokens "
+                        f"{cfg.max_new_tokens} (an episode's replies and messages together) for a second reply of "
+                        f"--task {name}'s episodes of up to {max_turns}: lower --max_reply_tokens, or raise "
+                        f"--max_new_tokens")
+    task = SimpleNamespace(name=name, reward_fn=reward_fn, correct=t.correct, env=t.env, max_turns=max_turns,
+                           env_ids=t.env and env_ids(tok, fmt, name), stop=stop_strings(cfg.stop, fmt, max_turns),
+                           decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
     instruction = t.instruction if cfg.instruction == "auto" else cfg.instruction
     skipped, max_len = Counter(), cfg.max_prompt_tokens
     if context and context - cfg.max_new_tokens - 1 < max_len:  # SGLang refuses prompt + max_new_tokens >= context
@@ -1141,13 +1282,17 @@ def load_data(cfg, context=None):
                             f"is {context} tokens, prompt and completion together. Lower --max_new_tokens.")
         print0(f"prompts longer than {max_len} tokens are skipped: the server's context ({context}) minus "
                f"--max_new_tokens")
-    evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, max_len, numeric=t.numeric)
-    held = {r["question"] for r in evals} if cfg.dataset != "builtin" else ()  # (built in: disjoint, or a game's)
-    train = tokenize_rows(raw_train, tok, cfg, instruction, fmt, skipped, max_len, held, t.numeric)
+    evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, t, max_len)
+    answers = defaultdict(set)  # a question asked with several answers hides its answer (a game's secret): no leak
+    for r in raw_train + raw_eval:
+        answers[str(r.get(cfg.prompt_field)).strip()].add(str(r.get(cfg.answer_field)))
+    held = {r["question"] for r in evals if len(answers[r["question"]]) == 1}
+    train = tokenize_rows(raw_train, tok, cfg, instruction, fmt, skipped, t, max_len, held)
     print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
            f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
     print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat"
-                                      else "('question\\ninstruction\\n')"))
+                                      else "('question\\ninstruction\\n')") + (
+        f"; a reply ends at {', '.join(map(repr, task.stop))} (--stop)" if task.stop else ""))
     if not train or not evals:
         missing = raw_train and all(r.get(cfg.prompt_field) is None or r.get(cfg.answer_field) is None
                                     for r in raw_train + raw_eval)
@@ -1155,12 +1300,40 @@ def load_data(cfg, context=None):
                 f"--prompt_field and --answer_field" if missing else "")
         if not missing and any("without a number" in w for w in skipped):
             hint += f"; --task {name} needs answers that hold a number: --task exact or choice (or auto) takes others"
+        elif not missing and any("answer" in w and "(--answer_field" in w for w in skipped):
+            hint += f"; no completion could match those answers under --task {name}'s check: fix the answers, or " \
+                    f"pick the task that fits them (--task)"
         hint += "; raise --max_prompt_tokens (or lower --max_new_tokens)" if any("longer" in w for w in skipped) else ""
         raise UserError(f"no usable rows left for {'training' if not train else 'evaluation'} (skipped: "
                         f"{dict(skipped)}){hint}")
     print0(f"task: {name}" + (f", episodes of up to {max_turns} replies (its environment: {t.env.__name__})"
                               if max_turns > 1 else "") + why)
     return tok, train, evals, task
+
+
+def check_task(name):
+    """The run's task held to reward_fns' contract (its reward, check, environment, turns): one error naming it."""
+    try:
+        name and reward_fns.check_task(name, reward_fns.TASKS[name])
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def stop_strings(flag, fmt, max_turns):
+    """--stop -> the strings that end a reply (SGLang's `stop`). 'auto': none where the chat template ends a turn; for
+    plain prompts (a base model has no end of turn) a newline in episodes, a blank line in single-turn tasks."""
+    if flag == "auto":
+        return [] if fmt == "chat" else ["\n"] if max_turns > 1 else ["\n\n"]
+    if flag == "none":
+        return []
+    import codecs
+    try:
+        got = [codecs.decode(s, "unicode_escape") for s in flag.split(",")]
+    except UnicodeDecodeError as e:
+        raise UserError(f"--stop {flag!r}: {e.reason} in an escape: write a newline as \\n") from None
+    if "" in got:
+        raise UserError(f"--stop {flag!r} has an empty string: strings separated by commas, 'none' or 'auto'")
+    return got
 
 
 def env_ids(tok, fmt, task):
@@ -1170,7 +1343,8 @@ def env_ids(tok, fmt, task):
     episode itself is never re-tokenized: its text could split into other tokens than the model sampled). Plain
     prompts: the text on a line of its own."""
     if fmt == "plain":
-        return lambda text, last: tok("\n" + text + "\n", add_special_tokens=False)["input_ids"]
+        lead = lambda last: "" if last is not None and tok.decode([last]).endswith("\n") else "\n"  # (--stop)
+        return lambda text, last: tok(lead(last) + text + "\n", add_special_tokens=False)["input_ids"]
     render = lambda msgs, gen: list(tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen,
                                                             return_dict=False))
     talk = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
@@ -1193,7 +1367,8 @@ def env_ids(tok, fmt, task):
 def pick_task(cfg, rows):
     """--task auto for a dataset, by its answers: gsm8k (the last number) if every answer holds a number, choice if
     every one is a letter A-J, else exact (normalised exact match). -> (name, the start line's reason)"""
-    answers = [str(r[cfg.answer_field]).strip() for r in rows if r.get(cfg.answer_field) is not None]
+    answers = [(json.dumps(a) if isinstance(a, list) else str(a)).strip()
+               for a in (r.get(cfg.answer_field) for r in rows) if a is not None]
     if all(reward_fns.extract_number(a) is not None for a in answers):
         return "gsm8k", ""
     letters = all(re.fullmatch(r"\(?[A-Ja-j]\)?\.?", a) for a in answers)
@@ -1343,9 +1518,9 @@ class Server:
 
     def __init__(self, cfg, rt):
         self.cfg, self.rt, self.urls = cfg, rt, [u for u, _ in rt.servers]
-        info = [on_all_ranks(lambda: rt.master and [check_server(cfg, u) for u in self.urls])]  # rank 0 asks
+        info = [fail_together(lambda: rt.master and [check_server(cfg, u) for u in self.urls])]  # rank 0 asks
         dist.broadcast_object_list(info, src=0)  # its answers, on every rank
-        info = on_all_ranks(check_servers_once, cfg, rt, info[0])
+        info = fail_together(check_servers_once, cfg, rt, info[0])
         self.context = min((s["context"] for s in info if s["context"]), default=None)  # tokens: prompt + completion
         self.checker = [bool(s["names"]) for s in info]  # hashes the weights it holds: /weights_checker
         servers = [{"url": u, **s, "device": torch.device("cuda", i) if rt.device.type == "cuda" and i is not None
@@ -1353,7 +1528,7 @@ class Server:
         self.link = None  # rank 0's way to the servers' weights
         if rt.master and rt.sync == "tensor":
             self.link = {"kind": "tensor", "servers": servers, "device": servers[0]["device"]}
-        self.link = on_all_ranks(lambda: connect_nccl(cfg, rt.device, servers) if rt.master and rt.sync == "nccl"
+        self.link = fail_together(lambda: connect_nccl(cfg, rt.device, servers) if rt.master and rt.sync == "nccl"
                                  else self.link)
         tp = [s["tp"] for s in servers]
         where = f", NCCL group at {self.link['where']}" if self.link and "where" in self.link else ""
@@ -1370,7 +1545,8 @@ class Server:
         [(ids, the server's logprobs, finish reason)] in the prompts' order."""
         def request(k):  # server k's share, in one /generate
             sp = [{"temperature": sampling["temperature"], "top_p": sampling["top_p"], "top_k": sampling["top_k"],
-                   "max_new_tokens": b} for b, s in zip(budgets, srv) if s == k]  # SGLang's names only
+                   "max_new_tokens": b, **({"stop": sampling["stop"]} if sampling.get("stop") else {})}
+                  for b, s in zip(budgets, srv) if s == k]  # SGLang's names only
             return POOL.submit(generate, self.cfg, self.urls[k], [p for p, s in zip(prompts, srv) if s == k],
                                str(version), "sampled", "this rollout",
                                sampling_params=sp[0] if all(x == sp[0] for x in sp) else sp)
@@ -1422,7 +1598,7 @@ class Server:
         def check_rescored(seqs, m):  # weights from before the update
             lps = t1 or [seqs["lp0"][i, : len(eps[i]["completion"])] for i in rows]
             what = "re-scoring a batch for the sync check"
-            now = on_all_ranks(lambda: {k: iter(waited(f, cfg.request_timeout, what)) for k, f in asked.items()})
+            now = fail_together(lambda: {k: iter(waited(f, cfg.request_timeout, what)) for k, f in asked.items()})
             then = lambda i: eps[i]["server_lp"] if T == 1 else None  # its log-probs at T: not staleness at 1
             self.verdict(batch, version, [rescored_stats(t, next(now[srv[i]]), then(i), eps[i]["mask"])
                                    for t, i in zip(lps, rows)], [srv[i] for i in rows], m)
@@ -1432,7 +1608,7 @@ class Server:
         """stats (|Δ| sum, tokens, |Δ| max[, stale sum, max]) per sequence of srv[i]: stop unless both checks pass."""
         held = [None] * dist.get_world_size()  # every rank's answers of its servers after its rollout, to rank 0
         dist.all_gather_object(held, batch.get("held", {}))
-        on_all_ranks(self.weights_verdict, m, held, batch["version"], f"at step {version + 1}")
+        fail_together(self.weights_verdict, m, held, batch["version"], f"at step {version + 1}")
         m.max("time_weights_after", batch.get("held_s", 0.0))
         per = torch.zeros(len(self.urls), 2, dtype=torch.float64)
         for st, k in zip(stats, srv):
@@ -1454,7 +1630,7 @@ class Server:
 
     def push(self, model, version):
         """θ_version (the weights after `version` steps) to every server, tagged `version`. -> bytes sent (rank 0)."""
-        return on_all_ranks(push_weights, self.cfg, model, self.link, str(version))
+        return fail_together(push_weights, self.cfg, model, self.link, str(version))
 
     def weights_verdict(self, m, held, version, when):
         """Rank 0: each server's hashes after a rollout (held: every rank's {server: /weights_checker answer}) vs ours
@@ -1486,7 +1662,8 @@ class Server:
                     raise UserError(f"weight sync check failed {when}: after the rollout sampled from version "
                                     f"{version} (the weights after step {version}), the server at {srv['url']} holds "
                                     f"other weights than the trainer pushed: {len(differ)} of {len(srv['recipes'])} "
-                                    f"tensors differ ({', '.join(n for _, n in differ[:3])}{', ...' * (len(differ) > 3)}"
+                                    f"tensors differ ({', '.join(n for _, n in differ[:3])}"
+                                    f"{', ...' * (len(differ) > 3)}"
                                     f"). It did not load the push (serve.log may say why), or its weights changed "
                                     f"during the rollout (another client updated or reloaded them). Restart it (bash "
                                     f"serve.sh restart), keep other clients off it, then --resume.")
@@ -1500,7 +1677,7 @@ class Server:
             held = {k: call(self.cfg, srv["url"], "/weights_checker", {"action": "checksum"})
                     for k, srv in enumerate(link["servers"]) if srv["recipes"]} if link else {}
             self.weights_verdict(m, [held], link and link["version"], "at the end of the run")
-        on_all_ranks(last_push, Metrics())
+        fail_together(last_push, Metrics())
         for srv in self.link["servers"] if self.link and self.link["kind"] == "nccl" else []:
             call(self.cfg, srv["url"], "/destroy_weights_update_group", {"group_name": srv["group_name"]}, timeout=30,
                  retries=0)
@@ -1677,7 +1854,7 @@ def waited(future, timeout=None, what=None, hint=None):
         raise UserError(f"{e}\n{hint}" if hint else str(e)) from None
 
 
-def on_all_ranks(fn, *args):
+def fail_together(fn, *args):
     """fn(*args) here; a UserError on ANY rank is raised on every rank: none waits in a collective forever."""
     try:
         out, err = fn(*args), None
@@ -1983,6 +2160,45 @@ def push_weights(cfg, model, link, version):
 
 # ---- The trainer's model: FSDP2, the LM head, checkpoints. ---------------------------------------
 
+# LoRA (--lora_rank; Hu et al. 2021): W x + (alpha / r) B A x in each target Linear, W frozen, A and B trained.
+
+def add_lora(model, rank, alpha, targets, seed=0):
+    """Adapters on the Linears named in `targets`: A (r, in) random as peft's, B (out, r) zeros, so at the start the
+    model computes what it did. Every other parameter is frozen (no gradient, no optimizer state). -> the model"""
+    model.requires_grad_(False)
+    gen, found = torch.Generator().manual_seed(seed), []  # the same adapters on every rank and at any world size
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets:
+            if m is model.get_output_embeddings():  # token_logprobs reads its weight: the adapter would never train
+                raise UserError(f"--lora_targets {name}: the LM head takes no adapter here (the trainer's head "
+                                f"computes log-probs itself); adapt the attention and MLP projections")
+            a = torch.empty(rank, m.in_features).uniform_(-1, 1, generator=gen) / math.sqrt(m.in_features)
+            m.lora_A = torch.nn.Parameter(a.to(m.weight.device))  # fp32: the master weights that train
+            m.lora_B = torch.nn.Parameter(torch.zeros(m.out_features, rank, device=m.weight.device))
+            m.lora_scale, m.lora_on, m.forward = alpha / rank, True, lora_forward.__get__(m)
+            found.append(name)
+    missing = [t for t in targets if t not in {n.rsplit(".", 1)[-1] for n in found}]  # a typo trains the rest alone
+    if missing:
+        have = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise UserError(f"--lora_targets {','.join(missing)}: {type(model).__name__} has no Linear of "
+                        f"{'these names' if len(missing) > 1 else 'this name'}; its Linears are named {','.join(have)}")
+    return model
+
+
+def lora_forward(m, x):
+    """(..., in) -> (..., out): x (W + s B A)^T with the merged weight the server is sent, bit for bit (the sync check
+    compares log-probs under the same weights); the gradient reaches A and B by the adapter's path s (x A^T) B^T."""
+    if not m.lora_on:
+        return torch.nn.functional.linear(x, m.weight, m.bias)
+    with torch.no_grad():
+        w = merged_weight(m.weight, m.lora_A, m.lora_B, m.lora_scale)
+    y = torch.nn.functional.linear(x, w, m.bias)  # x's gradient: through W + s B A
+    if not torch.is_grad_enabled():
+        return y
+    z = m.lora_scale * (x.detach() @ m.lora_A.T) @ m.lora_B.T  # A's and B's: z's, whose value cancels (z - z = 0)
+    return y + (z - z.detach())
+
+
 @contextlib.contextmanager
 def adapters_off(model, off=True):
     """--lora_rank with --beta: the reference model is the policy with its adapters off: the frozen base."""
@@ -2090,32 +2306,29 @@ class HeadLogprobs(torch.autograd.Function):
         return dx, dw, None, None, None, None, None
 
 
-def head_logprobs(model, b, temperature):
-    """b's packed rows through `model`: its head (install_head) gives the (B, C) log-probs of b's tokens, entropies."""
-    head = model.get_output_embeddings()
-    head.job = (b["src"], b["tgt"], b["dst"], b["mask"].shape, temperature)
-    lp = model(input_ids=b["ids"], position_ids=b["pos"], use_cache=False).logits  # (B, C) log-probs, not logits
-    return lp, head.__dict__.pop("entropy")
+def token_logprobs(model, ids, pos, src, tgt, temperature, head_matmul="fp32"):
+    """(R, L) packed rows -> (n,) log p of each target token `tgt` and (n,) the entropy of its distribution,
+    from the model's last hidden states at `src` and its LM head's weight (HeadLogprobs: the logits of only those
+    positions, a chunk at a time). shard() makes it the model's method model.token_logprobs, which FSDP runs as a
+    forward: it gathers the root's weights (embeddings, final norm, head) around it."""
+    hidden = model.get_decoder()(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+    weight, cap = model.get_output_embeddings().weight, getattr(model.config, "final_logit_softcapping", None)
+    chunk = max(1, 2**27 // weight.shape[0])  # rows of fp32 logits per chunk: 512 MB
+    return HeadLogprobs.apply(hidden.flatten(0, 1)[src], weight, tgt, temperature, cap, head_matmul, chunk)
 
 
-def install_head(model, head_matmul="fp32"):
-    """The LM head computes head_logprobs' job (head.job) by HeadLogprobs, not the (B, C, V) logits; else: logits."""
-    head, cap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
-    if type(head) is not torch.nn.Linear or head.bias is not None:
-        raise UserError(f"{type(model).__name__}'s LM head is a {type(head).__name__} (with its bias, if any): the "
-                        f"trainer's head (HeadLogprobs) takes a Linear without bias, as Llama, Qwen and Gemma have")
-    # the head applies it (the model would apply it to what the head returns); checkpoints keep it (save_checkpoint)
-    model.softcap, model.config.final_logit_softcapping = cap, None
-    chunk = max(1, 2**27 // head.weight.shape[0])  # rows of fp32 logits per chunk: 512 MB
-
-    def head_forward(x):  # (R, L, H); head.weight: by now FSDP has swapped the gathered weight in
-        if "job" not in head.__dict__:  # a plain call: the logits (with an autograd of its own, in fp32)
-            return HeadLogprobs.logits(x, head.weight, 1.0, cap, head_matmul)[0]
-        src, tgt, dst, shape, temperature = head.__dict__.pop("job")  # set by head_logprobs (pack_batch)
-        lp, ent = HeadLogprobs.apply(x.flatten(0, 1)[src], head.weight, tgt, temperature, cap, head_matmul, chunk)
-        head.entropy = torch.zeros(shape, device=x.device).index_put(tuple(dst), ent)
-        return torch.zeros(shape, device=x.device).index_put(tuple(dst), lp)  # (B, C): the log-probs
-    head.forward = head_forward
+def reshard_after_no_grad(model, forward):
+    """forward, then, if it ran without gradients, every FSDP unit gives back its gathered weights (else
+    parameters() lists the copies, and the root keeps its own until a backward that never comes)."""
+    def run(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        if not torch.is_grad_enabled():
+            from torch.distributed.fsdp import FSDPModule
+            for mod in model.modules():
+                if isinstance(mod, FSDPModule):
+                    mod.reshard()
+        return out
+    return run
 
 
 def fuse_rms_norms(model):
@@ -2150,28 +2363,18 @@ def shard(model, mesh, param_dtype, head_matmul="fp32", frozen=False, unit_param
         m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)
     for unit in units if units[0] else []:
         fully_shard(unit, mesh=mesh, mp_policy=block, reshard_after_forward=not keep)
-    install_head(model, head_matmul)
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        raise UserError(f"{type(model).__name__}'s LM head is a {type(head).__name__} (with its bias, if any): the "
+                        f"trainer's head (HeadLogprobs) takes a Linear without bias, as Llama, Qwen and Gemma have")
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
-    if not frozen:
-        model.register_forward_hook(reshard_after_no_grad)
-    model.keeps_gathered = keep  # (accumulate_grads)
+    from torch.distributed.fsdp import register_fsdp_forward_method
+    model.token_logprobs = functools.partial(token_logprobs, model, head_matmul=head_matmul)
+    register_fsdp_forward_method(model, "token_logprobs")  # FSDP gathers the weights it needs around it
+    if not frozen:  # (a frozen reference keeps them gathered from step to step)
+        model.token_logprobs = reshard_after_no_grad(model, model.token_logprobs)
+    model.keeps_gathered = keep  # (fsdp_sync_grads)
     return model
-
-
-def accumulate_grads(model, last):
-    """FSDP: gradients reduced, kept gathered weights (shard) given back, after an update's last micro-batch only."""
-    model.set_requires_gradient_sync(last)
-    if model.keeps_gathered:
-        model.set_reshard_after_backward(last)
-
-
-def reshard_after_no_grad(model, args, out):
-    """After a no-grad forward each FSDP unit gives back its gathered weights: else parameters() lists the copies."""
-    if not torch.is_grad_enabled():
-        from torch.distributed.fsdp import FSDPModule
-        for m in model.modules():
-            if isinstance(m, FSDPModule):
-                m.reshard()
 
 
 def save_checkpoint(cfg, model, opt, tok, step, state=None):
@@ -2193,13 +2396,11 @@ def save_checkpoint(cfg, model, opt, tok, step, state=None):
         d = os.path.join(cfg.out_dir, f"step_{step}")
         shutil.rmtree(d, ignore_errors=True)
         try:
-            model.config.final_logit_softcapping = model.softcap  # the model's own, in its config.json (install_head)
             if cfg.lora_rank:  # the adapters as peft writes them, and the base's config.json (check_architecture)
                 save_adapters(d, msd, cfg)
                 model.config.save_pretrained(d)
             else:
                 model.save_pretrained(d, state_dict=msd)
-            model.config.final_logit_softcapping = None
             tok.save_pretrained(d)
             torch.save({"optimizer": osd, "step": step, "rng": rng, "config": saved_config(cfg)},
                        os.path.join(d, "trainer_state.pt"))
@@ -2212,7 +2413,7 @@ def save_checkpoint(cfg, model, opt, tok, step, state=None):
                             f"(--resume).") from None
         for old in old_checkpoints(cfg.out_dir, step, cfg.keep_checkpoints):
             shutil.rmtree(old, ignore_errors=True)
-    on_all_ranks(lambda: dist.get_rank() == 0 and write())  # every rank stops if the write failed
+    fail_together(lambda: dist.get_rank() == 0 and write())  # every rank stops if the write failed
 
 
 def old_checkpoints(out_dir, step, keep):
@@ -2452,70 +2653,6 @@ def all_reduce_named(values, op, device):
     t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=device).reshape(()) for k in keys])
     dist.all_reduce(t, op=op)
     return dict(zip(keys, t.tolist()))
-
-
-def per_token(adv, like):
-    """(B,) or (B, T) advantages -> broadcastable to `like` (B, T); other shapes: one error, not (N, N, C) nonsense."""
-    if adv.shape not in (like.shape[:1], like.shape):
-        raise UserError(f"advantages of shape {tuple(adv.shape)} for {like.shape[0]} sequences of {like.shape[1]} "
-                        f"tokens: they must be ({like.shape[0]},), one per sequence, or {tuple(like.shape)}, per token")
-    return adv.unsqueeze(1) if adv.dim() == 1 else adv
-
-
-def batch_std(x):
-    """All ranks: (N,) -> the batch's unbiased std in float64 about its mean (float32 loses 1000 + {0, 1}'s digits)."""
-    n_sum = torch.stack([torch.tensor(float(len(x)), device=x.device), x.double().sum()])
-    dist.all_reduce(n_sum)
-    ss = (x.double() - n_sum[1] / n_sum[0]).square().sum()  # then the squares of the deviations from it
-    dist.all_reduce(ss)
-    return (ss / (n_sum[0] - 1).clamp(min=1)).sqrt().to(x.dtype)
-
-
-def clip_grads(params, max_norm):
-    """All ranks: clip_grad_norm_ on FSDP's shards without DTensor's per-tensor dispatch (~20 ms a SmolLM2 step)."""
-    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
-    total = torch.stack(torch._foreach_norm(grads)).double().square().sum()
-    dist.all_reduce(total)
-    total = total.sqrt().float()
-    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0).to(grads[0].device))
-    return total
-
-
-def set_lr(opt, lr, m):
-    for group in opt.param_groups:
-        group["lr"] = lr
-    m.max("lr", lr)
-
-
-def token_parts(lengths, budget, device):
-    """Sorted lengths -> index ranges of <= `budget` tokens, as many on every rank (FSDP: collectives per batch)."""
-    cuts, total = [0], 0
-    for i, n in enumerate(lengths):
-        if total + n > budget and i > cuts[-1]:
-            cuts, total = cuts + [i], 0
-        total += n
-    parts = [range(a, b) for a, b in zip(cuts, cuts[1:] + [len(lengths)])]
-    want = len(parts)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        want = int(all_reduce_named({"parts": want}, dist.ReduceOp.MAX, device)["parts"])
-    while len(parts) < want and any(len(p) > 1 for p in parts):  # (a rank with too few rows: batch_counts says so)
-        k = max((k for k, p in enumerate(parts) if len(p) > 1), key=lambda k: sum(lengths[i] for i in parts[k]))
-        p, half = parts[k], sum(lengths[i] for i in parts[k]) / 2
-        m = next(i for i in range(p.start + 1, p.stop) if sum(lengths[p.start: i]) >= half or i == p.stop - 1)
-        parts[k: k + 1] = [range(p.start, m), range(m, p.stop)]
-    return parts
-
-
-def batch_counts(seqs, mbs):
-    """All ranks: -> the batch's weighted sequence and token counts; ranks with unequal micro-batches: an error."""
-    got = [None] * dist.get_world_size()
-    w = seqs["weight"]
-    dist.all_gather_object(got, (len(mbs), float(w.sum()), float((w * seqs["mask"].sum(1)).sum())))
-    if len({n for n, _, _ in got}) > 1:
-        raise UserError(f"the ranks would run different numbers of micro-batches ({[n for n, _, _ in got]}), and FSDP "
-                        f"would hang: every rank must keep all its rows. To drop a sequence from the loss, set its "
-                        f"seqs['weight'] to 0 (README, Hacking guide)")
-    return sum(s for _, s, _ in got), sum(t for _, _, t in got)
 
 
 def exit_now(code, message=None):

@@ -32,15 +32,15 @@ Run tests by name:   python -m pytest -q test_smoke.py -k 'WORDS'      (words of
 
 A test's name says what it checks, most often naming the function. Each function of grpo_sglang.py's story (above
 its fence) and of its main plumbing -> the -k words that select the tests that check it:
-  arg, Config -> help_lists_every_flag or flags_out_of_range or policy_loss_reads_the_flags
+  arg, GRPOConfig, Config -> help_lists_every_flag or flags_out_of_range or policy_loss_reads_the_flags
   group_advantages, flat_groups -> group_advantages or rloo_and_batch_std or scale_rewards_batch or filters_set_weights
   overlong_penalty -> overlong_penalty or overlong_buffer
-  lr_factor -> lr_schedule
+  lr_factor, set_lr -> lr_schedule
   kl_k3 -> kl_k3 or kl_and_tis or kl_metric or kl_is_logged
   log_ratio -> gspo or ratio_level
   clipped_surrogate -> clipped_surrogate or cispo
   tis_weights -> tis_weights or importance_sampling_modes or importance_weights or tis_mode
-  grpo_token_loss -> grpo_token_loss or gspo or cispo or entropy_bonus or advantages_may_be_per_token
+  grpo_token_loss, per_token -> grpo_token_loss or gspo or cispo or entropy_bonus or advantages_may_be_per_token
   aggregate, loss_norm -> aggregate_modes or advantages_may_be_per_token
   prompts_for_step -> prompts_for_step or epochs_are_shuffled or resumed_run_samples_and_trains_exactly
   rollout, env_ids -> an_episode_appends or template_that_rewrites or episodes_train or ends_after_one_turn
@@ -51,13 +51,14 @@ its fence) and of its main plumbing -> the -k words that select the tests that c
   rows_of -> train_step_is_the_grpo_objective or per_token_advantages_of_the_table
   old_and_ref_logprobs -> old_policy_and_reference_logprobs or kl_metric_counts
   shape_rewards, weights -> filters_set_weights_and_shaping or overlong_penalty_reaches or weights_are_all_0
-  advantages -> scale_rewards_batch or train_step_is_the_grpo_objective
+  advantages, batch_std -> scale_rewards_batch or train_step_is_the_grpo_objective or rloo_and_batch_std
   completion_logprobs -> packed_batch_logprobs or head_logprobs
   policy_loss -> policy_loss or ratio_level or entropy_bonus
   train -> train_step_is_the_grpo_objective or weights_are_all_0 or kl_metric_counts or entropy_with_mu_2
+  split_by_tokens, batch_counts, fsdp_sync_grads -> micro_batches or different_numbers_of_micro or one_rank_and_two
   main -> script_trains_and_server_gets_the_weights or one_rank_and_two_ranks or a_step_on_a_known_reward
   add_lora, lora_forward, merged_weight, adapters_off -> lora
-  HeadLogprobs, install_head -> head_logprobs
+  HeadLogprobs, token_logprobs -> head_logprobs or packed_batch
   pack_batch -> packed_batch
   fuse_rms_norms -> fused_rms_norm
   shard, load_policy -> fsdp or checkpointed_blocks or frozen_model_kept_gathered
@@ -926,6 +927,13 @@ def grpo_advantages(rewards, G, std=None, eps=1e-4):
     return out
 
 
+def scoring(model):
+    """What shard() gives a model, here without FSDP: its method token_logprobs (completion_logprobs calls it)."""
+    import functools
+    model.token_logprobs = functools.partial(g.token_logprobs, model)
+    return model
+
+
 def sharded(path, frozen=False, noise=0.0):
     """The trainer's policy (or, frozen, its reference) on one CPU rank; `noise`: its weights moved at random."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -976,9 +984,9 @@ def table(rows, outs, tok, group_size, temperature=1.0):
 
 
 def task_of(reward, correct=lambda c, a: 0.0):
-    """A task as load_data makes it, for score(): reward(sample, warnings) -> (reward, parts), correct(text, answer)."""
+    """A task as load_data makes it, for score(): reward_fn(sample, warnings) -> (reward, parts), correct(text, answer)."""
     from types import SimpleNamespace
-    return SimpleNamespace(reward=reward, correct=correct)
+    return SimpleNamespace(reward_fn=reward, correct=correct)
 
 
 def known_batch(temperature=1.0):
@@ -1930,10 +1938,11 @@ def test_base_model_without_chat_template_gets_plain_prompts(tmp_path):
     base = build_tiny(str(tmp_path / "base"), chat_template=False)
     tok = AutoTokenizer.from_pretrained(base)
     rows = [{"question": "What is 1 + 2?", "answer": "3"}]
-    plain = g.tokenize_rows(rows, tok, g.Config(), "Answer with the number only.", "plain", collections.Counter())
+    plain = g.tokenize_rows(rows, tok, g.Config(), "Answer with the number only.", "plain", collections.Counter(),
+                            reward_fns.TASKS["gsm8k"])
     assert tok.decode(plain[0]["ids"]) == "What is 1 + 2 ? Answer with the number only ."
     chat_tok = AutoTokenizer.from_pretrained(build_tiny(str(tmp_path / "chat")))
-    chat = g.tokenize_rows(rows, chat_tok, g.Config(), "", "chat", collections.Counter())
+    chat = g.tokenize_rows(rows, chat_tok, g.Config(), "", "chat", collections.Counter(), reward_fns.TASKS["gsm8k"])
     assert chat_tok.decode(chat[0]["ids"]).startswith("<|im_start|> user What is 1 + 2 ?")
     s = StandIn(base)
     try:
@@ -1958,7 +1967,8 @@ def test_unusable_rows_are_counted_and_skipped(tiny_model, tmp_path):
     train, evals, held_out = g.load_splits(cfg)
     assert len(train) == 6 and evals == [] and "the file has no splits" in held_out
     skipped = collections.Counter()
-    kept = g.tokenize_rows(train, AutoTokenizer.from_pretrained(tiny_model), cfg, "", "chat", skipped)
+    kept = g.tokenize_rows(train, AutoTokenizer.from_pretrained(tiny_model), cfg, "", "chat", skipped,
+                           reward_fns.TASKS["gsm8k"])
     assert sorted(r["answer"] for r in kept) == ["#### 1", "2"]
     assert skipped == {"empty or missing prompt (--prompt_field 'question')": 2,
                        "answer without a number (--answer_field 'answer')": 1, "prompt longer than max_prompt_tokens=64": 1}
@@ -2344,7 +2354,7 @@ def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_pl
     d, T = build_tiny(str(tmp_path), arch), 0.7
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
     plain = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
-    g.install_head(model)  # what shard() does: the head scores the completion tokens itself
+    scoring(model)  # what shard() gives it: token_logprobs, the log-probs of chosen tokens from its last states
     gen = torch.Generator().manual_seed(0)
     tokens = lambda n: torch.randint(4, model.config.vocab_size, (n,), generator=gen).tolist()
     samples = [{"prompt": tokens(p), "completion": tokens(c)} for p, c in
@@ -2418,7 +2428,7 @@ def test_fused_rms_norm_on_cuda_runs_torchs_kernel_within_bf16_rounding(tmp_path
 def test_micro_batches_hold_as_many_tokens_as_micro_batch_of_the_longest_sequences():
     """Short sequences share micro-batches (a few of them alone would leave the GPU idle): each micro-batch holds at most
     micro_batch x the longest sequence's tokens, consecutive in length, a longer sequence alone; all rows exactly once."""
-    parts = g.token_parts([5, 5, 5, 5, 20, 20, 40, 40, 70], 40, "cpu")
+    parts = g.split_by_tokens([5, 5, 5, 5, 20, 20, 40, 40, 70], 40, "cpu")
     assert [(p.start, p.stop) for p in parts] == [(0, 5), (5, 6), (6, 7), (7, 8), (8, 9)]  # 70: alone
     comp = [[7] * n for n in [3, 60, 2, 5, 58, 4, 60, 1, 6, 2, 3, 59]]  # eight short, four near 60
     seqs = {"prompt": [[4, 5]] * len(comp), "completion": comp, "mask": torch.ones(len(comp), 60)}
@@ -2435,7 +2445,7 @@ import torch, torch.distributed as dist
 import grpo_sglang as g
 dist.init_process_group("gloo")
 lengths = [[3] * 12, [3] * 6 + [30] * 6][dist.get_rank()]  # rank 0: one part would do; rank 1 needs four
-parts = g.token_parts(lengths, 60, torch.device("cpu"))
+parts = g.split_by_tokens(lengths, 60, torch.device("cpu"))
 json.dump([[p.start, p.stop] for p in parts], open({out!r} + str(dist.get_rank()), "w"))  # a file each: no interleaving
 dist.destroy_process_group()
 """
@@ -2823,7 +2833,7 @@ def test_a_step_on_a_known_reward_raises_the_rewarded_completions(tiny_model, se
     assert 0 < rewards.sum() < len(rewards) - 8, rewards  # signal in some groups
     models = [AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), None]
     models[1] = AutoModelForCausalLM.from_pretrained(g.latest_checkpoint(str(tmp_path)), dtype=torch.float32)
-    [g.install_head(m) for m in models]
+    [scoring(m) for m in models]
     with torch.no_grad():
         total = [torch.stack([g.completion_logprobs(m, g.pack_batch([{"prompt": p, "completion": c}], 0, "cpu"), 1.0)[0].sum()
                               for p, c, _ in gens]) for m in models]
@@ -4534,8 +4544,10 @@ def test_the_readmes_size_claims_are_the_files():
     n, m = re.search(r"the first ~([\d,]+) lines of `grpo_sglang.py` \(([\d,]+) in all\)", readme).groups()
     lines = open(os.path.join(HERE, "grpo_sglang.py")).read().splitlines()
     fence = next(i for i, line in enumerate(lines, 1) if line.startswith("# ---- Plumbing below"))
-    assert abs(int(n.replace(",", "")) - fence) <= 5, (n, fence)
-    assert abs(int(m.replace(",", "")) - len(lines)) <= 0.02 * len(lines), (m, len(lines))
+    said = (f"README.md says the story is the first ~{n} lines of grpo_sglang.py ({m} in all), but its fence is "
+            f"at line {fence} of {len(lines)}: update the README's two numbers")  # (after a hack that adds lines)
+    assert abs(int(n.replace(",", "")) - fence) <= 5, said
+    assert abs(int(m.replace(",", "")) - len(lines)) <= 0.02 * len(lines), said
 
 
 def test_the_plot_tool_draws_a_runs_metrics_and_every_metric_is_in_the_glossary(tiny_model, server, tmp_path):
@@ -5264,7 +5276,7 @@ def tiny_task(tiny_model, env, max_turns=3):
     from types import SimpleNamespace
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    return tok, SimpleNamespace(env=env, max_turns=max_turns, env_ids=g.env_ids(tok, "chat", "talk"),
+    return tok, SimpleNamespace(env=env, max_turns=max_turns, env_ids=g.env_ids(tok, "chat", "talk"), stop=[],
                                 decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
 
 
@@ -5817,8 +5829,8 @@ def test_dynamic_sampling_fills_the_batch_with_groups_whose_rewards_differ_in_th
     0). The batch's advantages, by the std of the batch, are those of its own groups: the ones left out are nowhere."""
     from types import SimpleNamespace
     cfg = g.Config(group_size=2, dynamic_sampling=2, scale_rewards="batch")
-    task = SimpleNamespace(env=None, max_turns=1, decode=lambda ids: str(ids[0]), correct=lambda c, a: False,
-                           reward=lambda row, warn: (float(row["text"] in ("1", "3")), {}))
+    task = SimpleNamespace(env=None, max_turns=1, decode=lambda ids: str(ids[0]), correct=lambda c, a: False, stop=[],
+                           reward_fn=lambda row, warn: (float(row["text"] in ("1", "3")), {}))
     rows = [{"ids": [4, k], "answer": "1", "text": name} for k, name in enumerate("ABCDEF")]
     rounds = [rows[0:2], rows[2:4], rows[4:6]]
     reply = lambda *ids: [([i, 3], "stop") for i in ids]

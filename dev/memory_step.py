@@ -49,7 +49,7 @@ def train_step(model, opt, samples, adv, args, device):
     loss_sum = 0.0
     for i in range(0, len(samples), args.micro_batch):
         part = samples[i: i + args.micro_batch]
-        g.accumulate_grads(model, last=i + args.micro_batch >= len(samples))  # reduce once, at the last one
+        g.fsdp_sync_grads(model, last=i + args.micro_batch >= len(samples))  # reduce once, at the last one
         b = g.pack_batch(part, 0, device)
         logp = g.completion_logprobs(model, b, 1.0)[0]
         # mu = 1: the "old" log-probs are the current ones, detached (ratio 1, gradient -A * grad log p)

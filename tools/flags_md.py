@@ -1,4 +1,5 @@
-"""docs/reference.md's flag tables, written from grpo_sglang.Config (its groups, defaults, rules and help lines):
+"""docs/reference.md's flag tables, written from grpo_sglang's GRPOConfig and Config (their groups, defaults, rules and
+help lines):
 
     python3 tools/flags_md.py            # prints them; test_smoke checks that docs/reference.md holds exactly this
     python3 tools/flags_md.py --write    # writes them into docs/reference.md (between its flags markers)
@@ -14,10 +15,12 @@ import grpo_sglang as g  # noqa: E402
 
 def tables():
     src = open(g.__file__).read()
-    start = src.index("class Config:")
-    body = src[start: src.index("\n# ", start)]  # up to the next top-level comment
+    bodies = []
+    for head in ("class GRPOConfig:", "class Config(GRPOConfig):"):  # the story's knobs, then the plumbing's flags
+        start = src.index(head)
+        bodies.append(src[start: src.index("\n\n\n", start)])  # up to the class's end
     fields, groups = {f.name: f for f in dataclasses.fields(g.Config)}, []
-    for line in body.splitlines():  # the Config's comment lines name its groups
+    for line in "\n".join(bodies).splitlines():  # the classes' comment lines name their groups
         if re.match(r"    # (.+)", line):
             groups.append((line.strip()[2:], []))
         elif re.match(r"    (\w+): \w+ = arg\(", line) and groups:
