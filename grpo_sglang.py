@@ -1024,12 +1024,18 @@ RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_e
 def restore_config(cfg):
     """--resume: config.json's flags for those not given; a given one may differ only if RESUMABLE (else one error)."""
     path = os.path.join(cfg.out_dir, "config.json")
-    if not os.path.exists(path):
-        return
-    try:
-        saved = json.load(open(path))
-    except (OSError, ValueError) as e:
-        raise UserError(f"--resume: {path} cannot be read ({e}); it holds the flags of the run to resume") from None
+    if not os.path.exists(path):  # gone: the last checkpoint keeps the flags too (its trainer_state.pt)
+        ckpt = latest_checkpoint(cfg.out_dir)
+        try:
+            saved = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=True, mmap=True)["config"]
+        except Exception:  # no checkpoint (a run that never saved starts again), or one checkpoint_to_resume names
+            return
+        print0(f"--resume: {path} is gone; the run's flags come from its checkpoint {ckpt}")
+    else:
+        try:
+            saved = json.load(open(path))
+        except (OSError, ValueError) as e:
+            raise UserError(f"--resume: {path} cannot be read ({e}); it holds the flags of the run to resume") from None
     fields = {f.name: f.default for f in dataclasses.fields(Config)}
     bad = [f"{k!r}: {v!r} (--{k.rstrip('_')} takes a {type(fields[k]).__name__})" for k, v in saved.items()
            if k in fields and type(v) is not type(fields[k]) and (type(v), type(fields[k])) != (int, float)]
@@ -1557,8 +1563,9 @@ class Server:
             # SGLang keeps EOS (and its logprob) in output_ids: the policy must learn to stop
             lps = [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]
             if len(lps) != len(o["output_ids"]):
-                raise UserError(f"/generate returned {len(o['output_ids'])} tokens but {len(lps)} logprobs: "
-                                f"unexpected server version?")
+                raise UserError(f"the server at {self.urls[k]} answered /generate with {len(o['output_ids'])} tokens "
+                                f"but {len(lps)} log-probs: the trainer needs one per sampled token (sglang 0.5.16 "
+                                f"or newer, started by serve.sh)")
             outs.append((o["output_ids"], lps, (o["meta_info"].get("finish_reason") or {}).get("type", "?")))
         return outs
 
@@ -1803,8 +1810,17 @@ def on_this_host(host):
 def generate(cfg, url, input_ids, version, did, what, **req):
     """One batched /generate -> its answers, each from weights `version` (the last push's tag) or we stop."""
     out = call(cfg, url, "/generate", {"input_ids": input_ids, "return_logprob": True, **req})
-    if not isinstance(out, list) or len(out) != len(input_ids):
-        raise UserError(f"/generate returned {type(out).__name__} of unexpected size (wanted {len(input_ids)} items)")
+    n = len(out) if isinstance(out, list) else None
+    bad = (f"{n} answers for {len(input_ids)} prompts" if n is not None and n != len(input_ids) else
+           f"a {type(out).__name__}, not a list of answers" if n is None else
+           next((f"an answer without {k}" for o in out for k in ("output_ids", "meta_info")
+                 if not isinstance(o, dict) or k not in o), None) or
+           next((f"an answer without meta_info's {k}" for o in out for k in ("output_token_logprobs",
+                 "weight_version") if k not in o["meta_info"]), None))
+    if bad:
+        raise UserError(f"the server at {url} answered /generate with {bad} ({str(out)[:150]!r}): it is not an SGLang "
+                        f"server this trainer speaks to (sglang 0.5.16 or newer, started by serve.sh), or something "
+                        f"in between changes its answers. Check --server_url and serve.log")
     for o in out:
         if str(o["meta_info"].get("weight_version")) != version:
             raise UserError(f"the server at {url} {did} with weights of version "
@@ -2482,8 +2498,9 @@ def export_merged(ckpt, out, base=None):
     A mistake is one line, `error: ...` (print_user_error), not a traceback."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     c = adapter_config(ckpt)
-    if os.path.exists(out) and os.listdir(out):
-        raise UserError(f"{out} exists and is not empty: export into a new folder")
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise UserError(f"export_merged: {out} " + ("is a file" if not os.path.isdir(out) else "exists and is not "
+                        "empty") + ": export into a new folder")
     base = base or c["base_model_name_or_path"]
     try:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
@@ -2513,10 +2530,14 @@ def adapter_config(ckpt):
             raise UserError(f"export_merged: {ckpt} is a run's folder, not a checkpoint: give one of its checkpoints, "
                             + (", ".join(os.path.join(ckpt, f) for f in steps) or "(none yet)")
                             + (f" (the last: {latest_checkpoint(ckpt)})" if latest_checkpoint(ckpt) else ""))
+        if os.path.exists(os.path.join(ckpt, "trainer_state.pt")):
+            raise UserError(f"export_merged: {ckpt} is a full fine-tune's checkpoint (no adapter_config.json): it "
+                            f"holds the whole trained model, nothing to merge: serve it as it is (MODEL={ckpt} bash "
+                            f"serve.sh)")
         if os.path.exists(os.path.join(ckpt, "config.json")):
-            raise UserError(f"export_merged: {ckpt} holds a whole model (no adapter_config.json), as a full "
-                            f"fine-tune's checkpoint does: it is already a servable model: serve it as it is (MODEL="
-                            f"{ckpt} bash serve.sh)")
+            raise UserError(f"export_merged: {ckpt} is a model's folder, not a checkpoint of a training run (no "
+                            f"adapter_config.json, no trainer_state.pt): give a checkpoint of a LoRA run "
+                            f"(runs/grpo/step_100)")
         raise UserError(f"export_merged: {ckpt} has no adapter_config.json: it is not a checkpoint of a LoRA run")
     try:
         c = json.load(open(path))

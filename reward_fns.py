@@ -245,7 +245,9 @@ def safe_env(env, messages, answer, warnings, name=None):
         reason = f"returned {type(said).__name__} (a message must be a str, or None to end the episode)"
     except Exception as e:  # not BaseException: Ctrl-C should still stop training
         reason = f"raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
-    key = f"{name}: {reason}"
+    # one count per environment and kind of failure; its key keeps the first one's message (the reply that caused it)
+    kind = f"{name}: {reason.split(':')[0]}"
+    key = next((k for k in warnings if k == kind or k.startswith(kind + ":")), f"{name}: {reason}")
     warnings[key] = warnings.get(key, 0) + 1
     return None
 

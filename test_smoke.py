@@ -217,7 +217,8 @@ class StandIn:
                  deterministic=False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.eos = self.tok.eos_token_id
         self.served_path, self.reject, self.api_key = served_path or model_dir, reject_updates, api_key
         self.fail_after, self.nan, self.stall_after = fail_generate_after, nan_logprobs, stall_generate_after
         self.die_at_init, self.die_in_broadcast, self.slow = die_at_init, die_in_broadcast, slow_generate
@@ -280,6 +281,11 @@ class StandIn:
             lps.append([float("nan") if nan else float(lp[nxt]) + self.shift, nxt, None])
             if nxt == self.eos:  # like SGLang: the EOS token is part of output_ids
                 fin = {"type": "stop", "matched": nxt}
+                break
+            said = self.tok.decode(out, skip_special_tokens=True)  # like SGLang: a stop string ends the reply, its
+            hit = next((x for x in sp.get("stop") or [] if x in said), None)  # tokens kept in output_ids
+            if hit is not None:
+                fin = {"type": "stop", "matched": hit}
                 break
         return {"text": "", "output_ids": out, "meta_info": {"output_token_logprobs": lps, "finish_reason": fin,
                                                               "completion_tokens": len(out), "weight_version": self.version}}
@@ -558,6 +564,12 @@ def talk_env(messages, answer):
 reward_fns.TASKS["talk"] = reward_fns.Task("has_number", lambda c, a: "number" in c.split(), env=talk_env, max_turns=3,
                                            rows=reward_fns.arithmetic_rows)
 reward_fns.TASKS["one_turn"] = dataclasses.replace(reward_fns.TASKS["arithmetic"], env=lambda m, a: None, max_turns=3)
+def raising_env(messages, answer):  # a student's environment that reads a number the reply may not hold
+    return "the number ?" if int("reply: " + messages[-1]["content"]) else None
+reward_fns.TASKS["raising"] = dataclasses.replace(reward_fns.TASKS["talk"], env=raising_env)
+reward_fns.TASKS["lookup"] = reward_fns.Task("has_number", lambda c, a: "number" in c.split(), rows=lambda: [
+    {"question": f"What is the number {k} ?", "answer": str(k)} for _ in range(10) for k in range(8)])
+reward_fns.TASKS["reward_fn_given"] = reward_fns.Task(reward_fns.gsm8k_reward, reward_fns.gsm8k_correct)
 """
 
 
@@ -5178,12 +5190,16 @@ def test_lora_export_mistakes_are_one_clear_line_each(tiny_model, tmp_path):
     (run_dir / "latest").write_text("step_2")
     cut = shutil.copytree(ckpt, tmp_path / "cut")
     cut_in_half(cut / "adapter_model.safetensors")
+    full = shutil.copytree(tiny_model, tmp_path / "full")  # a full fine-tune's checkpoint: a model, its trainer state
+    torch.save({"step": 1}, full / "trainer_state.pt")
     for given, says in (
             (run_dir, f"export_merged: {run_dir} is a run's folder, not a checkpoint: give one of its checkpoints, "
                       f"{run_dir}/step_1, {run_dir}/step_2 (the last: {run_dir}/step_2)"),
-            (tiny_model, f"export_merged: {tiny_model} holds a whole model (no adapter_config.json), as a full "
-                         f"fine-tune's checkpoint does: it is already a servable model: serve it as it is (MODEL="
-                         f"{tiny_model} bash serve.sh)"),
+            (tiny_model, f"export_merged: {tiny_model} is a model's folder, not a checkpoint of a training run (no "
+                         f"adapter_config.json, no trainer_state.pt): give a checkpoint of a LoRA run "
+                         f"(runs/grpo/step_100)"),
+            (full, f"export_merged: {full} is a full fine-tune's checkpoint (no adapter_config.json): it holds the "
+                   f"whole trained model, nothing to merge: serve it as it is (MODEL={full} bash serve.sh)"),
             (cut, f"{cut}/adapter_model.safetensors cannot be read (SafetensorError: Error while deserializing header: "
                   f"incomplete metadata, file not fully covered): the file is damaged (a copy cut short?); use another "
                   f"checkpoint")):
@@ -5199,6 +5215,10 @@ def test_lora_export_mistakes_are_one_clear_line_each(tiny_model, tmp_path):
             f"export_merged: the base model of {ckpt}, {str(base)!r}, cannot be loaded (no folder {base}). If it moved "
             f"since training, say where it is now: export_merged({str(ckpt)!r}, {out!r}, base='/path/to/it')")):
         g.export_merged(str(ckpt), out)
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(g.UserError, match=re.escape(f"export_merged: {tmp_path / 'a_file'} is a file: export into a "
+                                                    f"new folder")):
+        g.export_merged(str(ckpt), str(tmp_path / "a_file"))
     g.export_merged(str(ckpt), out, base=str(tmp_path / "moved"))
     assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
 
@@ -5675,6 +5695,116 @@ def test_a_resume_refuses_every_flag_that_changes_what_the_run_trains_and_takes_
                 g.restore_config(cfg)
         checked.add(f.name)
     assert {"seed", "dynamic_sampling"} <= checked - RESUMABLE_FLAGS
+
+
+def test_a_students_environment_that_raises_ends_its_episode_with_a_counted_warning_not_a_traceback(tiny_model,
+                                                                                                    tmp_path):
+    """An environment that reads a number the reply does not hold (int() on a word) raised out of rollout() at eval
+    step 0. Now each call that raises ends its episode there, is counted (env_warnings) and said once a step with
+    what it raised; the run trains to its end."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *TALK, "--task", "raising", rewards=True))
+    finally:
+        s.close()
+    assert code == 0 and "Traceback" not in out, out
+    m = [r for r in read_metrics(tmp_path) if "loss" in r]
+    assert len(m) == 2 and all(r["env_warnings"] == 8 and r["turns_mean"] == 1 for r in m), m  # every episode
+    assert re.search(r"warnings at step 1: \{\"raising_env: raised ValueError: invalid literal for int\(\) with base "
+                     r"10: 'reply: [^\"]*\": 8\}", out), out
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--task", "reward_fn_given"), "--task reward_fn_given (TASKS['reward_fn_given'] in reward_fns.py): its reward must "
+                                    "be the name of a reward in REWARD_FNS"),
+    (("--task", "talk", "--max_new_tokens", "8", "--max_reply_tokens", "8"),
+     "--max_reply_tokens 8 leaves no room in --max_new_tokens 8 (an episode's replies and messages together) for a "
+     "second reply of --task talk's episodes of up to 3: lower --max_reply_tokens, or raise --max_new_tokens")])
+def test_a_tasks_own_mistakes_are_named_as_the_tasks_before_anything_loads(tiny_model, server, tmp_path, flags, says):
+    """A task whose reward is a function (not a registered name) was reported as a bad --reward, a flag never given;
+    a reply budget as large as the episode's leaves no second turn and was taken silently. One error each, at start."""
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, *flags, rewards=True), timeout=120)
+    assert code == 1 and out.count("error:") == 1 and "Traceback" not in out and f"error: {says}" in out, out
+    assert "--reward:" not in out and not server.pushes
+
+
+def test_episodes_out_of_room_for_another_turn_are_counted_and_said_once(tiny_model, tmp_path):
+    """'talk' with --max_new_tokens 9: a reply, then the environment's message (10 tokens) never fits: every episode
+    ends after one reply. The share is logged every step (out_of_room_frac), the first step says it with the flags to
+    change, once."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *TALK, "--max_new_tokens", "9", "--max_reply_tokens",
+                                  "4", rewards=True))
+    finally:
+        s.close()
+    m = [r for r in read_metrics(tmp_path) if "loss" in r]
+    assert code == 0 and all(r["out_of_room_frac"] > 0.5 and r["turns_mean"] == 1 for r in m), (m, out)
+    assert out.count("of the episodes ended because the environment's next message and another reply did not fit in "
+                     "--max_new_tokens 9") == 1 and "raise --max_new_tokens, or lower --max_reply_tokens" in out, out
+
+
+def test_a_reply_ends_at_a_stop_string_and_its_tokens_are_what_the_trainer_scores(tiny_model, tmp_path):
+    """--stop number: the server ends each reply at the first 'number' (its token kept, as SGLang keeps the tokens of
+    a matched stop string): no reply holds a word after it, and the sync check passes on those tokens. The default
+    (--stop auto) ends plain prompts' replies at a newline in episodes, at a blank line otherwise, and sends chat
+    models' none: their template ends a turn."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, *TALK, "--stop", "number", rewards=True))
+    finally:
+        s.close()
+    assert code == 0, out
+    replies = [s.tok.decode(o, skip_special_tokens=True).split() for _, o, _ in s.generations]
+    assert any("number" in r for r in replies) and all("number" not in r[:-1] for r in replies), replies
+    assert all(r["check_mismatch_max"] < 0.01 for r in read_metrics(tmp_path) if "loss" in r)
+    assert g.stop_strings("auto", "plain", 3) == ["\n"] and g.stop_strings("auto", "plain", 1) == ["\n\n"]
+    assert g.stop_strings("auto", "chat", 3) == [] and g.stop_strings("none", "plain", 3) == []
+    assert g.stop_strings("\\n,###", "chat", 1) == ["\n", "###"]
+    with pytest.raises(g.UserError, match="--stop 'a,,b' has an empty string"):
+        g.stop_strings("a,,b", "chat", 1)
+
+
+def test_a_built_in_task_with_repeated_questions_never_trains_on_a_held_out_one(tiny_model):
+    """A student's task whose built-in rows repeat 8 questions 10 times: the held-out ones are dropped from training
+    and counted, as a dataset's are (a game's question, asked with many answers, hides its answer: guess keeps all)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reward_fns, "TASKS", dict(reward_fns.TASKS))
+        mp.setitem(reward_fns.REWARD_FNS, "has_number", lambda c, a: float("number" in c.split()))
+        exec(TEST_TASKS, {"reward_fns": reward_fns, "dataclasses": dataclasses})
+        _, train, evals, _ = g.load_data(g.Config(model=tiny_model, dataset="builtin", task="lookup", eval_size=4))
+    held = {r["question"] for r in evals}  # questions 0-3 (the first 4 rows), each in 9 more rows: dropped
+    assert len(held) == 4 and not held & {r["question"] for r in train} and len(train) == 40
+
+
+@pytest.mark.parametrize("answer, says", [
+    ([{"text": ""}], "an answer without output_ids"),
+    ([{"output_ids": [5], "meta_info": {"weight_version": "0"}}], "an answer without meta_info's output_token_logprobs"),
+    ([], "0 answers for 1 prompts"),
+    ({"error": "busy"}, "a dict, not a list of answers")])
+def test_a_server_answering_generate_in_another_shape_is_one_error_naming_it(answer, says):
+    cfg = g.Config()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(g, "call", lambda *a, **k: answer)
+        with pytest.raises(g.UserError, match=re.escape(f"the server at http://x:1 answered /generate with {says}")):
+            g.generate(cfg, "http://x:1", [[4, 5]], "0", "sampled", "this rollout")
+
+
+def test_a_resume_whose_config_json_is_gone_takes_the_flags_its_checkpoint_kept(tiny_model, tmp_path):
+    """--resume after config.json was deleted took the default flags, then blamed the server (another model). The
+    checkpoint keeps the run's flags too: the resume takes them from there, says so, and trains on."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--steps", "2", "--lr", "1e-3"))
+        assert code == 0, out
+        (tmp_path / "config.json").unlink()
+        cmd = [c for c in train_cmd(tiny_model, s.url, tmp_path, "--steps", "3", "--resume")]
+        cut = cmd.index("--lr")
+        code, out = run(cmd[:cut] + cmd[cut + 2:])  # the run's --lr is not given again
+    finally:
+        s.close()
+    assert code == 0 and f"--resume: {tmp_path}/config.json is gone; the run's flags come from its checkpoint" in out, out
+    assert json.load(open(tmp_path / "config.json"))["lr"] == 1e-3
 
 
 def test_guess_the_number_and_the_calculator_by_their_rules():
