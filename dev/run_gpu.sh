@@ -18,6 +18,10 @@
 #   episodes_neg  a calculator run whose pushes from step 6 on are dropped with their tag kept (negative_control.py)
 #   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server (dev/turn_cost.py)
 #   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
+#   calc_readme the README's calculator command as written (EP_STEPS: shorter)
+#   reload      the same for 40 steps while another client reloads the server's weights from disk after step
+#               RELOAD_AT (10): the sync check must stop it at the step that trains on that rollout
+#   gemma       a base model, $GEMMA (Gemma-3-270m, plain prompts), on the calculator command for GEMMA_STEPS (60)
 #   fit         what fits my GPU: for each Qwen2.5 shape in $FIT_SHAPES (random weights, dev/make_models.py;
 #               default "0.5b 1.5b 3b 7b"), its server at MEM_FRACTION 0.3, then FIT_STEPS (4) steps of the quick
 #               start's batch (16 x 8, 128 tokens, --micro_batch 32, --beta 0.04 as fit_bench.py) full and
@@ -169,6 +173,33 @@ for phase in $phases; do
         kill $smi
       done; done
     done ;;
+  calc_readme)  # the README's calculator command, exactly as written there (its own --out_dir)
+    server
+    rm -rf runs/calculator
+    run calc_readme runs/calculator 600 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
+        --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
+        --micro_batch 128 --lr 2e-5 --steps "${EP_STEPS:-200}" --eval_every 50 --out_dir runs/calculator ;;
+  reload)  # the same, while another client reloads the server's weights from disk after step RELOAD_AT (10)
+    server
+    rm -rf /tmp/runs/reload
+    log "reload: the calculator command, the weights reloaded from disk after step ${RELOAD_AT:-10}"
+    ( t0=$SECONDS
+      until grep -q "\"step\": ${RELOAD_AT:-10}, \"sampled" /tmp/runs/reload/metrics.jsonl 2>/dev/null; do
+        [ $((SECONDS - t0)) -gt 240 ] && exit 1; sleep 0.2; done
+      curl -s -X POST http://127.0.0.1:30000/update_weights_from_disk -H 'Content-Type: application/json' \
+          -d "{\"model_path\": \"$M\"}" > "$RES/reload_answer.json"
+      log "reload: POST /update_weights_from_disk after step ${RELOAD_AT:-10}: $(cut -c1-120 "$RES/reload_answer.json")" ) &
+    run reload /tmp/runs/reload 300 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
+        --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
+        --micro_batch 128 --lr 2e-5 --steps 40 --eval_every 0 --save_every 0 --out_dir /tmp/runs/reload
+    wait ;;
+  gemma)  # a base model (no chat template: plain prompts, a reply ends at a newline) on the calculator command
+    G=${GEMMA:?set GEMMA to the Gemma-3-270m folder}
+    server "$G"
+    run gemma_calc /tmp/runs/gemma_calc 400 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$G" \
+        --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
+        --micro_batch 128 --lr 2e-5 --steps "${GEMMA_STEPS:-60}" --eval_every 30 --save_every 0 \
+        --out_dir /tmp/runs/gemma_calc ;;
   *) log "unknown phase $phase" ;;
   esac
 done
