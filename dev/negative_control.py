@@ -4,6 +4,8 @@
     torchrun --nproc_per_node 1 dev/negative_control.py --half 6 -- <grpo_sglang.py flags>
     torchrun --nproc_per_node 1 dev/negative_control.py --base_only 10-100 -- --lora_rank 16 <grpo_sglang.py flags>
 
+    torchrun --nproc_per_node 1 dev/negative_control.py --no_hashes_after_rollout -- <grpo_sglang.py flags>
+
 --skip '6', '4-40' or '3,7-9': the pushes of those versions (the weights after those steps) are not sent. With
 --tag_skipped the server still gets the version tag (/update_weight_version, without aborting requests): a server
 that drops the weights but keeps the tag, which the version check cannot see. --half: those pushes send only every
@@ -35,6 +37,8 @@ def main():
     p.add_argument("--tag_skipped", action="store_true", help="still send the version tag of a skipped push")
     p.add_argument("--half", default="", help="versions whose push sends every other tensor of each bucket, tagged")
     p.add_argument("--base_only", default="", help="--lora_rank: versions whose push sends the base's weights, tagged")
+    p.add_argument("--no_hashes_after_rollout", action="store_true", help="no /weights_checker after each rollout "
+                   "(the check of the hashes off, to time what it costs)")
     args, rest = p.parse_known_args()
     skip, half, base = versions(args.skip), versions(args.half), versions(args.base_only)
     send, push, trainer = g.send_bucket, g.push_weights, {}
@@ -62,6 +66,8 @@ def main():
                                 flat.device)
         return send(cfg, link, flat, meta, last, version)
     g.send_bucket, g.push_weights = faulty_send, pushing
+    if args.no_hashes_after_rollout:
+        g.Server.weights_after = lambda self, batch: batch
     try:
         g.main(g.parse_config([a for a in rest if a != "--"]))
     except g.UserError as e:

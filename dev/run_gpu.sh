@@ -200,6 +200,14 @@ for phase in $phases; do
         --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
         --micro_batch 128 --lr 2e-5 --steps "${GEMMA_STEPS:-60}" --eval_every 30 --save_every 0 \
         --out_dir /tmp/runs/gemma_calc ;;
+  check_cost_ab)  # the quick start with and without the servers' hashes after each rollout, alternated (AB_RUNS pairs)
+    server
+    for k in $(seq "${AB_RUNS:-1}"); do
+      run "ab_hashes_$k" "/tmp/runs/ab_hashes_$k" 300 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" \
+          --eval_every 0 --save_every 0 --out_dir "/tmp/runs/ab_hashes_$k"
+      run "ab_none_$k" "/tmp/runs/ab_none_$k" 300 torchrun --nproc_per_node 1 dev/negative_control.py \
+          --no_hashes_after_rollout -- "${QUICK[@]}" --eval_every 0 --save_every 0 --out_dir "/tmp/runs/ab_none_$k"
+    done ;;
   *) log "unknown phase $phase" ;;
   esac
 done
