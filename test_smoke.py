@@ -241,6 +241,7 @@ class StandIn:
         # what /update_weights_from_disk reloads (the model it serves), and after which training rollout request it
         # reloads them itself, tag kept (another client's reload between two turns or two rounds of a step)
         self.base, self.reload_after = copy.deepcopy(self.model.state_dict()), reload_after
+        self.asked_text = []  # text prompts /generate was given (environments that ask the model)
         self.deterministic = deterministic  # every copy of a prompt sampled with the same seed
         self.shift = lp_shift  # added to every log-prob it reports (sampled and re-scored): a known sync-check gap
         self.context = self.model.config.max_position_embeddings
@@ -483,6 +484,11 @@ class StandIn:
                 self.reply({"detail": "Not Found"}, 404)
 
             def generate(self, req):
+                if "text" in req:  # a text prompt (an environment asking the model): its text back, as SGLang
+                    sp = req.get("sampling_params", {})
+                    o = srv.sample(srv.tok(req["text"])["input_ids"], {"max_new_tokens": 16, **sp}, seed=0)
+                    srv.asked_text.append(req["text"])
+                    return {**o, "text": srv.tok.decode(o["output_ids"], skip_special_tokens=True)}
                 ids, sp = req["input_ids"], req.get("sampling_params", {})
                 sps = sp if isinstance(sp, list) else [sp] * len(ids)  # one per prompt, or one for all (as SGLang)
                 sp = sps[0] if sps else {}
@@ -2355,7 +2361,7 @@ def test_max_new_tokens_beyond_the_servers_context_is_said_before_the_model_load
 # ---------------------------------------------------------------------------------------------
 # 6. one step and FSDP in-process: log-probs, norms, micro-batches, sharding, the train step
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "gemma2"])  # (gemma2: a soft-capped head)
 def test_packed_batch_logprobs_entropy_and_grads_equal_each_sequence_alone_in_plain_transformers(arch, tmp_path):
     """pack_batch puts sequences of very different lengths end to end in rows (position_ids restart at 0 for each):
     every completion token's log-prob, entropy and gradient must be what plain transformers gives each sequence
@@ -4429,7 +4435,7 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     import importlib.util
     recipes = readme_recipes()
     assert list(recipes) == ["concise", "filter", "ranks", "loss", "sft", "state", "dataset", "environment",
-                             "selfcheck"], list(recipes)
+                             "selfcheck", "turns", "asks"], list(recipes)
     root = tmp_path / "copy"
     root.mkdir()
     for f in ("grpo_sglang.py", "reward_fns.py"):
@@ -4475,6 +4481,55 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     code, out = run(train_cmd(tiny_model, server.url, tmp_path / "data_run", "--steps", "1", *flags[:k], *flags[k + 2:]))
     assert code == 0 and "eval prompts from data/capitals.jsonl" in out, out
     assert "task: exact (--task auto: 40 of 40 answers are no number; --task gsm8k, exact, choice or yours" in out, out
+
+
+def test_the_reward_per_turn_and_the_environment_that_asks_the_model_recipes_run_as_written(tiny_model, tmp_path,
+                                                                                          monkeypatch):
+    """A reward per turn, applied to a copy as written: hand values (reply k's tokens get the group advantage of its
+    return; the environment's tokens 0), and with every bonus 0 ('talk' never calls the calculator) a run trains
+    exactly as the one advantage per episode does, to the bit. The environment that asks the model: a run of its task
+    plays episodes of two replies around the question the model asked (a text prompt to /generate)."""
+    import importlib.util
+    recipes, root = readme_recipes(), tmp_path / "copy"
+    root.mkdir()
+    for f in ("grpo_sglang.py", "reward_fns.py"):
+        shutil.copy(os.path.join(HERE, f), root / f)
+    for name in ("turns", "asks"):
+        apply_recipe(recipes[name], root)
+    spec = importlib.util.spec_from_file_location("grpo_sglang_turns", root / "grpo_sglang.py")
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    seqs = {"mask": torch.tensor([[1.0, 1, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0, 0]]), "reward": torch.tensor([1.0, 0.0])}
+    adv = copy.turn_advantages(copy.Config(group_size=2, scale_rewards="none"), seqs, torch.tensor([[0.1, 0.2],
+                                                                                                  [0.0, 0.0]]))
+    # returns: episode 0 1.3 from reply 0 (1 + 0.1 + 0.2), 1.2 from reply 1; episode 1 0: advantages +-0.65, +-0.6
+    assert torch.allclose(adv, torch.tensor([[0.65, 0.65, 0, 0, 0.6, 0.6, 0], [-0.65, -0.65, -0.65, 0, 0, 0, 0]]))
+    got = {}
+    for key, script in (("per_episode", os.path.join(HERE, "grpo_sglang.py")), ("per_turn", str(root / "grpo_sglang.py"))):
+        s = StandIn(tiny_model)
+        try:
+            cmd = train_cmd(tiny_model, s.url, tmp_path / key, *TALK, "--max_reply_tokens", "4", rewards=True)
+            (root / "with_test_rewards.py").write_text(open(WITH_REWARDS).read().replace(
+                os.path.join(HERE, "grpo_sglang.py"), script))  # the test tasks, registered before this copy runs
+            code, out = run([cmd[0], str(root / "with_test_rewards.py"), *cmd[2:]])
+            assert code == 0, out
+        finally:
+            s.close()
+        got[key] = ckpt_weights(tmp_path / key), [r for r in read_metrics(tmp_path / key) if "loss" in r]
+    (w, m), (w1, m1) = got["per_episode"], got["per_turn"]
+    assert max(r["turns_mean"] for r in m) > 1 and [r["loss"] for r in m] == [r["loss"] for r in m1]
+    assert all(torch.equal(w[k], w1[k]) for k in w)
+    s = StandIn(tiny_model)
+    try:
+        monkeypatch.setenv("ASK_URL", s.url)
+        cmd = train_cmd(tiny_model, s.url, tmp_path / "asks", "--task", "arithmetic_student", "--max_new_tokens", "24",
+                        "--max_reply_tokens", "6", "--steps", "1", "--eval_every", "0")
+        code, out = run([cmd[0], str(root / "grpo_sglang.py"), *cmd[2:]])
+    finally:
+        s.close()
+    m = [r for r in read_metrics(tmp_path / "asks") if "loss" in r]
+    assert code == 0 and m[0]["turns_mean"] == 2 and m[0]["env_warnings"] == 0, out
+    assert s.asked_text and all(t.startswith("A teacher answered: ") for t in s.asked_text)
 
 
 def test_the_readmes_sft_term_and_replay_queue_recipes_run_as_written(tiny_model, tmp_path):
@@ -4547,6 +4602,19 @@ def test_the_docs_commands_use_only_flags_the_script_has():
     table = reference.split("<!-- flags: begin", 1)[1].split("-->", 1)[1].split("<!-- flags: end -->")[0]
     assert table.strip() == flags_md.tables().strip(), ("docs/reference.md's flag tables are not Config's (a flag or "
                                                         "its help changed): run python3 tools/flags_md.py --write")
+
+
+def test_a_task_or_a_reward_registered_as_the_docs_say_changes_no_flag_table_and_no_help():
+    """A student's task and reward, registered in reward_fns.py as docs/hacking.md says (before the trainer imports
+    it), changed --task's and --reward's help (they listed the registries), so the flag tables' test turned red on a
+    correct hack. The help names the registries, not their contents: the tables are the same after a registration."""
+    show = ("import sys; sys.path[:0] = [{here!r}, {tools!r}]; import reward_fns; {register}"
+            "import flags_md; print(flags_md.tables())")
+    tables = [subprocess.run([sys.executable, "-c", show.format(here=HERE, tools=os.path.join(HERE, "tools"), register=r)],
+                             capture_output=True, text=True, check=True).stdout for r in (
+        "", "reward_fns.REWARD_FNS['mine'] = lambda c, a: 1.0; reward_fns.TASKS['mine'] = reward_fns.Task('mine', "
+            "lambda c, a: True); ")]
+    assert tables[0] and tables[0] == tables[1]
 
 
 def test_the_readmes_size_claims_are_the_files():
