@@ -232,7 +232,7 @@ def test_the_paths_the_docs_name_are_in_the_tree_or_name_their_commit():
         m = re.search(r"\{([^{}]*)\}", p)
         return [q for alt in m.group(1).split(",") for q in expand(p[:m.start()] + alt + p[m.end():])] if m else [p]
     files = ["README.md", "results/README.md", "test_smoke.py", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(
-        os.path.join(ROOT, "docs", "*.md")) + glob.glob(os.path.join(ROOT, "dev", "*")))]
+        os.path.join(ROOT, "docs", "*.md")) + [p for p in glob.glob(os.path.join(ROOT, "dev", "*")) if os.path.isfile(p)])]
     dangling = []
     for f in files:
         text = open(os.path.join(ROOT, f)).read()
