@@ -26,7 +26,7 @@ Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serv
 topic's section; section 10 holds the faults of no one topic. The maintainers' tools (dev/: benchmarks, the GPU
 pipeline, the mutation check) have tests of their own in dev/test_dev.py; nothing here needs dev/.
 
-Run them all:        python -m pytest -q -n 2 test_smoke.py            (pytest-xdist: about 4-7 minutes on 2 cores)
+Run them all:        python -m pytest -q -n 2 test_smoke.py            (pytest-xdist: about 5-7 minutes on 2 cores)
 Run section N:       python test_smoke.py N [pytest's flags]           (e.g. python test_smoke.py 14 -x)
 Run tests by name:   python -m pytest -q test_smoke.py -k 'WORDS'      (words of test names, joined by or/and/not)
 
