@@ -1332,6 +1332,8 @@ def stop_strings(flag, fmt, max_turns):
         return [] if fmt == "chat" else ["\n"] if max_turns > 1 else ["\n\n"]
     if flag == "none":
         return []
+    if flag.strip().lower() in ("auto", "none"):  # a typo of a keyword, not a stop string
+        raise UserError(f"--stop {flag!r}: write 'auto' or 'none' exactly (or the strings that end a reply)")
     import codecs
     try:
         got = [codecs.decode(s, "unicode_escape") for s in flag.split(",")]

@@ -5831,6 +5831,8 @@ def test_a_reply_ends_at_a_stop_string_and_its_tokens_are_what_the_trainer_score
     assert g.stop_strings("\\n,###", "chat", 1) == ["\n", "###"]
     with pytest.raises(g.UserError, match="--stop 'a,,b' has an empty string"):
         g.stop_strings("a,,b", "chat", 1)
+    with pytest.raises(g.UserError, match="--stop ' Auto': write 'auto' or 'none' exactly"):
+        g.stop_strings(" Auto", "chat", 1)
 
 
 def test_a_built_in_task_with_repeated_questions_never_trains_on_a_held_out_one(tiny_model):
