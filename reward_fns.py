@@ -45,6 +45,7 @@ import math
 import numbers
 import random
 import re
+import threading
 import unicodedata
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -247,9 +248,13 @@ def safe_env(env, messages, answer, warnings, name=None):
         reason = f"raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
     # one count per environment and kind of failure; its key keeps the first one's message (the reply that caused it)
     kind = f"{name}: {reason.split(':')[0]}"
-    key = next((k for k in warnings if k == kind or k.startswith(kind + ":")), f"{name}: {reason}")
-    warnings[key] = warnings.get(key, 0) + 1
+    with COUNTING:  # (a rollout's episodes run in threads, all counting into one dict)
+        key = next((k for k in warnings if k == kind or k.startswith(kind + ":")), f"{name}: {reason}")
+        warnings[key] = warnings.get(key, 0) + 1
     return None
+
+
+COUNTING = threading.Lock()
 
 
 def shorten(text, n=80):

@@ -16,7 +16,9 @@
 #   guess, calculator   the README's multi-turn quick start for each built-in task of episodes, then the same model
 #               on the same held-out rows with one reply and no environment (--max_turns 1, evaluated only)
 #   episodes_neg  a calculator run whose pushes from step 6 on are dropped with their tag kept (negative_control.py)
-#   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server (dev/turn_cost.py)
+#   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server, per episode (the
+#               trainer's shape) and in lockstep (its shape before); where a turn's cost goes; the calculator's and the
+#               guess game's rollout() against one reply per episode of the same tokens (dev/turn_cost.py)
 #   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
 #   calc_readme the README's calculator command as written (EP_STEPS: shorter)
 #   reload      the same for 40 steps while another client reloads the server's weights from disk after step
@@ -150,7 +152,7 @@ for phase in $phases; do
   turn_cost)
     server
     log "turn_cost: dev/turn_cost.py"
-    timeout 300 python3 dev/turn_cost.py --model "$M" --out "$RES/turn_cost.json" > "$RES/turn_cost.log" 2>&1
+    timeout 400 python3 dev/turn_cost.py --model "$M" --out "$RES/turn_cost.json" > "$RES/turn_cost.log" 2>&1
     log "turn_cost: exit $?: $(tail -n 1 "$RES/turn_cost.log" | cut -c1-300)" ;;
   dapo)
     server

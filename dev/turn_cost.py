@@ -1,32 +1,174 @@
-"""What a turn of an episode costs on the server: episodes of T replies of K tokens each (an environment's message of
-fixed tokens between replies, the whole episode sent again each turn, as the trainer's rollout does) against one
-reply of T x K tokens per prompt, the same prompts and the same sampled tokens in all, side by side.
+"""What a turn of an episode costs on the server, side by side in one run (one JSON object out):
+
+  synthetic   episodes of T replies of K tokens each (an environment's message of fixed tokens between replies, the
+              whole episode sent again each turn) against one reply of T x K tokens per prompt, the same number of
+              sampled tokens (ignore_eos), each in two shapes:
+                per_episode  a thread per episode, one /generate per reply: the trainer's rollout() since 2026-12-03
+                lockstep     one batched /generate per turn for all episodes: the trainer's rollout() before
+              and the single reply the same two ways (one request per prompt; one batched request).
+  breakdown   where a turn's fixed cost goes, on the synthetic episodes' prompts (cached on the server): a batched
+              1-token /generate, the same per prompt, decode per token, the prefill of the environment's message, one
+              request's round trip, and the client's own work (the message's token ids, JSON).
+  tasks       the trainer's own rollout() of a built-in task of episodes (--tasks calculator guess, the README's
+              budgets), its time against one reply per episode of as many tokens as that episode sampled (ignore_eos,
+              one request per episode, as the trainer sends them): what the turns cost in a real task.
 
     python3 dev/turn_cost.py --model M [--url http://127.0.0.1:30000] [--episodes 128] [--turns 4] [--tokens 16]
+                             [--tasks calculator guess] [--out turn_cost.json]
 
-Every reply is exactly K tokens (ignore_eos), so both sides sample as many tokens; the difference is what the turns
-cost: one /generate per turn, the prefill of the environment's message, and the re-sent prefix (SGLang's radix cache
-holds it between turns). Prints one JSON object: each side's median seconds over --reps (the first run of each is a
-warm-up), their range, and the ratio.
+Each timed run starts from an empty cache (/flush_cache); the first run of each kind is a warm-up; medians and ranges
+over --reps.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo_sglang as g  # noqa: E402
 
+THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=512)
+
 
 def generate(url, prompts, tokens):
-    r = requests.post(url + "/generate", json={"input_ids": prompts, "sampling_params": {
-        "max_new_tokens": tokens, "temperature": 1.0, "ignore_eos": True}}, timeout=600)
+    """One batched /generate, as the trainer asks (ids in, ids and log-probs out) -> each prompt's sampled ids."""
+    tokens = tokens if isinstance(tokens, list) else [tokens] * len(prompts)
+    r = requests.post(url + "/generate", json={"input_ids": prompts, "return_logprob": True, "sampling_params": [
+        {"max_new_tokens": t, "temperature": 1.0, "ignore_eos": True} for t in tokens]}, timeout=600)
     r.raise_for_status()
     return [o["output_ids"] for o in r.json()]
+
+
+def each(url, prompts, tokens):
+    """A request per prompt, all in flight at once (the trainer's shape)."""
+    tokens = tokens if isinstance(tokens, list) else [tokens] * len(prompts)
+    return list(THREADS.map(lambda pt: generate(url, [pt[0]], pt[1])[0], zip(prompts, tokens)))
+
+
+def once(url, fn):
+    """fn() from an empty cache -> seconds"""
+    requests.post(url + "/flush_cache", timeout=60)
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def stats(xs):
+    return {"median_s": statistics.median(xs), "range_s": [min(xs), max(xs)], "n": len(xs)}
+
+
+def synthetic(a, url, tok):
+    said = g.env_ids(tok, "chat", "turn_cost")("My number is higher than 8. Guess again.", None)  # reply left open
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Guess my number ({k})."}], tokenize=True,
+                                       add_generation_prompt=True, return_dict=False) for k in range(a.episodes)]
+
+    def lockstep():
+        eps = [list(q) for q in prompts]
+        for turn in range(a.turns):
+            for e, out in zip(eps, generate(url, eps, a.tokens)):
+                e += out + (said if turn + 1 < a.turns else [])
+
+    def one_episode(q):
+        e = list(q)
+        for turn in range(a.turns):
+            e += generate(url, [e], a.tokens)[0] + (said if turn + 1 < a.turns else [])
+
+    shapes = {"episodes_per_episode": lambda: list(THREADS.map(one_episode, prompts)),
+              "single_turn_per_request": lambda: each(url, prompts, a.turns * a.tokens),
+              "episodes_lockstep": lockstep,
+              "single_turn_batched": lambda: generate(url, prompts, a.turns * a.tokens)}
+    times = {k: [] for k in shapes}
+    for rep in range(a.reps + 1):  # the shapes interleaved: the machine's drift falls on all alike
+        for name, fn in shapes.items():
+            t = once(url, fn)
+            times[name] += [t] if rep else []
+    med = {k: statistics.median(v) for k, v in times.items()}
+    extra = max(a.turns - 1, 1)
+    return said, prompts, {
+        "episodes": a.episodes, "turns": a.turns, "tokens_per_reply": a.tokens, "env_tokens": len(said),
+        "sampled_tokens_each": a.turns * a.tokens, **{k: stats(v) for k, v in times.items()},
+        "ratio_per_episode": med["episodes_per_episode"] / med["single_turn_per_request"],
+        "ratio_lockstep": med["episodes_lockstep"] / med["single_turn_batched"],
+        "ratio_per_episode_to_single_turn_batched": med["episodes_per_episode"] / med["single_turn_batched"],
+        "per_extra_turn_s": {"per_episode": (med["episodes_per_episode"] - med["single_turn_per_request"]) / extra,
+                             "lockstep": (med["episodes_lockstep"] - med["single_turn_batched"]) / extra}}
+
+
+def breakdown(a, url, tok, said, prompts):
+    """On prompts the server has cached (as a turn's episodes are): what a turn's pieces cost."""
+    ext = [q + [5] * 16 + said for q in prompts]  # an episode after a 16-token reply and the environment's message
+    warm = lambda: (generate(url, ext, 1), generate(url, prompts, 1))
+
+    def cached(fn):
+        return stats([_timed_cached(url, warm, fn) for _ in range(a.reps + 1)][1:])
+    out = {
+        "batched_1_token": cached(lambda: generate(url, prompts, 1)),
+        "per_request_1_token": cached(lambda: each(url, prompts, 1)),
+        "batched_16_tokens": cached(lambda: generate(url, prompts, 16)),
+        "one_request_1_token": cached(lambda: generate(url, prompts[:1], 1)),
+        "batched_1_token_env_message_uncached": cached(lambda: generate(url, [q + [7] * 16 + said for q in prompts],
+                                                                        1)),
+    }
+    out["decode_per_token_s"] = (out["batched_16_tokens"]["median_s"] - out["batched_1_token"]["median_s"]) / 15
+    out["env_message_prefill_s"] = (out["batched_1_token_env_message_uncached"]["median_s"]
+                                    - out["batched_1_token"]["median_s"])
+    env = g.env_ids(tok, "chat", "turn_cost")
+    t0 = time.perf_counter()
+    for _ in range(a.episodes):
+        env("My number is higher than 8. Guess again.", 2)
+    out["client_env_ids_per_turn_s"] = time.perf_counter() - t0
+    body = {"input_ids": ext, "return_logprob": True, "sampling_params": {"max_new_tokens": 16}}
+    t0 = time.perf_counter()
+    json.loads(json.dumps(body))
+    out["client_json_per_turn_s"] = time.perf_counter() - t0
+    return out
+
+
+def _timed_cached(url, warm, fn):
+    warm()  # the prefixes in the radix cache, as a turn finds them
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def tasks(a, url):
+    """The trainer's rollout() of each task against one reply per episode of the tokens that episode sampled."""
+    version = requests.post(url + "/generate", json={"input_ids": [[1, 2, 3]], "sampling_params": {
+        "max_new_tokens": 1}}, timeout=60).json()[0]["meta_info"]["weight_version"]
+    budgets = {"calculator": (128, 32), "guess": (192, 16)}  # the README's --max_new_tokens, --max_reply_tokens
+    out = {}
+    for name in a.tasks:
+        cfg = g.Config(model=a.model, dataset="builtin", task=name, max_new_tokens=budgets[name][0],
+                       max_reply_tokens=budgets[name][1], group_size=8)
+        tok, rows, _, task = g.load_data(cfg)
+        server = type("Server", (), {"reply": g.Server.reply, "place": g.Server.place, "cfg": cfg, "urls": [url],
+                                     "rt": SimpleNamespace(rank=0)})()
+        rows = rows[: a.episodes // cfg.group_size]
+        episodes, single, turns, tokens = [], [], [], []
+        for rep in range(a.reps + 1):
+            requests.post(url + "/flush_cache", timeout=60)
+            t0 = time.perf_counter()
+            eps = g.rollout(cfg, server, task, rows, version)["episodes"]
+            t1 = time.perf_counter()
+            sampled = [sum(e["mask"]) for e in eps]
+            requests.post(url + "/flush_cache", timeout=60)
+            t2 = time.perf_counter()
+            each(url, [e["prompt"] for e in eps], sampled)
+            t3 = time.perf_counter()
+            if rep:
+                episodes.append(t1 - t0), single.append(t3 - t2)
+                turns.append(statistics.mean(e["turns"] for e in eps)), tokens.append(sum(sampled))
+        out[name] = {"episodes_rollout": stats(episodes), "single_turn_same_tokens": stats(single),
+                     "ratio": statistics.median(episodes) / statistics.median(single),
+                     "turns_mean": statistics.median(turns), "sampled_tokens": statistics.median(tokens),
+                     "episodes": len(rows) * cfg.group_size}
+    return out
 
 
 def main():
@@ -37,38 +179,17 @@ def main():
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--tokens", type=int, default=16, help="tokens per reply")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--tasks", nargs="*", default=["calculator", "guess"])
     p.add_argument("--out", default=None, help="also write the JSON here")
     a = p.parse_args()
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(a.model)
-    said = g.env_ids(tok, "chat", "turn_cost")("My number is higher than 8. Guess again.", None)  # reply left open
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Guess my number ({k})."}], tokenize=True,
-                                       add_generation_prompt=True, return_dict=False) for k in range(a.episodes)]
-
-    def episodes():
-        eps = [list(q) for q in prompts]
-        for turn in range(a.turns):
-            for e, out in zip(eps, generate(a.url, eps, a.tokens)):
-                e += out + (said if turn + 1 < a.turns else [])
-        return eps
-
-    def one_turn():
-        return generate(a.url, prompts, a.turns * a.tokens)
-    times = {"episodes": [], "single_turn": []}
-    for rep in range(a.reps + 1):
-        for name, fn in (("episodes", episodes), ("single_turn", one_turn)):
-            requests.post(a.url + "/flush_cache", timeout=60)  # each side starts from an empty cache
-            t0 = time.time()
-            fn()
-            if rep:  # the first is a warm-up
-                times[name].append(time.time() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    out = {"episodes": a.episodes, "turns": a.turns, "tokens_per_reply": a.tokens, "env_tokens": len(said),
-           "sampled_tokens_each": a.turns * a.tokens, "median_s": med,
-           "range_s": {k: [min(v), max(v)] for k, v in times.items()},
-           "ratio_episodes_to_single_turn": med["episodes"] / med["single_turn"],
-           "per_extra_turn_s": (med["episodes"] - med["single_turn"]) / max(a.turns - 1, 1)}
-    print(json.dumps(out))
+    said, prompts, out = synthetic(a, a.url, tok)
+    print(json.dumps(out), flush=True)
+    out = {"synthetic": out, "breakdown": breakdown(a, a.url, tok, said, prompts)}
+    print(json.dumps(out["breakdown"]), flush=True)
+    out["tasks"] = tasks(a, a.url)
+    print(json.dumps(out["tasks"]), flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
