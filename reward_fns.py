@@ -364,7 +364,8 @@ def get_reward_fn(name: str):
 # ---- Tasks and their environments. A task is its prompt rows (a dataset, or built in), its reward, its check (what
 # accuracy counts) and, for episodes of several turns, its environment: a function of the conversation so far that
 # answers the model's reply with the next user message (a game's feedback, a tool's result), or None: the episode
-# ends. --task NAME picks one; add yours to TASKS.
+# ends. A rollout's episodes run at once, each in its own thread: keep an environment a function of its arguments
+# (a global it writes is shared by every episode). --task NAME picks one; add yours to TASKS.
 
 @dataclass
 class Task:

@@ -4,6 +4,7 @@
               whole episode sent again each turn) against one reply of T x K tokens per prompt, the same number of
               sampled tokens (ignore_eos), each in two shapes:
                 per_episode  a thread per episode, one /generate per reply: the trainer's rollout() since 2026-12-03
+                             (and the same on connections kept open: the trainer opens one per request)
                 lockstep     one batched /generate per turn for all episodes: the trainer's rollout() before
               and the single reply the same two ways (one request per prompt; one batched request).
   breakdown   where a turn's fixed cost goes, on the synthetic episodes' prompts (cached on the server): a batched
@@ -25,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -36,10 +38,16 @@ import grpo_sglang as g  # noqa: E402
 THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=512)
 
 
-def generate(url, prompts, tokens):
-    """One batched /generate, as the trainer asks (ids in, ids and log-probs out) -> each prompt's sampled ids."""
+LOCAL = threading.local()
+
+
+def generate(url, prompts, tokens, keepalive=False):
+    """One batched /generate, as the trainer asks (ids in, ids and log-probs out) -> each prompt's sampled ids.
+    keepalive: on this thread's own connection, kept open between requests (the trainer opens one per request)."""
     tokens = tokens if isinstance(tokens, list) else [tokens] * len(prompts)
-    r = requests.post(url + "/generate", json={"input_ids": prompts, "return_logprob": True, "sampling_params": [
+    if keepalive and not hasattr(LOCAL, "session"):
+        LOCAL.session = requests.Session()
+    r = (LOCAL.session if keepalive else requests).post(url + "/generate", json={"input_ids": prompts, "return_logprob": True, "sampling_params": [
         {"max_new_tokens": t, "temperature": 1.0, "ignore_eos": True} for t in tokens]}, timeout=600)
     r.raise_for_status()
     return [o["output_ids"] for o in r.json()]
@@ -74,12 +82,13 @@ def synthetic(a, url, tok):
             for e, out in zip(eps, generate(url, eps, a.tokens)):
                 e += out + (said if turn + 1 < a.turns else [])
 
-    def one_episode(q):
+    def one_episode(q, keepalive=False):
         e = list(q)
         for turn in range(a.turns):
-            e += generate(url, [e], a.tokens)[0] + (said if turn + 1 < a.turns else [])
+            e += generate(url, [e], a.tokens, keepalive)[0] + (said if turn + 1 < a.turns else [])
 
     shapes = {"episodes_per_episode": lambda: list(THREADS.map(one_episode, prompts)),
+              "episodes_per_episode_keepalive": lambda: list(THREADS.map(lambda q: one_episode(q, True), prompts)),
               "single_turn_per_request": lambda: each(url, prompts, a.turns * a.tokens),
               "episodes_lockstep": lockstep,
               "single_turn_batched": lambda: generate(url, prompts, a.turns * a.tokens)}
