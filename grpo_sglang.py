@@ -50,7 +50,6 @@ import socket
 import sys
 import tempfile
 import time
-import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -311,57 +310,52 @@ def rollout(cfg, server, task, rows, version, greedy=False):
       rows, version  the prompt rows (a group each); the version that sampled every token
       sampling       the settings it sampled with (temperature, ...): the step reads these
       srv            each episode's server (all its turns go there: its prefix is cached)
-      episodes       one per sequence, in the rows' order (see episode())
-      span           its (start, end) time
-    Every episode runs at once, each in its own thread: one goes on as soon as its own reply is
-    back, and the server batches whatever replies are in flight, so no episode waits for the
-    slowest reply of the batch."""
+      episodes       one per sequence, in the rows' order: prompt, completion (the ids after the
+                     prompt: replies and the environment's messages), mask (1 sampled, 0 the
+                     environment's), server_lp (the sampler's log-probs, 0 where mask is 0),
+                     messages (as text), answer, turns, finish ('stop'; 'length': the tokens ran
+                     out; 'turns': the replies ran out before the environment said done)
+      span           its (start, end) time"""
     n, t0 = 1 if greedy else cfg.group_size, time.time()
     sampling = {"temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
                 "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens, "stop": task.stop,
                 "max_reply_tokens": cfg.max_reply_tokens or cfg.max_new_tokens}
+    eps = [{"prompt": r["ids"], "completion": [], "mask": [], "server_lp": [], "turns": 0,
+            "answer": r["answer"], "messages": [{"role": "user", "content": r["text"]}],
+            "finish": None, "out_of_room": False} for r in rows for _ in range(n)]
     srv, warn = server.place(len(rows), n), Counter()  # warn: environments that raised, or worse
-    run = lambda i: episode(cfg, server, task, rows[i // n], i % n, sampling, version, srv[i], warn)
-    eps = list(EPISODES.map(run, range(len(srv))))
-    return {"rows": rows, "version": version, "sampling": sampling, "srv": srv, "episodes": eps,
-            "warnings": warn, "span": (t0, time.time())}
 
-
-def episode(cfg, server, task, row, copy, sampling, version, k, warn):
-    """The copy-th episode of a prompt row, turn by turn, on server k -> {prompt, completion (the
-    ids after the prompt: replies and the environment's messages), mask (1 sampled, 0 the
-    environment's), server_lp (the sampler's log-probs, 0 where mask is 0), messages (as text),
-    answer, turns, finish ('stop'; 'length': the tokens ran out; 'turns': the replies ran out
-    before the environment said done), out_of_room}"""
-    e = {"prompt": row["ids"], "completion": [], "mask": [], "server_lp": [], "turns": 0,
-         "answer": row["answer"], "messages": [{"role": "user", "content": row["text"]}],
-         "finish": None, "out_of_room": False}
-    seed = zlib.crc32(repr((cfg.seed, version, copy, row["ids"])).encode())  # its own draws
-
-    def append(ids, lps, mask):  # tokens at the episode's end, their log-probs and mask
+    def append(e, ids, lps, mask):  # tokens at the episode's end, their log-probs and mask
         e["completion"] += ids
         e["server_lp"] += lps
         e["mask"] += [mask] * len(ids)
     for turn in range(task.max_turns):
-        left = min(cfg.max_new_tokens - len(e["completion"]), sampling["max_reply_tokens"])
-        ids, lps, finish = server.reply(e["prompt"] + e["completion"], left, sampling, version, k,
-                                        seed)
-        append(ids, lps, 1)
-        e["turns"] += 1
-        e["messages"].append({"role": "assistant", "content": task.decode(ids)})
-        room = cfg.max_new_tokens - len(e["completion"])
-        said = task.env and reward_fns.safe_env(task.env, e["messages"], e["answer"], warn)
-        if said is None:  # done (or a reply cut by the token budget: 'length')
-            e["finish"] = finish
+        live = [i for i, e in enumerate(eps) if e["finish"] is None]
+        if not live:
             break
-        said_ids = task.env_ids(said, ids[-1] if ids else None)
-        if turn + 1 == task.max_turns or len(said_ids) >= room:  # no turn left, or no room
-            e["finish"] = "turns" if turn + 1 == task.max_turns else "length"
-            e["out_of_room"] = e["finish"] == "length"
-            break
-        append(said_ids, [0.0] * len(said_ids), 0)
-        e["messages"].append({"role": "user", "content": said})
-    return e
+        left = [min(cfg.max_new_tokens - len(eps[i]["completion"]), sampling["max_reply_tokens"])
+                for i in live]
+        replies = server.sample([eps[i]["prompt"] + eps[i]["completion"] for i in live], left,
+                                sampling, version, [srv[i] for i in live])
+        for i, (ids, lps, finish) in zip(live, replies):
+            e = eps[i]
+            append(e, ids, lps, 1)
+            e["turns"] += 1
+            e["messages"].append({"role": "assistant", "content": task.decode(ids)})
+            room = cfg.max_new_tokens - len(e["completion"])
+            said = task.env and reward_fns.safe_env(task.env, e["messages"], e["answer"], warn)
+            if said is None:  # done (or a reply cut by the token budget: 'length')
+                e["finish"] = finish
+                continue
+            said_ids = task.env_ids(said, ids[-1] if ids else None)
+            if turn + 1 == task.max_turns or len(said_ids) >= room:  # no turn left, or no room
+                e["finish"] = "turns" if turn + 1 == task.max_turns else "length"
+                e["out_of_room"] = e["finish"] == "length"
+                continue
+            append(e, said_ids, [0.0] * len(said_ids), 0)
+            e["messages"].append({"role": "user", "content": said})
+    return {"rows": rows, "version": version, "sampling": sampling, "srv": srv, "episodes": eps,
+            "warnings": warn, "span": (t0, time.time())}
 
 
 def sample_groups(cfg, server, task, rounds, version):
@@ -1554,21 +1548,28 @@ class Server:
         """-> the server of each of n episodes per prompt row: this rank's row j on (rank * n_rows + j) % servers."""
         return [(self.rt.rank * n_rows + j) % len(self.urls) for j in range(n_rows) for _ in range(n)]
 
-    def reply(self, ids, budget, sampling, version, k, seed):
-        """A reply to one episode so far (token ids) from server k under θ_version, of at most `budget` tokens -> (ids,
-        the server's logprobs, finish reason). seed: SGLang's sampling_seed, which only a server started with
-        --enable-deterministic-inference uses: its episodes differ, and a rerun draws them again."""
-        sp = {"temperature": sampling["temperature"], "top_p": sampling["top_p"], "top_k": sampling["top_k"],
-              "max_new_tokens": budget, "sampling_seed": seed,
-              **({"stop": sampling["stop"]} if sampling.get("stop") else {})}  # SGLang's names only
-        (o,) = generate(self.cfg, self.urls[k], [ids], str(version), "sampled", "this rollout", sampling_params=sp)
-        # SGLang keeps EOS (and its logprob) in output_ids: the policy must learn to stop
-        lps = [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]
-        if len(lps) != len(o["output_ids"]):
-            raise UserError(f"the server at {self.urls[k]} answered /generate with {len(o['output_ids'])} tokens "
-                            f"but {len(lps)} log-probs: the trainer needs one per sampled token (sglang 0.5.16 "
-                            f"or newer, started by serve.sh)")
-        return o["output_ids"], lps, (o["meta_info"].get("finish_reason") or {}).get("type", "?")
+    def sample(self, prompts, budgets, sampling, version, srv):
+        """A reply to each prompt (token ids) from its server srv[i] under θ_version, of at most budgets[i] tokens ->
+        [(ids, the server's logprobs, finish reason)] in the prompts' order."""
+        def request(k):  # server k's share, in one /generate
+            sp = [{"temperature": sampling["temperature"], "top_p": sampling["top_p"], "top_k": sampling["top_k"],
+                   "max_new_tokens": b, **({"stop": sampling["stop"]} if sampling.get("stop") else {})}
+                  for b, s in zip(budgets, srv) if s == k]  # SGLang's names only
+            return POOL.submit(generate, self.cfg, self.urls[k], [p for p, s in zip(prompts, srv) if s == k],
+                               str(version), "sampled", "this rollout",
+                               sampling_params=sp[0] if all(x == sp[0] for x in sp) else sp)
+        asked = {k: request(k) for k in sorted(set(srv))}  # all in flight, then read: each has its own timeout
+        got, outs = {k: iter(f.result()) for k, f in asked.items()}, []
+        for k in srv:
+            o = next(got[k])
+            # SGLang keeps EOS (and its logprob) in output_ids: the policy must learn to stop
+            lps = [lp for lp, *_ in o["meta_info"]["output_token_logprobs"]]
+            if len(lps) != len(o["output_ids"]):
+                raise UserError(f"the server at {self.urls[k]} answered /generate with {len(o['output_ids'])} tokens "
+                                f"but {len(lps)} log-probs: the trainer needs one per sampled token (sglang 0.5.16 "
+                                f"or newer, started by serve.sh)")
+            outs.append((o["output_ids"], lps, (o["meta_info"].get("finish_reason") or {}).get("type", "?")))
+        return outs
 
     def weights_after(self, batch):
         """The rollout's last reply is in: each server it used hashes the weights it holds now (/weights_checker),
@@ -1858,7 +1859,6 @@ def check_rows(srv, k):
 
 
 POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64)  # requests (to every server), NCCL sends, rollouts
-EPISODES = concurrent.futures.ThreadPoolExecutor(max_workers=512)  # a rollout's episodes, each its own requests
 
 
 def waited(future, timeout=None, what=None, hint=None):

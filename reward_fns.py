@@ -45,7 +45,6 @@ import math
 import numbers
 import random
 import re
-import threading
 import unicodedata
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -248,13 +247,9 @@ def safe_env(env, messages, answer, warnings, name=None):
         reason = f"raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
     # one count per environment and kind of failure; its key keeps the first one's message (the reply that caused it)
     kind = f"{name}: {reason.split(':')[0]}"
-    with COUNTING:  # (a rollout's episodes run in threads, all counting into one dict)
-        key = next((k for k in warnings if k == kind or k.startswith(kind + ":")), f"{name}: {reason}")
-        warnings[key] = warnings.get(key, 0) + 1
+    key = next((k for k in warnings if k == kind or k.startswith(kind + ":")), f"{name}: {reason}")
+    warnings[key] = warnings.get(key, 0) + 1
     return None
-
-
-COUNTING = threading.Lock()
 
 
 def shorten(text, n=80):
@@ -364,8 +359,7 @@ def get_reward_fn(name: str):
 # ---- Tasks and their environments. A task is its prompt rows (a dataset, or built in), its reward, its check (what
 # accuracy counts) and, for episodes of several turns, its environment: a function of the conversation so far that
 # answers the model's reply with the next user message (a game's feedback, a tool's result), or None: the episode
-# ends. A rollout's episodes run at once, each in its own thread: keep an environment a function of its arguments
-# (a global it writes is shared by every episode). --task NAME picks one; add yours to TASKS.
+# ends. --task NAME picks one; add yours to TASKS.
 
 @dataclass
 class Task:
