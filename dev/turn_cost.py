@@ -2,17 +2,19 @@
 
   synthetic   episodes of T replies of K tokens each (an environment's message of fixed tokens between replies, the
               whole episode sent again each turn) against one reply of T x K tokens per prompt, the same number of
-              sampled tokens (ignore_eos), each in two shapes:
-                per_episode  a thread per episode, one /generate per reply: the trainer's rollout() since 2026-12-03
-                             (and the same on connections kept open: the trainer opens one per request)
-                lockstep     one batched /generate per turn for all episodes: the trainer's rollout() before
+              sampled tokens (ignore_eos), the episodes in three shapes:
+                lockstep     one batched /generate per turn for all episodes: the trainer's rollout()
+                per_group    a thread per group of 8 episodes, each group in lockstep
+                per_episode  a thread per episode, one /generate per reply (and the same on connections kept
+                             open: the trainer opens one per request)
               and the single reply the same two ways (one request per prompt; one batched request).
   breakdown   where a turn's fixed cost goes, on the synthetic episodes' prompts (cached on the server): a batched
               1-token /generate, the same per prompt, decode per token, the prefill of the environment's message, one
               request's round trip, and the client's own work (the message's token ids, JSON).
-  tasks       the trainer's own rollout() of a built-in task of episodes (--tasks calculator guess, the README's
-              budgets), its time against one reply per episode of as many tokens as that episode sampled (ignore_eos,
-              one request per episode, as the trainer sends them): what the turns cost in a real task.
+  tasks       a built-in task of episodes (--tasks calculator guess, the README's budgets) with the trainer's own
+              rollout() three ways (lockstep: the trainer's; a thread per group of 8, each in lockstep; a thread per
+              episode), each against one batched reply per episode of as many tokens as that episode sampled
+              (ignore_eos): what the turns cost in a real task, where replies differ in length.
 
     python3 dev/turn_cost.py --model M [--url http://127.0.0.1:30000] [--episodes 128] [--turns 4] [--tokens 16]
                              [--tasks calculator guess] [--out turn_cost.json]
@@ -22,6 +24,7 @@ over --reps.
 """
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import os
 import statistics
@@ -76,7 +79,7 @@ def synthetic(a, url, tok):
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"Guess my number ({k})."}], tokenize=True,
                                        add_generation_prompt=True, return_dict=False) for k in range(a.episodes)]
 
-    def lockstep():
+    def lockstep(prompts=prompts):
         eps = [list(q) for q in prompts]
         for turn in range(a.turns):
             for e, out in zip(eps, generate(url, eps, a.tokens)):
@@ -87,7 +90,11 @@ def synthetic(a, url, tok):
         for turn in range(a.turns):
             e += generate(url, [e], a.tokens, keepalive)[0] + (said if turn + 1 < a.turns else [])
 
-    shapes = {"episodes_per_episode": lambda: list(THREADS.map(one_episode, prompts)),
+    def groups(size=8):  # a thread per group of `size` episodes, each group in lockstep
+        return list(THREADS.map(lockstep, [prompts[k: k + size] for k in range(0, len(prompts), size)]))
+
+    shapes = {"episodes_per_group": groups,
+              "episodes_per_episode": lambda: list(THREADS.map(one_episode, prompts)),
               "episodes_per_episode_keepalive": lambda: list(THREADS.map(lambda q: one_episode(q, True), prompts)),
               "single_turn_per_request": lambda: each(url, prompts, a.turns * a.tokens),
               "episodes_lockstep": lockstep,
@@ -103,6 +110,7 @@ def synthetic(a, url, tok):
         "episodes": a.episodes, "turns": a.turns, "tokens_per_reply": a.tokens, "env_tokens": len(said),
         "sampled_tokens_each": a.turns * a.tokens, **{k: stats(v) for k, v in times.items()},
         "ratio_per_episode": med["episodes_per_episode"] / med["single_turn_per_request"],
+        "ratio_per_group": med["episodes_per_group"] / med["single_turn_batched"],
         "ratio_lockstep": med["episodes_lockstep"] / med["single_turn_batched"],
         "ratio_per_episode_to_single_turn_batched": med["episodes_per_episode"] / med["single_turn_batched"],
         "per_extra_turn_s": {"per_episode": (med["episodes_per_episode"] - med["single_turn_per_request"]) / extra,
@@ -147,7 +155,9 @@ def _timed_cached(url, warm, fn):
 
 
 def tasks(a, url):
-    """The trainer's rollout() of each task against one reply per episode of the tokens that episode sampled."""
+    """Each task's episodes three ways, with the trainer's own rollout(): lockstep (the trainer's: one batched
+    /generate per turn), a thread per group (each group in lockstep), a thread per episode; each against one batched
+    reply per episode of as many tokens as that episode sampled (the trainer's single-turn request)."""
     version = requests.post(url + "/generate", json={"input_ids": [[1, 2, 3]], "sampling_params": {
         "max_new_tokens": 1}}, timeout=60).json()[0]["meta_info"]["weight_version"]
     budgets = {"calculator": (128, 32), "guess": (192, 16)}  # the README's --max_new_tokens, --max_reply_tokens
@@ -155,28 +165,36 @@ def tasks(a, url):
     for name in a.tasks:
         cfg = g.Config(model=a.model, dataset="builtin", task=name, max_new_tokens=budgets[name][0],
                        max_reply_tokens=budgets[name][1], group_size=8)
+        one = dataclasses.replace(cfg, group_size=1)
         tok, rows, _, task = g.load_data(cfg)
-        server = type("Server", (), {"reply": g.Server.reply, "place": g.Server.place, "cfg": cfg, "urls": [url],
+        server = type("Server", (), {"sample": g.Server.sample, "place": g.Server.place, "cfg": cfg, "urls": [url],
                                      "rt": SimpleNamespace(rank=0)})()
         rows = rows[: a.episodes // cfg.group_size]
-        episodes, single, turns, tokens = [], [], [], []
+        shapes = {
+            "lockstep": lambda: g.rollout(cfg, server, task, rows, version)["episodes"],
+            "per_group": lambda: [e for b in THREADS.map(lambda r: g.rollout(cfg, server, task, [r], version), rows)
+                                  for e in b["episodes"]],
+            "per_episode": lambda: [e for b in THREADS.map(lambda r: g.rollout(one, server, task, [r], version),
+                                                           [r for r in rows for _ in range(cfg.group_size)])
+                                    for e in b["episodes"]]}
+        got = {k: {"rollout": [], "single": [], "turns": [], "tokens": []} for k in shapes}
         for rep in range(a.reps + 1):
-            requests.post(url + "/flush_cache", timeout=60)
-            t0 = time.perf_counter()
-            eps = g.rollout(cfg, server, task, rows, version)["episodes"]
-            t1 = time.perf_counter()
-            sampled = [sum(e["mask"]) for e in eps]
-            requests.post(url + "/flush_cache", timeout=60)
-            t2 = time.perf_counter()
-            each(url, [e["prompt"] for e in eps], sampled)
-            t3 = time.perf_counter()
-            if rep:
-                episodes.append(t1 - t0), single.append(t3 - t2)
-                turns.append(statistics.mean(e["turns"] for e in eps)), tokens.append(sum(sampled))
-        out[name] = {"episodes_rollout": stats(episodes), "single_turn_same_tokens": stats(single),
-                     "ratio": statistics.median(episodes) / statistics.median(single),
-                     "turns_mean": statistics.median(turns), "sampled_tokens": statistics.median(tokens),
-                     "episodes": len(rows) * cfg.group_size}
+            for k, fn in shapes.items():
+                requests.post(url + "/flush_cache", timeout=60)
+                t0 = time.perf_counter()
+                eps = fn()
+                t1 = time.perf_counter()
+                sampled = [sum(e["mask"]) for e in eps]
+                t2 = once(url, lambda: generate(url, [e["prompt"] for e in eps], sampled))
+                if rep:
+                    got[k]["rollout"].append(t1 - t0), got[k]["single"].append(t2)
+                    got[k]["turns"].append(statistics.mean(e["turns"] for e in eps))
+                    got[k]["tokens"].append(sum(sampled))
+        out[name] = {"episodes": len(rows) * cfg.group_size, **{k: {
+            "rollout": stats(v["rollout"]), "single_turn_same_tokens": stats(v["single"]),
+            "ratio": statistics.median(v["rollout"]) / statistics.median(v["single"]),
+            "turns_mean": statistics.median(v["turns"]), "sampled_tokens": statistics.median(v["tokens"])}
+            for k, v in got.items()}}
     return out
 
 
