@@ -8,7 +8,8 @@ its folder (a new run's, before they leave the tree).
     python dev/summarize_gpu.py --check [part ...]  # recompute, compare with the summaries in the tree, write nothing
     python dev/summarize_gpu.py --at SHA part ...   # read the raw files at commit SHA, and record it as raw_files_at
 
-Parts (results/...): quickstart, trust, trl, lora, episodes, dynamic_sampling, fit, check_v2, rollout_check
+Parts (results/...): quickstart, trust, trl, lora, episodes, dynamic_sampling, fit, check_v2, rollout_check,
+calls_1203
 (h200/PART/summary.json); x2 (x2/summary.json: async, sync, memory, multi, check_async, from the x2 runs). A new run's
 raw files leave the tree so: commit them, `git rm` them, then `python dev/summarize_gpu.py --at HEAD PART` and commit
 (HEAD still holds them). It needs git and a clone with history (a shallow one lacks the commits: git fetch
@@ -484,6 +485,94 @@ def rollout_check(res, png=None):
     return out
 
 
+def turn_cost_numbers(path):
+    """dev/turn_cost.py's JSON -> its medians, ranges and ratios, rounded."""
+    tc, r = json.load(open(path)), lambda x: round(x, 4)
+    syn = tc["synthetic"]
+    shapes = {k: {"median_s": r(v["median_s"]), "range_s": [r(x) for x in v["range_s"]]} for k, v in syn.items()
+              if isinstance(v, dict) and "median_s" in v}
+    out = {"synthetic": {"what": f"{syn['episodes']} episodes of {syn['turns']} replies of {syn['tokens_per_reply']} "
+                                 f"tokens (an environment message of {syn['env_tokens']} tokens between them) against "
+                                 f"one reply of {syn['sampled_tokens_each']} tokens per prompt (ignore_eos)",
+                         **shapes, **{k: r(v) for k, v in syn.items() if k.startswith("ratio")},
+                         "per_extra_turn_s": {k: r(v) for k, v in syn["per_extra_turn_s"].items()}},
+           "breakdown": {k: r(v["median_s"]) if isinstance(v, dict) else r(v) for k, v in tc["breakdown"].items()}}
+    out["tasks"] = {}
+    for task, v in tc["tasks"].items():
+        ways = {k: x for k, x in v.items() if isinstance(x, dict)} if "lockstep" in v else {"per_episode": {
+            "rollout": v["episodes_rollout"], "single_turn_same_tokens": v["single_turn_same_tokens"],
+            "ratio": v["ratio"], "turns_mean": v["turns_mean"], "sampled_tokens": v["sampled_tokens"]}}
+        out["tasks"][task] = {k: {"rollout_median_s": r(x["rollout"]["median_s"]),
+                                  "rollout_range_s": [r(y) for y in x["rollout"]["range_s"]],
+                                  "single_turn_same_tokens_median_s": r(x["single_turn_same_tokens"]["median_s"]),
+                                  "ratio": r(x["ratio"]), "turns_mean": r(x["turns_mean"]),
+                                  "sampled_tokens": x["sampled_tokens"]} for k, x in ways.items()}
+    return out
+
+
+def calls_1203(res, png=None):
+    """Issue 56's three H200 calls of 2026-12-03, one machine: (1) sglang 0.5.16 at 2a31338 (a request per episode's
+    reply, since reverted): dev/turn_cost.py, and ours beside TRL's GRPOTrainer; (2) sglang 0.5.17 at 2a31338: the
+    quick start, the calculator command (50 steps), the reload control, turn_cost; (3) sglang 0.5.17 at d8561c1 (the
+    batched rollout, the trainer as it is now): turn_cost, the calculator command, the quick start, the reload."""
+    d = os.path.join(res, "h200", "calls_1203")
+    p = lambda call, name: os.path.join(d, str(call), name)
+    out = {"date": "2026-12-03", "machine": "one H200, server colocated (serve.sh GPU=0 MEM_FRACTION=0.3)",
+           "calls": {}}
+    what = {1: ("2a31338", 'M=/tmp/smollm2-135m RES=/tmp/resA ATTENTION_BACKEND=triton EXTRA_ARGS="--sampling-backend '
+                           'pytorch" TRL_STEPS=25 bash dev/run_gpu.sh turn_cost trl'),
+            2: ("2a31338", "(the same, PYTHONPATH with sglang 0.5.17 first) RES=/tmp/resB EP_STEPS=50 bash "
+                           "dev/run_gpu.sh quickstart calc_readme reload turn_cost"),
+            3: ("d8561c1", "(the same, sglang 0.5.17) RES=/tmp/resC EP_STEPS=50 bash dev/run_gpu.sh turn_cost "
+                           "calc_readme quickstart reload")}
+    for call, (commit, cmd) in what.items():
+        out["calls"][str(call)] = {"commit": commit, "command": cmd,
+                                   "versions": open(p(call, "versions.txt")).read().strip().splitlines(),
+                                   "turn_cost": turn_cost_numbers(p(call, "turn_cost.json"))}
+    out["calls"]["1"]["rollout"] = "2a31338: a thread per episode, one /generate per reply (reverted at 8d345de)"
+    out["calls"]["2"]["rollout"] = out["calls"]["1"]["rollout"]
+    out["calls"]["3"]["rollout"] = "d8561c1: one batched /generate per turn (the trainer's rollout before and after)"
+    t = json.load(open(p(1, "trl.summary.json")))
+    runs = {"trl_grpotrainer": rows(p(1, "trl.steps.jsonl"))}
+    for mode in ("async", "no-async"):
+        runs[f"grpo_sglang_{mode}"] = steps(p(1, f"ours_{mode}.metrics.jsonl"))
+    trl_out = {"trl": t["trl"], "medians_of": "steps 4 to the last of each run", "runs": {}}
+    for name, rs in runs.items():
+        x = [r["time_step"] for r in rs[3:]]
+        trl_out["runs"][name] = {"steps": len(rs), "step_s_median": med(x), "step_s_range": [round(min(x), 3),
+                                 round(max(x), 3)], "reward_1_10": round(st.mean(r["reward_mean"] for r in rs[:10]), 3),
+                                 "reward_16_25": round(st.mean(r["reward_mean"] for r in rs[15:25]), 3)}
+    trl_s = trl_out["runs"]["trl_grpotrainer"]["step_s_median"]
+    trl_out["speedup"] = {m: round(trl_s / trl_out["runs"][f"grpo_sglang_{m}"]["step_s_median"], 1)
+                          for m in ("async", "no-async")}
+    trl_out["note"] = ("call 1, at 2a31338: ours with a request per episode (single-turn here: 128 requests of one "
+                       "prompt a step), the rollout since reverted; dev/turn_cost.py measured that shape's single "
+                       "reply at 1.5-3.3x the batched request's (single_turn_per_request against single_turn_batched)")
+    out["calls"]["1"]["trl"] = trl_out
+    for call in (2, 3):
+        c = out["calls"][str(call)]
+        for name in ("quickstart", "calc_readme"):
+            s = steps(p(call, f"{name}.metrics.jsonl"))
+            c[name] = {"steps": len(s), "eval": evals(p(call, f"{name}.metrics.jsonl")),
+                       "reward_1_10": round(st.mean(r["reward_mean"] for r in s[:10]), 3),
+                       f"reward_{len(s) - 9}_{len(s)}": round(st.mean(r["reward_mean"] for r in s[-10:]), 3),
+                       f"accuracy_{len(s) - 9}_{len(s)}": round(st.mean(r["accuracy"] for r in s[-10:]), 3),
+                       "check_mismatch_mean_median": med([r["check_mismatch_mean"] for r in s]),
+                       "check_mismatch_mean_max": round(max(r["check_mismatch_mean"] for r in s), 4),
+                       "times_steps_4_on": times(s)}
+        at, why = stopped_at(p(call, "reload.log"))
+        answer = re.search(r"reload: POST /update_weights_from_disk after step (\d+): (.*)",
+                           open(p(call, "pipeline.log")).read())
+        c["reload"] = {"reload_after_step": int(answer.group(1)), "server_answer": answer.group(2).strip(),
+                       "stopped_at": at, "error": why}
+    out["calls"]["2"]["calc_readme"]["note"] = (
+        "seed 0 at 2a31338 on 0.5.17: the sampled policy settled on the calculator's 0.1 partial credit (a call, "
+        "then a reply cut at 32 tokens; entropy 2.1-2.5 to step 50) while greedy reached 77% held-out; call 3's "
+        "run of the same command at d8561c1 reached 100% at step 50, as the runs of 2026-12-02 and 12-03 on 0.5.16 "
+        "did. One run each: a shape's effect and run-to-run spread are not told apart")
+    return out
+
+
 # -- the runs before the GPU pipeline above (results/run_x2.sh, last at 0e3eade): the sync check's calibration and
 # two GPUs. Their summaries were written by results/tools/summarize.py (last at 0e3eade); these are its functions.
 
@@ -754,6 +843,7 @@ PARTS = {
     "fit": (fit, "h200/fit/summary.json", ["h200/fit", "h200/lora"], None),  # (the 7B LoRA run beside its server)
     "check_v2": (check_v2, "h200/check_v2/summary.json", ["h200/check_v2"], None),
     "rollout_check": (rollout_check, "h200/rollout_check/summary.json", ["h200/rollout_check"], None),
+    "calls_1203": (calls_1203, "h200/calls_1203/summary.json", ["h200/calls_1203"], None),
     "x2": (x2, "x2/summary.json", ["x2/async", "x2/sync", "x2/memory", "x2/multi", "x2/check_async",
                                    "h200/check_v2"], None)}
 RESULTS = os.path.join(ROOT, "results")
