@@ -106,12 +106,17 @@ def trl(res, png=None):
     """TRL's GRPOTrainer and ours on the same work (16 x 8, 128 tokens, lr 1e-5, beta 0, micro-batches of 32), one
     machine: ours --async and --no-async (30 steps each), then TRL (25 steps); medians and ranges of steps 4 on."""
     d = os.path.join(res, "h200", "trl")
+    return {"commit": "b862d68 (trainer); trl_grpo.py at 8a15aea", "date": "2026-12-02", **beside_trl(d)}
+
+
+def beside_trl(d):
+    """dev/run_gpu.sh's trl phase, its files in folder d -> TRL's version, each run's step times and rewards, the
+    speedups."""
     t = json.load(open(os.path.join(d, "trl.summary.json")))
     runs = {"trl_grpotrainer": rows(os.path.join(d, "trl.steps.jsonl"))}
     for mode in ("async", "no-async"):
         runs[f"grpo_sglang_{mode}"] = steps(os.path.join(d, f"ours_{mode}.metrics.jsonl"))
-    out = {"commit": "b862d68 (trainer); trl_grpo.py at 8a15aea", "date": "2026-12-02", "trl": t["trl"],
-           "medians_of": "steps 4 to the last of each run", "runs": {}}
+    out = {"trl": t["trl"], "medians_of": "steps 4 to the last of each run", "runs": {}}
     for name, rs in runs.items():
         x = [r["time_step"] for r in rs[3:]]
         out["runs"][name] = {"steps": len(rs), "step_s_median": med(x), "step_s_range": [round(min(x), 3),
@@ -532,19 +537,7 @@ def calls_1203(res, png=None):
     out["calls"]["1"]["rollout"] = "2a31338: a thread per episode, one /generate per reply (reverted at 8d345de)"
     out["calls"]["2"]["rollout"] = out["calls"]["1"]["rollout"]
     out["calls"]["3"]["rollout"] = "d8561c1: one batched /generate per turn (the trainer's rollout before and after)"
-    t = json.load(open(p(1, "trl.summary.json")))
-    runs = {"trl_grpotrainer": rows(p(1, "trl.steps.jsonl"))}
-    for mode in ("async", "no-async"):
-        runs[f"grpo_sglang_{mode}"] = steps(p(1, f"ours_{mode}.metrics.jsonl"))
-    trl_out = {"trl": t["trl"], "medians_of": "steps 4 to the last of each run", "runs": {}}
-    for name, rs in runs.items():
-        x = [r["time_step"] for r in rs[3:]]
-        trl_out["runs"][name] = {"steps": len(rs), "step_s_median": med(x), "step_s_range": [round(min(x), 3),
-                                 round(max(x), 3)], "reward_1_10": round(st.mean(r["reward_mean"] for r in rs[:10]), 3),
-                                 "reward_16_25": round(st.mean(r["reward_mean"] for r in rs[15:25]), 3)}
-    trl_s = trl_out["runs"]["trl_grpotrainer"]["step_s_median"]
-    trl_out["speedup"] = {m: round(trl_s / trl_out["runs"][f"grpo_sglang_{m}"]["step_s_median"], 1)
-                          for m in ("async", "no-async")}
+    trl_out = beside_trl(os.path.join(d, "1"))
     trl_out["note"] = ("call 1, at 2a31338: ours with a request per episode (single-turn here: 128 requests of one "
                        "prompt a step), the rollout since reverted; dev/turn_cost.py measured that shape's single "
                        "reply at 1.5-3.3x the batched request's (single_turn_per_request against single_turn_batched)")
@@ -552,14 +545,7 @@ def calls_1203(res, png=None):
     for call in (2, 3):
         c = out["calls"][str(call)]
         for name in ("quickstart", "calc_readme"):
-            s = steps(p(call, f"{name}.metrics.jsonl"))
-            c[name] = {"steps": len(s), "eval": evals(p(call, f"{name}.metrics.jsonl")),
-                       "reward_1_10": round(st.mean(r["reward_mean"] for r in s[:10]), 3),
-                       f"reward_{len(s) - 9}_{len(s)}": round(st.mean(r["reward_mean"] for r in s[-10:]), 3),
-                       f"accuracy_{len(s) - 9}_{len(s)}": round(st.mean(r["accuracy"] for r in s[-10:]), 3),
-                       "check_mismatch_mean_median": med([r["check_mismatch_mean"] for r in s]),
-                       "check_mismatch_mean_max": round(max(r["check_mismatch_mean"] for r in s), 4),
-                       "times_steps_4_on": times(s)}
+            c[name] = run_numbers(p(call, f"{name}.metrics.jsonl"))
         at, why = stopped_at(p(call, "reload.log"))
         answer = re.search(r"reload: POST /update_weights_from_disk after step (\d+): (.*)",
                            open(p(call, "pipeline.log")).read())

@@ -122,8 +122,14 @@ def breakdown(a, url, tok, said, prompts):
     ext = [q + [5] * 16 + said for q in prompts]  # an episode after a 16-token reply and the environment's message
     warm = lambda: (generate(url, ext, 1), generate(url, prompts, 1))
 
-    def cached(fn):
-        return stats([_timed_cached(url, warm, fn) for _ in range(a.reps + 1)][1:])
+    def cached(fn):  # fn()'s seconds with the prefixes in the radix cache, as a turn finds them (the first: warm-up)
+        times = []
+        for _ in range(a.reps + 1):
+            warm()
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return stats(times[1:])
     out = {
         "batched_1_token": cached(lambda: generate(url, prompts, 1)),
         "per_request_1_token": cached(lambda: each(url, prompts, 1)),
@@ -145,13 +151,6 @@ def breakdown(a, url, tok, said, prompts):
     json.loads(json.dumps(body))
     out["client_json_per_turn_s"] = time.perf_counter() - t0
     return out
-
-
-def _timed_cached(url, warm, fn):
-    warm()  # the prefixes in the radix cache, as a turn finds them
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def tasks(a, url):
