@@ -19,6 +19,9 @@
 #   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server, per episode (the
 #               trainer's shape) and in lockstep (its shape before); where a turn's cost goes; the calculator's and the
 #               guess game's rollout() against one reply per episode of the same tokens (dev/turn_cost.py)
+#   same_tokens the README's multi-turn quick start of each task (calculator, guess; ST_STEPS, 30) against a run of
+#               one reply per episode of as many tokens as that step's episode sampled (dev/same_tokens.py): the
+#               step time of turns against that of their tokens
 #   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
 #   calc_readme the README's calculator command as written (EP_STEPS: shorter)
 #   reload      the same for 40 steps while another client reloads the server's weights from disk after step
@@ -154,6 +157,17 @@ for phase in $phases; do
     log "turn_cost: dev/turn_cost.py"
     timeout 400 python3 dev/turn_cost.py --model "$M" --out "$RES/turn_cost.json" > "$RES/turn_cost.log" 2>&1
     log "turn_cost: exit $?: $(tail -n 1 "$RES/turn_cost.log" | cut -c1-300)" ;;
+  same_tokens)
+    server
+    for task in calculator guess; do
+      [ $task = guess ] && TASK=("${GUESS[@]}") || TASK=("${CALC[@]}")
+      for mode in record replay; do
+        [ $mode = replay ] && one=(--max_turns 1) || one=()
+        run "st_${task}_$mode" "/tmp/runs/st_${task}_$mode" 300 torchrun --nproc_per_node 1 dev/same_tokens.py \
+            "--$mode" "$RES/st_$task.json" -- "${EPISODES[@]}" "${TASK[@]}" --steps "${ST_STEPS:-30}" --eval_every 0 \
+            "${one[@]}" --out_dir "/tmp/runs/st_${task}_$mode"
+      done
+    done ;;
   dapo)
     server
     for ds in 3 0; do

@@ -12,9 +12,10 @@
               1-token /generate, the same per prompt, decode per token, the prefill of the environment's message, one
               request's round trip, and the client's own work (the message's token ids, JSON).
   tasks       a built-in task of episodes (--tasks calculator guess, the README's budgets) with the trainer's own
-              rollout() three ways (lockstep: the trainer's; a thread per group of 8, each in lockstep; a thread per
-              episode), each against one batched reply per episode of as many tokens as that episode sampled
-              (ignore_eos): what the turns cost in a real task, where replies differ in length.
+              rollout() (lockstep), and the same with the environment's token ids not remembered (each message through
+              the chat template, as before remembered()), each against one batched reply per episode of as many tokens
+              as that episode sampled (ignore_eos): what the turns cost in a real task, where replies differ in length.
+              (Until the commit after 1e163d0 also a thread per group of 8 and a thread per episode: calls_1203.)
 
     python3 dev/turn_cost.py --model M [--url http://127.0.0.1:30000] [--episodes 128] [--turns 4] [--tokens 16]
                              [--tasks calculator guess] [--out turn_cost.json]
@@ -24,7 +25,6 @@ over --reps.
 """
 import argparse
 import concurrent.futures
-import dataclasses
 import json
 import os
 import statistics
@@ -146,6 +146,12 @@ def breakdown(a, url, tok, said, prompts):
     for _ in range(a.episodes):
         env("My number is higher than 8. Guess again.", 2)
     out["client_env_ids_per_turn_s"] = time.perf_counter() - t0
+    env = g.remembered(env)  # the trainer's: a message it has seen costs a lookup
+    env("My number is higher than 8. Guess again.", 2)
+    t0 = time.perf_counter()
+    for _ in range(a.episodes):
+        env("My number is higher than 8. Guess again.", 2)
+    out["client_env_ids_remembered_per_turn_s"] = time.perf_counter() - t0
     body = {"input_ids": ext, "return_logprob": True, "sampling_params": {"max_new_tokens": 16}}
     t0 = time.perf_counter()
     json.loads(json.dumps(body))
@@ -154,9 +160,9 @@ def breakdown(a, url, tok, said, prompts):
 
 
 def tasks(a, url):
-    """Each task's episodes three ways, with the trainer's own rollout(): lockstep (the trainer's: one batched
-    /generate per turn), a thread per group (each group in lockstep), a thread per episode; each against one batched
-    reply per episode of as many tokens as that episode sampled (the trainer's single-turn request)."""
+    """Each task's episodes with the trainer's own rollout() (one batched /generate per turn), its environment's token
+    ids remembered (the trainer's) and not; each against one batched reply per episode of as many tokens as that
+    episode sampled (the trainer's single-turn request)."""
     version = requests.post(url + "/generate", json={"input_ids": [[1, 2, 3]], "sampling_params": {
         "max_new_tokens": 1}}, timeout=60).json()[0]["meta_info"]["weight_version"]
     budgets = {"calculator": (128, 32), "guess": (192, 16)}  # the README's --max_new_tokens, --max_reply_tokens
@@ -164,18 +170,14 @@ def tasks(a, url):
     for name in a.tasks:
         cfg = g.Config(model=a.model, dataset="builtin", task=name, max_new_tokens=budgets[name][0],
                        max_reply_tokens=budgets[name][1], group_size=8)
-        one = dataclasses.replace(cfg, group_size=1)
         tok, rows, _, task = g.load_data(cfg)
+        plain = SimpleNamespace(**{**vars(task), "env_ids": g.env_ids(tok, "chat", name)})  # not remembered
         server = type("Server", (), {"sample": g.Server.sample, "place": g.Server.place, "cfg": cfg, "urls": [url],
                                      "rt": SimpleNamespace(rank=0)})()
         rows = rows[: a.episodes // cfg.group_size]
         shapes = {
             "lockstep": lambda: g.rollout(cfg, server, task, rows, version)["episodes"],
-            "per_group": lambda: [e for b in THREADS.map(lambda r: g.rollout(cfg, server, task, [r], version), rows)
-                                  for e in b["episodes"]],
-            "per_episode": lambda: [e for b in THREADS.map(lambda r: g.rollout(one, server, task, [r], version),
-                                                           [r for r in rows for _ in range(cfg.group_size)])
-                                    for e in b["episodes"]]}
+            "lockstep_env_ids_not_remembered": lambda: g.rollout(cfg, server, plain, rows, version)["episodes"]}
         got = {k: {"rollout": [], "single": [], "turns": [], "tokens": []} for k in shapes}
         for rep in range(a.reps + 1):
             for k, fn in shapes.items():
