@@ -163,6 +163,7 @@ for phase in $phases; do
       [ $task = guess ] && TASK=("${GUESS[@]}") || TASK=("${CALC[@]}")
       for mode in record replay; do
         [ $mode = replay ] && one=(--max_turns 1) || one=()
+        rm -rf "/tmp/runs/st_${task}_$mode"  # (a second time on one machine: a fresh run, not a resume)
         run "st_${task}_$mode" "/tmp/runs/st_${task}_$mode" 300 torchrun --nproc_per_node 1 dev/same_tokens.py \
             "--$mode" "$RES/st_$task.json" -- "${EPISODES[@]}" "${TASK[@]}" --steps "${ST_STEPS:-30}" --eval_every 0 \
             "${one[@]}" --out_dir "/tmp/runs/st_${task}_$mode"

@@ -9,7 +9,7 @@ its folder (a new run's, before they leave the tree).
     python dev/summarize_gpu.py --at SHA part ...   # read the raw files at commit SHA, and record it as raw_files_at
 
 Parts (results/...): quickstart, trust, trl, lora, episodes, dynamic_sampling, fit, check_v2, rollout_check,
-calls_1203
+calls_1203, calls_1203b
 (h200/PART/summary.json); x2 (x2/summary.json: async, sync, memory, multi, check_async, from the x2 runs). A new run's
 raw files leave the tree so: commit them, `git rm` them, then `python dev/summarize_gpu.py --at HEAD PART` and commit
 (HEAD still holds them). It needs git and a clone with history (a shallow one lacks the commits: git fetch
@@ -559,6 +559,51 @@ def calls_1203(res, png=None):
     return out
 
 
+def same_tokens(d, task):
+    """dev/same_tokens.py's two runs of a task in folder d -> the step's times (steps 4 on) with turns and with one
+    reply of the same sampled tokens, their ratios, and what the recorded episodes held."""
+    rec, rep = (steps(os.path.join(d, f"st_{task}_{mode}.metrics.jsonl")) for mode in ("record", "replay"))
+    eps = json.load(open(os.path.join(d, f"st_{task}.json")))["rollouts"]
+    mean = lambda k: round(st.mean(x for r in eps for x in r[k]), 2)
+    out = {"steps": [len(rec), len(rep)], "episodes_turns_mean": mean("turns"), "episodes_env_tokens_mean":
+           mean("env_tokens"), "sampled_tokens_mean": mean("sampled"),
+           "episodes": times(rec), "single_turn_same_tokens": times(rep)}
+    out["ratio"] = {k: round(out["episodes"][k]["median"] / out["single_turn_same_tokens"][k]["median"], 2)
+                    for k in ("time_step", "time_rollout", "time_train")}
+    return out
+
+
+def calls_1203b(res, png=None):
+    """Issue 56's second set of H200 calls of 2026-12-03, one machine, sglang 0.5.17, at 4f3f72d (the trainer as it
+    is now: batched turns, the environment's token ids remembered): (1) dev/turn_cost.py, ours beside TRL's
+    GRPOTrainer; (2) the calculator and the guess game against single-turn runs of the same tokens (dev/same_tokens.py,
+    30 steps each), the calculator command (50 steps); (3) turn_cost, the quick start as written; (4) same_tokens
+    again (call 3's same_tokens runs found call 2's out_dirs and stopped at start: see its pipeline.log)."""
+    d = os.path.join(res, "h200", "calls_1203b")
+    p = lambda call, name: os.path.join(d, str(call), name)
+    env = ('. .gpukit/s17/env17.sh (sglang 0.5.17 over the 0.5.16 kit); M=$KIT_MODEL_DIR ATTENTION_BACKEND=triton '
+           'EXTRA_ARGS="--sampling-backend pytorch"')
+    cmds = {1: "RES=/tmp/res1 TRL_STEPS=25 bash dev/run_gpu.sh turn_cost trl",
+            2: "RES=/tmp/res2 ST_STEPS=30 EP_STEPS=50 bash dev/run_gpu.sh same_tokens calc_readme",
+            3: "RES=/tmp/res3 ST_STEPS=30 bash dev/run_gpu.sh turn_cost same_tokens quickstart",
+            4: "rm -rf /tmp/runs/st_*; RES=/tmp/res4 ST_STEPS=30 bash dev/run_gpu.sh same_tokens"}
+    out = {"date": "2026-12-03", "commit": "4f3f72d", "environment": env,
+           "machine": "one H200, server colocated (serve.sh GPU=0 MEM_FRACTION=0.3), started in call 1 and still up "
+                      "in calls 2-4", "calls": {}}
+    for call, cmd in cmds.items():
+        out["calls"][str(call)] = {"command": cmd,
+                                   "versions": open(p(call, "versions.txt")).read().strip().splitlines()}
+    for call in (1, 3):
+        out["calls"][str(call)]["turn_cost"] = turn_cost_numbers(p(call, "turn_cost.json"))
+    out["calls"]["1"]["trl"] = beside_trl(os.path.join(d, "1"))
+    out["calls"]["2"]["calc_readme"] = run_numbers(p(2, "calc_readme.metrics.jsonl"))
+    out["calls"]["3"]["quickstart"] = run_numbers(p(3, "quickstart.metrics.jsonl"))
+    for call in (2, 4):
+        out["calls"][str(call)]["same_tokens"] = {t: same_tokens(os.path.join(d, str(call)), t)
+                                                  for t in ("calculator", "guess")}
+    return out
+
+
 # -- the runs before the GPU pipeline above (results/run_x2.sh, last at 0e3eade): the sync check's calibration and
 # two GPUs. Their summaries were written by results/tools/summarize.py (last at 0e3eade); these are its functions.
 
@@ -830,6 +875,7 @@ PARTS = {
     "check_v2": (check_v2, "h200/check_v2/summary.json", ["h200/check_v2"], None),
     "rollout_check": (rollout_check, "h200/rollout_check/summary.json", ["h200/rollout_check"], None),
     "calls_1203": (calls_1203, "h200/calls_1203/summary.json", ["h200/calls_1203"], None),
+    "calls_1203b": (calls_1203b, "h200/calls_1203b/summary.json", ["h200/calls_1203b"], None),
     "x2": (x2, "x2/summary.json", ["x2/async", "x2/sync", "x2/memory", "x2/multi", "x2/check_async",
                                    "h200/check_v2"], None)}
 RESULTS = os.path.join(ROOT, "results")
