@@ -5364,8 +5364,8 @@ def tiny_task(tiny_model, env, max_turns=3):
     from types import SimpleNamespace
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    return tok, SimpleNamespace(env=env, max_turns=max_turns, env_ids=g.env_ids(tok, "chat", "talk"), stop=[],
-                                decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+    return tok, SimpleNamespace(env=env, max_turns=max_turns, env_ids=g.remembered(g.env_ids(tok, "chat", "talk")),
+                                stop=[], decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
 
 
 def test_an_episode_appends_each_reply_sampled_and_each_environment_message_with_mask_0(tiny_model):
@@ -5402,6 +5402,10 @@ def test_an_episode_appends_each_reply_sampled_and_each_environment_message_with
     (e,) = g.rollout(dataclasses.replace(cfg, group_size=1), server, task, rows, 0)["episodes"]
     assert e["completion"] == [IS, END] + says + [IS, END] and e["finish"] == "turns" and e["turns"] == 2
     assert e["mask"] == [1] + [0] * 9 + [1, 1] and len(e["messages"]) == 4
+    # the same message after a reply that closed itself (remembered by message and reply end): closed once
+    server = Scripted([[([IS, END], "stop")], [([IS, END], "stop")]])
+    (e,) = g.rollout(dataclasses.replace(cfg, group_size=1), server, task, rows, 0)["episodes"]
+    assert e["completion"] == [IS, END] + says + [IS, END] and e["mask"] == [1, 1] + [0] * 8 + [1, 1]
     # the environment's message would fill the budget: the episode ends there, without it
     server = Scripted([[([IS, IS, IS, END], "stop")]])
     (e,) = g.rollout(dataclasses.replace(cfg, group_size=1, max_new_tokens=12), server, task, rows, 0)["episodes"]
