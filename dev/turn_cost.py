@@ -15,7 +15,7 @@
               rollout() (lockstep), and the same with the environment's token ids not remembered (each message through
               the chat template, as before remembered()), each against one batched reply per episode of as many tokens
               as that episode sampled (ignore_eos): what the turns cost in a real task, where replies differ in length.
-              (Until the commit after 1e163d0 also a thread per group of 8 and a thread per episode: calls_1203.)
+              (Before 4f3f72d also a thread per group of 8 and a thread per episode: results/h200/calls_1203.)
 
     python3 dev/turn_cost.py --model M [--url http://127.0.0.1:30000] [--episodes 128] [--turns 4] [--tokens 16]
                              [--tasks calculator guess] [--out turn_cost.json]
