@@ -16,9 +16,9 @@
 #   guess, calculator   the README's multi-turn quick start for each built-in task of episodes, then the same model
 #               on the same held-out rows with one reply and no environment (--max_turns 1, evaluated only)
 #   episodes_neg  a calculator run whose pushes from step 6 on are dropped with their tag kept (negative_control.py)
-#   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server, per episode (the
-#               trainer's shape) and in lockstep (its shape before); where a turn's cost goes; the calculator's and the
-#               guess game's rollout() against one reply per episode of the same tokens (dev/turn_cost.py)
+#   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server, in lockstep (the
+#               trainer's shape), per group and per episode; where a turn's cost goes; the calculator's and the guess
+#               game's rollout() against one reply per episode of the same tokens (dev/turn_cost.py)
 #   same_tokens the README's multi-turn quick start of each task (calculator, guess; ST_STEPS, 30) against a run of
 #               one reply per episode of as many tokens as that step's episode sampled (dev/same_tokens.py): the
 #               step time of turns against that of their tokens

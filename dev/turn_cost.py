@@ -6,7 +6,7 @@
                 lockstep     one batched /generate per turn for all episodes: the trainer's rollout()
                 per_group    a thread per group of 8 episodes, each group in lockstep
                 per_episode  a thread per episode, one /generate per reply (and the same on connections kept
-                             open: the trainer opens one per request)
+                             open)
               and the single reply the same two ways (one request per prompt; one batched request).
   breakdown   where a turn's fixed cost goes, on the synthetic episodes' prompts (cached on the server): a batched
               1-token /generate, the same per prompt, decode per token, the prefill of the environment's message, one
@@ -46,7 +46,7 @@ LOCAL = threading.local()
 
 def generate(url, prompts, tokens, keepalive=False):
     """One batched /generate, as the trainer asks (ids in, ids and log-probs out) -> each prompt's sampled ids.
-    keepalive: on this thread's own connection, kept open between requests (the trainer opens one per request)."""
+    keepalive: on this thread's own connection, kept open between requests (otherwise one per request)."""
     tokens = tokens if isinstance(tokens, list) else [tokens] * len(prompts)
     if keepalive and not hasattr(LOCAL, "session"):
         LOCAL.session = requests.Session()
@@ -57,7 +57,7 @@ def generate(url, prompts, tokens, keepalive=False):
 
 
 def each(url, prompts, tokens):
-    """A request per prompt, all in flight at once (the trainer's shape)."""
+    """A request per prompt, all in flight at once (the per-episode shape)."""
     tokens = tokens if isinstance(tokens, list) else [tokens] * len(prompts)
     return list(THREADS.map(lambda pt: generate(url, [pt[0]], pt[1])[0], zip(prompts, tokens)))
 
