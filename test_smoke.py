@@ -38,22 +38,22 @@ its fence) and of its main plumbing -> the -k words that select the tests that c
   lr_factor, set_lr -> lr_schedule
   kl_k3 -> kl_k3 or kl_and_tis or kl_metric or kl_is_logged
   log_ratio -> gspo or ratio_level
-  clipped_surrogate -> clipped_surrogate or cispo
   tis_weights -> tis_weights or importance_sampling_modes or importance_weights or tis_mode
-  grpo_token_loss, per_token -> grpo_token_loss or gspo or cispo or entropy_bonus or advantages_may_be_per_token
+  per_token -> advantages_may_be_per_token
   aggregate, loss_norm -> aggregate_modes or advantages_may_be_per_token
   prompts_for_step -> prompts_for_step or epochs_are_shuffled or resumed_run_samples_and_trains_exactly
   rollout, env_ids -> an_episode_appends or template_that_rewrites or episodes_train or ends_after_one_turn
   sample_groups, rank_rounds -> dynamic_sampling or rounds_of_prompts
   sequences, samples, score -> score_counts_correctness or a_reward_part_is_its_mean
   identical_groups -> identical
+  score_metrics, rollout_metrics, train_metrics -> score_counts_correctness or metrics_are_logged or dynamic_sampling
   micro_batches -> micro_batches
   rows_of -> train_step_is_the_grpo_objective or per_token_advantages_of_the_table
   old_and_ref_logprobs -> old_policy_and_reference_logprobs or kl_metric_counts
   shape_rewards, weights -> filters_set_weights_and_shaping or overlong_penalty_reaches or weights_are_all_0
   advantages, batch_std -> scale_rewards_batch or train_step_is_the_grpo_objective or rloo_and_batch_std
   completion_logprobs -> packed_batch_logprobs or head_logprobs
-  policy_loss -> policy_loss or ratio_level or entropy_bonus
+  policy_loss -> policy_loss or clipped_surrogate or grpo_token_loss or gspo or cispo or ratio_level or entropy_bonus
   train -> train_step_is_the_grpo_objective or weights_are_all_0 or kl_metric_counts or entropy_with_mu_2
   split_by_tokens, batch_counts, fsdp_sync_grads -> micro_batches or different_numbers_of_micro or one_rank_and_two
   main -> script_trains_and_server_gets_the_weights or one_rank_and_two_ranks or a_step_on_a_known_reward
@@ -1098,6 +1098,16 @@ def check_registry(rf):
     assert "gsm9k" in str(e.value)
 
 
+def token_loss(logp, old, adv, mask, clip_low, clip_high, level="token", tis=None, ref=None, beta=0.0, loss_type="grpo"):
+    """g.policy_loss on these tensors, with the flags they stand for; `tis`, the TIS weights (None: off), comes in as
+    the sampler's log-probs that give them, under a cap above them all. -> (loss, clipped, kl), each (B, T)."""
+    cfg = g.Config(clip_low=clip_low, clip_high=clip_high, ratio_level=level, beta=beta, loss_type=loss_type,
+                   tis_cap=0.0 if tis is None else float(tis.max()) + 1.0)
+    x = {"adv": adv, "mask": mask, "server_lp": old if tis is None else old - torch.log(tis),
+         **({} if ref is None else {"ref_lp": ref})}
+    return g.policy_loss(cfg, x, logp, old, None)
+
+
 def readme_recipes():
     """The Hacking guide (docs/hacking.md, the README's index): {recipe: [(file, function, mode, anchor, code)]}, from
     the comment before each code block (<!-- recipe NAME: FILE FUNCTION MODE "ANCHOR" -->), in the guide's order."""
@@ -1361,14 +1371,14 @@ def test_clipped_surrogate_hand_values():
     old = torch.zeros(2, 2)
     logp = torch.log(torch.tensor([[1.5, 0.9], [0.5, 1.1]]))  # ratios
     adv = torch.tensor([1.0, -1.0])
-    loss, clipped = g.clipped_surrogate(torch.exp(logp - old), adv, 0.2, 0.3)
+    loss, clipped, _ = token_loss(logp, old, adv, torch.ones(2, 2), 0.2, 0.3)
     # row 0 (A=+1): min(1.5, 1.3) = 1.3 (clipped); min(0.9, 0.9) = 0.9
     # row 1 (A=-1): min(-0.5, -0.8) = -0.8 (clipped); min(-1.1, -1.1) = -1.1
     assert torch.allclose(loss, torch.tensor([[-1.3, -0.9], [0.8, 1.1]]), atol=1e-6)
     assert clipped.tolist() == [[True, False], [True, False]]
     # the gradient vanishes where clipping is active, not elsewhere
     lp = logp.clone().requires_grad_(True)
-    g.clipped_surrogate(torch.exp(lp - old), adv, 0.2, 0.3)[0].sum().backward()
+    token_loss(lp, old, adv, torch.ones(2, 2), 0.2, 0.3)[0].sum().backward()
     assert lp.grad[0, 0] == 0 and lp.grad[1, 0] == 0
     assert torch.allclose(lp.grad[0, 1], torch.tensor(-0.9)) and torch.allclose(lp.grad[1, 1], torch.tensor(1.1))
 
@@ -1384,13 +1394,13 @@ def test_grpo_token_loss_with_kl_and_tis_hand_values():
     ref = torch.log(torch.tensor([[0.25, 0.5]]))
     tis = torch.tensor([[2.0, 0.5]])
     one = torch.ones(1, 2)
-    loss, clipped, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), one, 0.2, 0.2, "token", tis, ref, beta=0.1)
+    loss, clipped, kl = token_loss(logp, old, torch.tensor([1.0]), one, 0.2, 0.2, "token", tis, ref, beta=0.1)
     # KL(pi || ref) per token, k3 with d = ref - logp: d = log(0.5), log(2) -> e^d - d - 1
     k3 = [0.5 - math.log(0.5) - 1, 2 - math.log(2) - 1]
     assert torch.allclose(kl, torch.tensor([k3]), atol=1e-6)
     assert torch.allclose(loss, torch.tensor([[-1.2 * 2.0 + 0.1 * k3[0], -1.0 * 0.5 + 0.1 * k3[1]]]), atol=1e-6)
     assert clipped.tolist() == [[True, False]]
-    loss, _, kl = g.grpo_token_loss(logp, old, torch.tensor([1.0]), one, 0.2, 0.2)  # no TIS, no reference
+    loss, _, kl = token_loss(logp, old, torch.tensor([1.0]), one, 0.2, 0.2)  # no TIS, no reference
     assert kl is None and torch.allclose(loss, torch.tensor([[-1.2, -1.0]]))
 
 
@@ -4162,13 +4172,13 @@ def test_gspo_sequence_ratio_hand_values():
     assert torch.allclose(torch.exp(g.log_ratio(logp, old, mask, "sequence")), want, atol=1e-6)
     assert torch.allclose(g.log_ratio(logp, old, mask, "token"), logp - old)
     adv = torch.tensor([1.0, -1.0])
-    loss, clipped, _ = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.3, "sequence")
+    loss, clipped, _ = token_loss(logp, old, adv, mask, 0.2, 0.3, "sequence")
     # row 0: A > 0, sqrt(2) = 1.414 clipped to 1.3; row 1: A < 0, 0.794 clipped to 0.8: -min(-0.794, -0.8) = 0.8
     assert torch.allclose(loss, torch.tensor([[-1.3] * 3, [0.8] * 3]), atol=1e-6)
     assert clipped.all()
     # the gradient of a token's loss reaches every token of its sequence (1/|y| each), none where clipped
     lp = logp.clone().requires_grad_(True)
-    l, _, _ = g.grpo_token_loss(lp, old, torch.tensor([1.0, 1.0]), mask, 0.5, 0.3, "sequence")  # row 0 clipped
+    l, _, _ = token_loss(lp, old, torch.tensor([1.0, 1.0]), mask, 0.5, 0.3, "sequence")  # row 0 clipped
     (l * mask).sum().backward()
     r1 = 0.5 ** (1 / 3)  # row 1, unclipped: d/dlogp_t of -3 * exp(mean) = -exp(mean) (3 tokens, 1/3 each)
     assert torch.allclose(lp.grad[1], torch.full((3,), -r1), atol=1e-6) and (lp.grad[0] == 0).all()
@@ -4177,8 +4187,8 @@ def test_gspo_sequence_ratio_hand_values():
 def test_gspo_with_one_token_completions_is_grpo():
     logp, old, adv, mask = torch.randn(5, 1), torch.randn(5, 1), torch.randn(5), torch.ones(5, 1)
     tis, ref = torch.rand(5, 1) + 0.5, torch.randn(5, 1)
-    tok = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.28, "token", tis, ref, 0.1)
-    seq = g.grpo_token_loss(logp, old, adv, mask, 0.2, 0.28, "sequence", tis, ref, 0.1)
+    tok = token_loss(logp, old, adv, mask, 0.2, 0.28, "token", tis, ref, 0.1)
+    seq = token_loss(logp, old, adv, mask, 0.2, 0.28, "sequence", tis, ref, 0.1)
     assert all(torch.equal(a, b) for a, b in zip(tok, seq))
 
 
@@ -4277,7 +4287,7 @@ def test_cispo_hand_values_and_its_gradient_flows_through_clipped_tokens():
     logp = torch.log(torch.tensor([[0.6, 0.3]])).requires_grad_(True)
     old = torch.log(torch.tensor([[0.3, 0.3]]))  # ratios 2 (over 1 + 0.28) and 1
     adv = torch.tensor([2.0])
-    loss, clipped, _ = g.grpo_token_loss(logp, old, adv, torch.ones(1, 2), 0.2, 0.28, loss_type="cispo")
+    loss, clipped, _ = token_loss(logp, old, adv, torch.ones(1, 2), 0.2, 0.28, loss_type="cispo")
     want = -torch.tensor([1.28, 1.0]) * 2 * torch.log(torch.tensor([0.6, 0.3]))  # -sg(min(ρ, 1.28)) A log π
     assert torch.allclose(loss.detach(), want.unsqueeze(0)) and clipped.tolist() == [[True, False]]
     loss.sum().backward()
@@ -4320,7 +4330,7 @@ def test_advantages_may_be_per_token_and_any_other_shape_is_one_clear_error():
 
     def loss_and_grad(adv, loss_type="grpo"):
         lp = logp0.clone().requires_grad_(True)
-        loss, clipped, _ = g.grpo_token_loss(lp, old, adv, mask, 0.2, 0.28, loss_type=loss_type)
+        loss, clipped, _ = token_loss(lp, old, adv, mask, 0.2, 0.28, loss_type=loss_type)
         total = g.aggregate(loss, mask, torch.ones(2), "token", 5)
         total.backward()
         return loss.detach(), clipped, total.detach(), lp.grad

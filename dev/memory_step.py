@@ -1,5 +1,5 @@
 """Peak GPU memory of one grpo_sglang training step on one GPU, with no server and no data: just the trainer's
-own code (load_policy, shard, pack_batch, completion_logprobs, grpo_token_loss, aggregate) on random tokens.
+own code (load_policy, shard, pack_batch, completion_logprobs, policy_loss, aggregate) on random tokens.
 
     python dev/memory_step.py --model DIR [--grad_checkpointing] [--micro_batch 4] [--prompt_len 64] \
         [--completion_len 128] [--sequences 32] [--steps 2] [--device cuda|cpu] --out FILE.json
@@ -53,7 +53,8 @@ def train_step(model, opt, samples, adv, args, device):
         b = g.pack_batch(part, 0, device)
         logp = g.completion_logprobs(model, b, 1.0)[0]
         # mu = 1: the "old" log-probs are the current ones, detached (ratio 1, gradient -A * grad log p)
-        per_tok, _, _ = g.grpo_token_loss(logp, logp.detach(), adv[i: i + len(part)].to(device), b["mask"], 0.2, 0.2)
+        per_tok, _, _ = g.policy_loss(g.Config(tis_cap=0), {"adv": adv[i: i + len(part)].to(device), "mask": b["mask"]},
+                                      logp, logp.detach(), None)
         loss = g.aggregate(per_tok, b["mask"], torch.ones(len(part), device=device), "token", n_tokens)
         loss.backward()
         loss_sum += loss.detach()  # a tensor: .item() here would make the CPU wait for the GPU

@@ -22,15 +22,24 @@ def story(src):
 
 
 def prose(text):
-    """The comments and docstrings of `text`, joined: what a reader reads as sentences."""
+    """The comments and docstrings of `text`, each on its own (a run of whole-line comments is one), joined by blank
+    lines: what a reader reads as sentences."""
     parts, tree = [], ast.parse(text)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(node):
             parts.append(ast.get_docstring(node))
+    run, last_row = [], None
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type == tokenize.COMMENT:
-            parts.append(tok.string.lstrip("#").strip())
-    return "\n".join(parts)
+        if tok.type != tokenize.COMMENT:
+            continue
+        whole_line = not tok.line[: tok.start[1]].strip()
+        if not (whole_line and last_row == tok.start[0] - 1 and run):
+            parts.append(" ".join(run))
+            run = []
+        run.append(tok.string.lstrip("#").strip())
+        last_row = tok.start[0] if whole_line else None
+    parts.append(" ".join(run))
+    return "\n\n".join(p for p in parts if p)
 
 
 def sentences(text):
