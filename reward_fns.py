@@ -4,10 +4,11 @@ Rewards, tasks and their environments for GRPO.
 A reward is pure: (completion: str, answer: str) -> float, or a dict of named parts {name: float} (the reward is
 their sum; each part is logged as reward_<name>, its mean over the rows that have it). `completion` is the last reply
 (in a single-turn task, the completion). A function that also takes a parameter named `sample` gets the sequence's
-row of the trainer's table: token ids ("prompt", "completion"), "length", "finish" ('stop'; 'length' when
+row of the trainer's table: token ids ("prompt", "completion"), "sampled_tokens" (the tokens the model sampled),
+"length" (every token after the prompt, an episode's environment messages too), "finish" ('stop'; 'length' when
 --max_new_tokens cut it; 'turns' when the replies ran out), "messages" and "turns" (the whole episode), the server's
 log-probs ("server_lp"), and in training the reference's ("ref_lp", when --beta > 0) -- e.g. a length penalty:
-    def short(completion, answer, sample): return gsm8k_reward(completion, answer) - 0.001 * sample["length"]
+    def short(completion, answer, sample): return gsm8k_reward(completion, answer) - 0.001 * sample["sampled_tokens"]
 
 Two registries:
   REWARD_FNS   what the trainer may train on (--reward NAME, or a weighted mix --reward gsm8k:1,format:0.1).

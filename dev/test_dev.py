@@ -1,7 +1,8 @@
 """Tests of the maintainers' tools in dev/. test_smoke.py tests the trainer and imports nothing from here: a copy
 without dev/ passes it. This file borrows test_smoke's helpers (the tiny model, the stand-in server, run()) and covers
 the tools that run the trainer (negative_control.py's faults, LoRA's too; profile_train.py; fit_bench.py and
-train_phase_bench.py) and the GPU results (summarize_gpu.py's summaries, the sync check's rule replayed on the runs).
+train_phase_bench.py), the README's size claims and test_smoke.py's map of the story, and the GPU results
+(summarize_gpu.py's summaries, the sync check's rule replayed on the runs).
 
     python -m pytest -q dev/test_dev.py                  # from the repo root
 """
@@ -190,6 +191,38 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs(raw_results):
     assert replay(os.path.join(episodes, "episodes_dropped_tag_kept.metrics.jsonl")) == 7
     reload = folder("rollout_check", "h200", "rollout_check")  # another client reloads from disk after step 10
     assert replay(os.path.join(reload, "reload.metrics.jsonl")) == 12  # async: step 12 trains on version 10's rollout
+
+
+# ---------------------------------------------------------------------------------------------
+# the README's numbers and test_smoke.py's map of the story (a student's hack that adds lines or a function above the
+# fence keeps test_smoke.py green; these are the maintainers' to keep true)
+
+def test_the_readmes_size_claims_are_the_files():
+    """The README's "the first ~N lines of grpo_sglang.py (M in all)": N is where the fence is, within a few lines,
+    and M the file's length within 2%."""
+    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    n, m = re.search(r"the first ~([\d,]+) lines of `grpo_sglang.py` \(([\d,]+) in all\)", readme).groups()
+    lines = open(os.path.join(ROOT, "grpo_sglang.py")).read().splitlines()
+    fence = next(i for i, line in enumerate(lines, 1) if line.startswith("# ---- Plumbing below"))
+    said = (f"README.md says the story is the first ~{n} lines of grpo_sglang.py ({m} in all), but its fence is "
+            f"at line {fence} of {len(lines)}: update the README's two numbers")
+    assert abs(int(n.replace(",", "")) - fence) <= 5, said
+    assert abs(int(m.replace(",", "")) - len(lines)) <= 0.02 * len(lines), said
+
+
+def test_the_test_index_maps_every_function_of_the_story():
+    """test_smoke.py's docstring map (`  NAME -> -k words`) has a line for each function and class above
+    grpo_sglang.py's fence, so a reader finds the tests of each piece of the story."""
+    import ast
+    import test_smoke
+    mapped = {f for fs, _ in re.findall(r"^  ([\w, ]+) -> (.+)$", test_smoke.__doc__, re.M) for f in fs.split(", ")}
+    src = open(os.path.join(ROOT, "grpo_sglang.py")).read()
+    fence = next(i for i, line in enumerate(src.splitlines(), 1) if line.startswith("# ---- Plumbing below"))
+    story = [n.name for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.lineno < fence]
+    lacking = [f for f in story if f not in mapped]
+    assert story and not lacking, (f"test_smoke.py's docstring map lacks these functions above grpo_sglang.py's fence: "
+                                   f"{lacking}: add a line `  NAME -> WORDS` to it (WORDS: -k words of the tests that "
+                                   f"check it, joined by ' or ')")
 
 
 # ---------------------------------------------------------------------------------------------
