@@ -324,9 +324,10 @@ def sequences(batch, group_size, device):
 
 def completion_logprobs(model, b, temperature):
     """Micro-batch b -> (B, C) log π(token | what precedes it) of its completion tokens, and (B, C)
-    the entropy of each token's distribution, both at `temperature`. model.token_logprobs (added
-    by shard(), below the fence) returns them for the packed tokens. It never forms the (B, C, V)
-    logits, which for a 150k vocabulary would not fit."""
+    the entropy of each token's distribution, both at `temperature`. b packs its sequences end to
+    end in rows (ids, pos). src is where each completion token's logits sit, tgt its id and dst its
+    place in the (B, C) table. model.token_logprobs (added by shard(), below the fence) never forms
+    the (B, C, V) logits, which for a 150k vocabulary would not fit."""
     lp, ent = model.token_logprobs(b["ids"], b["pos"], b["src"], b["tgt"], temperature)  # (n,)
     table = lambda x: torch.zeros(b["mask"].shape, device=x.device).index_put(tuple(b["dst"]), x)
     return table(lp), table(ent)  # (B, C), each completion's tokens from its row's start
@@ -410,7 +411,8 @@ def main(cfg):
     server = Server(cfg, rt)        # up? our model? how do weights get there?
     # task is reward_fns.TASKS' task, with reward_fn(row, warnings) -> (reward, {part: value}),
     # correct(text, answer), env(messages, answer) -> the next message or None, env_ids(message,
-    # last reply token) -> its token ids, max_turns, stop (strings) and decode(ids) -> text
+    # last reply token) -> its token ids, max_turns, stop (strings) and decode(ids) -> text. The
+    # server's context length (server.context) bounds a prompt and its completion.
     tok, train_rows, evals, task = load_data(cfg, server.context)
     model, ref, opt, start, state = load_models(cfg, rt)  # state is what steps keep (checkpointed)
     log = MetricsLog(cfg, rt, start, len(train_rows))
@@ -432,6 +434,7 @@ def main(cfg):
         clock, metrics = Clock(), Metrics()  # the step's named sums, means and maxima
         # 1. The rollout. On-policy, sample it now from θ_step. With --async it was sampled from
         #    θ_{step-1} during the last step, and now the server samples the next from θ_step.
+        #    (fail_together: a user's error on one rank stops every rank, so none waits forever.)
         batch = next_batch or fail_together(rollout_of, step, step)
         pending = (POOL.submit(rollout_of, step + 1, step) if cfg.async_ and step + 1 < cfg.steps
                    else None)

@@ -1125,12 +1125,15 @@ def readme_recipes():
 
 def apply_recipe(edits, root):
     """A recipe's edits, made as a reader makes them, in the copies of its files under root: each anchor must be in
-    the function (or class) the README names, once: else the README no longer says where the code goes."""
+    the function (or class) the README names, once: else the README no longer says where the code goes. An edit the
+    file already holds is not made twice (a student who made it runs these tests on the edited file)."""
     for file, fn, mode, anchor, code in edits:
         if mode in ("file", "command"):
             continue
         path = os.path.join(root, file)
         src = open(path).read()
+        if code.strip() in src:
+            continue
         if mode == "end":
             src = src.rstrip("\n") + "\n\n\n" + code
         else:
