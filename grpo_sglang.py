@@ -810,8 +810,11 @@ def evaluate(cfg, server, task, evals, step):
     if int(os.environ.get("RANK", 0)) != 0:
         return None
     t0 = time.time()
-    seqs = sequences(rollout(cfg, server, task, evals, step, greedy=True), 1, "cpu")  # the table, as in training
-    score(seqs, task, 1, Metrics())
+    batch = rollout(cfg, server, task, evals, step, greedy=True)
+    seqs = sequences(batch, 1, "cpu")  # the table, as in training
+    warn = score(seqs, task, 1, Metrics()) + batch["warnings"]
+    if warn:  # as in training: rewards that raised or gave no number counted 0, environments that failed
+        print0(f"warnings at eval step {step}: {dict(warn)}")
     acc, reward, turns = (seqs[k].float().mean().item() for k in ("correct", "reward", "turns"))
     print0(f"eval step {step}: accuracy {acc:.3f}, reward {reward:.3f} on {len(evals)} held-out prompts (greedy, "
            + (f"{turns:.2f} turns, " if task.max_turns > 1 else "") + f"{time.time() - t0:.1f}s)")

@@ -311,10 +311,15 @@ def combine(spec, task):
         raise ValueError(f"{spec!r}: every weight is 0, so every reward would be 0: give at least one term a weight "
                          f"other than 0 (e.g. gsm8k:1,format:0.1)")
 
+    # a warning names the term as written (for auto, the task's own reward) and the task: "arithmetic (--task
+    # arithmetic): raised ZeroDivisionError"
+    label = {name: f"{TASKS[task].reward if name == 'auto' else name} (--task {task})" if task in TASKS else name
+             for name, _, _ in terms}
+
     def reward(sample, warnings):
         total, parts = 0.0, {}
         for name, fn, weight in terms:
-            r = safe_reward(fn, sample["text"], sample["answer"], warnings, sample, name)
+            r = safe_reward(fn, sample["text"], sample["answer"], warnings, sample, label[name])
             if isinstance(r, dict):
                 parts.update(r)
                 r = sum(r.values())

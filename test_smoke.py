@@ -589,6 +589,8 @@ def train_cmd(model_dir, url, out_dir, *extra, nproc=1, rewards=False):
         with open(WITH_REWARDS + f".{os.getpid()}", "w") as f:  # then one atomic rename: tests may run in parallel
             f.write(f"import dataclasses, runpy, sys\nsys.path.insert(0, {HERE!r})\nimport reward_fns\n"
                     "reward_fns.REWARD_FNS.update(has_number=lambda c, a: float('number' in c.split()), always_1=lambda c, a: 1.0)\n"
+                    "reward_fns.REWARD_FNS['boom'] = lambda c, a: 1 / 0  # a student's reward that raises\n"
+                    "reward_fns.TASKS['boom'] = reward_fns.Task('boom', lambda c, a: False, rows=reward_fns.arithmetic_rows)\n"
                     + TEST_TASKS +
                     f"runpy.run_path({os.path.join(HERE, 'grpo_sglang.py')!r}, run_name='__main__')\n")
         os.replace(WITH_REWARDS + f".{os.getpid()}", WITH_REWARDS)
@@ -1660,7 +1662,7 @@ def test_a_rewards_signature_is_checked_at_start_and_its_warnings_name_the_term_
     f = reward_fns.combine("gsm8k:1,bonus:0.5,boom:1", "gsm8k")
     assert f({"text": "#### 3", "answer": "3"}, w) == (1.0, {"gsm8k": 1.0, "boom": 0.0})
     assert f({"text": "", "answer": "3"}, w) == (0.5, {"gsm8k": 0.0, "bonus": 1.0, "boom": 0.0})
-    assert w == {"boom: raised ZeroDivisionError": 2}
+    assert w == {"boom (--task gsm8k): raised ZeroDivisionError": 2}
 
 
 def test_registry():
@@ -5789,6 +5791,26 @@ def test_a_students_environment_that_raises_ends_its_episode_with_a_counted_warn
     assert len(m) == 2 and all(r["env_warnings"] == 8 and r["turns_mean"] == 1 for r in m), m  # every episode
     assert re.search(r"warnings at step 1: \{\"raising_env: raised ValueError: invalid literal for int\(\) with base "
                      r"10: 'reply: [^\"]*\": 8\}", out), out
+    evals = int(re.search(r"eval step 0: .* on (\d+) held-out prompts", out).group(1))  # evaluation says so too
+    assert re.search(r"warnings at eval step 0: \{\"raising_env: raised ValueError: invalid literal for int\(\) with "
+                     rf"base 10: 'reply: [^\"]*\": {evals}\}}", out), out
+
+
+def test_a_reward_that_raises_is_named_with_its_task_in_training_and_in_evaluation(tiny_model, tmp_path):
+    """A task whose reward raises (--reward auto): each step's warning names the reward and the task, where it said
+    'auto: raised ...', and the evaluation prints its warnings as training does, where it said nothing; every
+    sequence counts 0 and the run trains to its end."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--task", "boom", "--steps", "1", "--eval_every", "0",
+                                  "--save_every", "0", rewards=True))
+    finally:
+        s.close()
+    assert code == 0 and "Traceback" not in out, out
+    n = int(re.search(r"= (\d+) sequences per step", out).group(1))
+    evals = int(re.search(r"eval step 0: .* on (\d+) held-out prompts", out).group(1))
+    said = lambda k: str({"boom (--task boom): raised ZeroDivisionError": k})  # as a dict prints
+    assert f"warnings at step 1: {said(n)}" in out and f"warnings at eval step 0: {said(evals)}" in out, out
 
 
 @pytest.mark.parametrize("flags, says", [
