@@ -6305,11 +6305,11 @@ def test_serve_sh_names_servers_0_and_tp_0(tmp_path):
 
 
 def test_an_out_dir_inside_the_dataset_folder_is_refused_naming_both(tmp_path):
-    (tmp_path / "data").mkdir()
-    with pytest.raises(g.UserError, match=r"--out_dir .*data/runs/a is inside --dataset .*data: the run's files would "
+    (tmp_path / "rows").mkdir()
+    with pytest.raises(g.UserError, match=r"--out_dir .*rows.runs.a is inside --dataset .*rows: the run's files would "
                                           r"be read as rows"):
-        g.check_config(g.Config(dataset=str(tmp_path / "data"), out_dir=str(tmp_path / "data" / "runs" / "a")), 1)
-    g.check_config(g.Config(dataset=str(tmp_path / "data"), out_dir=str(tmp_path / "data2")), 1)  # a prefix is not in
+        g.check_config(g.Config(dataset=str(tmp_path / "rows"), out_dir=str(tmp_path / "rows" / "runs" / "a")), 1)
+    g.check_config(g.Config(dataset=str(tmp_path / "rows"), out_dir=str(tmp_path / "rows2")), 1)  # a prefix is not in
 
 
 def test_the_async_check_at_a_temperature_counts_only_the_sampled_tokens_of_episodes(tiny_model, server):

@@ -512,7 +512,7 @@ M = [  # (name, file, old, new, -k expression)
   'return st["step"], {}', 'sft_term_and_replay'),
  ("docs: the SFT recipe divided by the batch's count", 'docs/hacking.md', '.sum() / max(sft_n, 1)', '.sum() / max(norm, 1e-9)',
   'sft_term_and_replay'),
- ('docs: the replay recipe never replays', 'docs/hacking.md', 'range(min(len(r) // 4, len(state.get("replay", []))))',
+ ('docs: the replay recipe never replays', 'docs/hacking.md', 'range(min(int(len(r) * cfg.replay_frac), len(state.get("replay", []))))',
   'range(0)', 'sft_term_and_replay'),
  ('episodes: a later turn sent to another server', 'grpo_sglang.py', '[srv[i] for i in live])', 'srv[: len(live)])',
   'an_episode_appends'),
