@@ -1270,8 +1270,8 @@ def load_data(cfg, context=None):
     raw_train, raw_eval, held_out = load_splits(cfg, reward_fns.TASKS[name] if builtin else None)
     name, why = (name, "") if name else pick_task(cfg, raw_train + raw_eval)
     check_task(name)
-    t, reward_fn = reward_fns.TASKS[name], reward_fns.combine(cfg.reward, name, TAKEN_PARTS)  # (sample, warnings) ->
-    # (reward, parts)
+    t = reward_fns.TASKS[name]
+    reward_fn = reward_fns.combine(cfg.reward, name, TAKEN_PARTS)  # (sample, warnings) -> (reward, parts)
     if "builtin_max_operand" in getattr(cfg, "given", ()) and not (cfg.dataset == "builtin" and
                                                                    t.rows is reward_fns.arithmetic_rows):
         raise UserError(f"--builtin_max_operand sizes the built-in rows of --task arithmetic only (here --task {name}, "
