@@ -1077,6 +1077,16 @@ def check_config(cfg, world):
     if cfg.task not in ("auto", *reward_fns.TASKS):  # (here, not in the flag: a task may be added after the import)
         raise UserError(f"--task {cfg.task!r} is not a task of reward_fns.py: it must be auto or one of "
                         f"{', '.join(sorted(reward_fns.TASKS))}")
+    if "auto" in reward_fns.TASKS or "auto" in reward_fns.REWARD_FNS:  # the keyword wins: it would never run
+        raise UserError(f"reward_fns.{'TASKS' if 'auto' in reward_fns.TASKS else 'REWARD_FNS'} has an entry named "
+                        f"'auto', the keyword of --task and --reward (the dataset's pick): give it another name")
+    if cfg.min_lr_ratio and cfg.lr_schedule == "constant":
+        raise UserError(f"--min_lr_ratio {cfg.min_lr_ratio} is the end of a decay, and --lr_schedule is constant: add "
+                        f"--lr_schedule linear (or cosine), or drop --min_lr_ratio")
+    data, out = (os.path.realpath(p) for p in (cfg.dataset, cfg.out_dir))
+    if os.path.isdir(cfg.dataset) and (out + os.sep).startswith(data + os.sep):  # its files would be read as data
+        raise UserError(f"--out_dir {cfg.out_dir} is inside --dataset {cfg.dataset}: the run's files would be read as "
+                        f"rows of the dataset. Use an --out_dir outside it")
     if cfg.prompts_per_step % world:
         raise UserError(f"--prompts_per_step {cfg.prompts_per_step} must divide by the world size {world}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -1258,7 +1268,7 @@ def load_data(cfg, context=None):
     name = cfg.task if cfg.task != "auto" else "arithmetic" if builtin else None  # a dataset's: by its answers
     check_task(name)
     try:  # a typo in --reward is said before any data loads
-        reward_fns.combine(cfg.reward, name or "gsm8k")
+        reward_fns.combine(cfg.reward, name or "gsm8k", TAKEN_PARTS)
     except ValueError as e:
         raise UserError(f"--reward: {e}") from None
     if builtin and not reward_fns.TASKS[name].rows:
@@ -1266,7 +1276,8 @@ def load_data(cfg, context=None):
     raw_train, raw_eval, held_out = load_splits(cfg, reward_fns.TASKS[name] if builtin else None)
     name, why = (name, "") if name else pick_task(cfg, raw_train + raw_eval)
     check_task(name)
-    t, reward_fn = reward_fns.TASKS[name], reward_fns.combine(cfg.reward, name)  # (sample, warnings) -> (reward, parts)
+    t = reward_fns.TASKS[name]
+    reward_fn = reward_fns.combine(cfg.reward, name, TAKEN_PARTS)  # (sample, warnings) -> (reward, parts)
     if "builtin_max_operand" in getattr(cfg, "given", ()) and not (cfg.dataset == "builtin" and
                                                                    t.rows is reward_fns.arithmetic_rows):
         raise UserError(f"--builtin_max_operand sizes the built-in rows of --task arithmetic only (here --task {name}, "
@@ -1275,6 +1286,9 @@ def load_data(cfg, context=None):
     if max_turns > 1 and not t.env:
         raise UserError(f"--max_turns {max_turns}: --task {name} has no environment to answer a reply, so its episodes "
                         f"are one turn: drop --max_turns, or give the task an env (reward_fns.py, Task)")
+    if max_turns == 1 and cfg.max_reply_tokens > cfg.max_new_tokens:
+        raise UserError(f"--max_reply_tokens {cfg.max_reply_tokens} is more than --max_new_tokens {cfg.max_new_tokens}, "
+                        f"which caps --task {name}'s one reply: drop --max_reply_tokens, or raise --max_new_tokens")
     if max_turns > 1 and cfg.max_reply_tokens >= cfg.max_new_tokens:
         raise UserError(f"--max_reply_tokens {cfg.max_reply_tokens} leaves no room in --max_new_tokens "
                         f"{cfg.max_new_tokens} (an episode's replies and messages together) for a second reply of "
@@ -1317,9 +1331,32 @@ def load_data(cfg, context=None):
         hint += "; raise --max_prompt_tokens (or lower --max_new_tokens)" if any("longer" in w for w in skipped) else ""
         raise UserError(f"no usable rows left for {'training' if not train else 'evaluation'} (skipped: "
                         f"{dict(skipped)}){hint}")
+    check_rows_task(cfg, raw_train + raw_eval, name, task.stop, t.numeric)
     print0(f"task: {name}" + (f", episodes of up to {max_turns} replies (its environment: {t.env.__name__})"
                               if max_turns > 1 else "") + why)
     return tok, train, evals, task
+
+
+TAKEN_PARTS = ("mean", "warnings", "overlong")  # reward_<these> are the trainer's own metrics, not a reward's part
+
+
+def check_rows_task(cfg, rows, name, stop, numeric):
+    """The rows' `task` field, which the trainer does not read: one naming another task is one error, others are said;
+    a --stop string in the answers (a numeric task's: their number) would cut them: said."""
+    named = Counter(str(r["task"]) for r in rows if "task" in r and "task" not in (cfg.prompt_field, cfg.answer_field))
+    other = [t for t in named if t != name and t in reward_fns.TASKS]
+    if other:
+        raise UserError(f"--dataset {cfg.dataset}: {named[other[0]]} rows name the task {other[0]!r} in their 'task' "
+                        f"field, and this run trains --task {name}; the field is not read: one run trains one task. "
+                        f"Pass --task {other[0]}, or drop those rows")
+    if set(named) - {name}:
+        print0(f"note: the rows' 'task' field ({', '.join(sorted(named)[:3])}) is not read: --task {name} scores them")
+    answers = [str(a) for a in (r.get(cfg.answer_field) for r in rows) if a is not None]
+    cut = [s for s in stop if cfg.stop != "auto" and any(s in ((reward_fns.extract_number(a) or a) if numeric else a)
+                                                         for a in answers)]
+    if cut:
+        print0(f"warning: --stop {cfg.stop!r}: the answers hold {', '.join(map(repr, cut))}, where a reply would stop "
+               f"before it writes the answer: drop it from --stop")
 
 
 def check_task(name):
@@ -1341,7 +1378,7 @@ def stop_strings(flag, fmt, max_turns):
         raise UserError(f"--stop {flag!r}: write 'auto' or 'none' exactly (or the strings that end a reply)")
     import codecs
     try:
-        got = [codecs.decode(s, "unicode_escape") for s in flag.split(",")]
+        got = [codecs.decode(s.encode("latin-1", "backslashreplace"), "unicode_escape") for s in flag.split(",")]
     except UnicodeDecodeError as e:
         raise UserError(f"--stop {flag!r}: {e.reason} in an escape: write a newline as \\n") from None
     if "" in got:

@@ -135,8 +135,9 @@ _LETTER_RE = re.compile(r"(?<![A-Za-z])\(?([A-J])\)?(?![A-Za-z])")  # capitals: 
 
 def normalize_text(text: str) -> str:
     """'The  Eiffel-Tower.' -> 'eiffel tower': lower case, no punctuation, articles or extra spaces (SQuAD's way).
-    NFKC first: an 'é' written as 'e' and a combining accent (decomposed, NFD) is the one-character 'é' a model writes."""
-    text = re.sub(r"[^\w\s]", " ", unicodedata.normalize("NFKC", text).lower())
+    NFKC first: an 'é' written as 'e' and a combining accent (decomposed, NFD) is the one-character 'é' a model writes.
+    Punctuation is what Unicode calls so (categories P*, S*, Z*): a vowel sign of an Indic script (M*) is a letter's."""
+    text = "".join(" " if unicodedata.category(c)[0] in "PSZ" else c for c in unicodedata.normalize("NFKC", text).lower())
     return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
 
 
@@ -189,17 +190,21 @@ def exact_reward(completion: str, answer: str) -> float:
 def choice_correct(completion: str, answer: str) -> bool:
     """The letter the final line names (its last standalone capital A-J: 'B', '(B)', 'The answer is B.') is the
     answer's ('B', '(B)', 'b'), or one of a list's ('["B", "D"]')."""
-    got, names = _LETTER_RE.findall(final_line(completion)), aliases(answer)
-    for want in (_LETTER_RE.findall(a.strip().upper()) for a in ([answer] if names is None else names)):
+    got, names = _LETTER_RE.findall(_nfkc(final_line(completion))), aliases(answer)  # NFKC: 'Ｂ' is 'B'
+    for want in (_LETTER_RE.findall(_nfkc(a).strip().upper()) for a in ([answer] if names is None else names)):
         if got and want and got[-1].upper() == want[0].upper():
             return True
     return False
 
 
+def _nfkc(text):
+    return unicodedata.normalize("NFKC", text)
+
+
 def letter_problem(answer):
     """choice's answer check (see answer_problem): the answer (or an alias) must name a letter A-J ('2' does not)."""
     names = aliases(answer)
-    if any(_LETTER_RE.findall(a.strip().upper()) for a in ([answer] if names is None else names)):
+    if any(_LETTER_RE.findall(_nfkc(a).strip().upper()) for a in ([answer] if names is None else names)):
         return None
     if names is None:
         return "answer that is not a letter A-J"
@@ -235,15 +240,17 @@ def safe_reward(fn, completion: str, answer: str, warnings, sample=None, name=No
 
 def safe_env(env, messages, answer, warnings, name=None):
     """Call a task's environment: its next user message (a str) passes, None ends the episode. Anything else (it raised,
-    or returned an int or a dict) ends the episode with a counted warning, under `name` (else the function's), as
+    or returned an int, a dict or '', an empty message) ends the episode with a counted warning, under `name` (else the function's), as
     safe_reward does for a reward: one bad reply of the model must not end the run with a traceback, and a dict's repr
     must not reach the model as a message."""
     name = name or getattr(env, "__name__", repr(env))
     try:
         said = env(messages, answer)
-        if said is None or isinstance(said, str):
+        if said is None or isinstance(said, str) and said.strip():
             return said
-        reason = f"returned {type(said).__name__} (a message must be a str, or None to end the episode)"
+        reason = (f"returned {type(said).__name__} (a message must be a str, or None to end the episode)" if not
+                  isinstance(said, str) else f"returned {said!r}, an empty message (the episode ends; return None to "
+                  f"end it, or say something)")
     except Exception as e:  # not BaseException: Ctrl-C should still stop training
         reason = f"raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
     # one count per environment and kind of failure; its key keeps the first one's message (the reply that caused it)
@@ -260,9 +267,11 @@ def shorten(text, n=80):
 
 
 def not_a_number(r):
-    """-> why r is not a finite real number, or None. Bools are ints, so True -> 1.0 is fine."""
+    """-> why r is not a finite real number, or None. Bools are ints, so True -> 1.0 is fine (numpy's bools too)."""
     if r is None:
         return "returned None"
+    if type(r).__module__ == "numpy" and type(r).__name__ in ("bool_", "bool"):  # numpy's bool is no numbers.Real
+        return None
     if not isinstance(r, numbers.Real):
         return f"returned non-number {type(r).__name__}"
     if math.isnan(float(r)) or math.isinf(float(r)):
@@ -302,11 +311,17 @@ def check_signature(name, fn):
                          f"the sequence")
 
 
-def combine(spec, task):
+def combine(spec, task, taken=()):
     """--reward -> fn(sample, warnings) -> (reward, {part: value}). spec: 'auto' (the task's reward), a name in
     REWARD_FNS, or a weighted mix 'name:weight,name:weight' (TRL's reward_funcs + reward_weights): the reward is the
-    weighted sum, and each function's value is logged unweighted as a part (a dict's entries, each as its own)."""
+    weighted sum, and each function's value is logged unweighted as a part (a dict's entries, each as its own).
+    taken: names a part may not have (the trainer logs reward_<part>, and has terms of its own): a term so named is an
+    error, a dict's entry so named is logged as <term>.<entry>."""
     terms = reward_terms(spec, task)
+    clash = [n for n, _, _ in terms if n in taken and len(terms) > 1]
+    if clash:
+        raise ValueError(f"{clash[0]!r}: its part would be logged as reward_{clash[0]}, which the trainer logs itself "
+                         f"(reward_{', reward_'.join(taken)}): register the reward under another name")
     if not any(w for _, _, w in terms):  # every reward 0: every advantage 0, a run that trains on nothing
         raise ValueError(f"{spec!r}: every weight is 0, so every reward would be 0: give at least one term a weight "
                          f"other than 0 (e.g. gsm8k:1,format:0.1)")
@@ -321,7 +336,7 @@ def combine(spec, task):
         for name, fn, weight in terms:
             r = safe_reward(fn, sample["text"], sample["answer"], warnings, sample, label[name])
             if isinstance(r, dict):
-                parts.update(r)
+                parts.update({f"{name}.{k}" if k in taken else k: v for k, v in r.items()})
                 r = sum(r.values())
             elif len(terms) > 1:
                 parts[name] = r

@@ -87,6 +87,8 @@ fi
 [ "${1:-}" = "--" ] && shift
 case "$TP$SERVERS" in *[!0-9]*) die "TP and SERVERS must be numbers (TP=$TP SERVERS=$SERVERS)";; esac
 TP=$((10#$TP)) SERVERS=$((10#$SERVERS))  # TP=08 is 8, not an octal error
+[ "$SERVERS" -ge 1 ] || die "SERVERS=$SERVERS starts no server: write SERVERS=1 (the default) or more"
+[ "$TP" -ge 1 ] || die "TP=$TP gives a server no GPU: write TP=1 (the default) or more"
 [[ $PORT =~ ^0*[1-9][0-9]{0,4}$ ]] && PORT=$((10#$PORT)) && [ "$PORT" -le 65535 ] ||
   die "PORT=$PORT is not a port: write a whole number from 1 to 65535 (e.g. PORT=30000)"
 [ $((PORT + SERVERS - 1)) -le 65535 ] || die "PORT=$PORT SERVERS=$SERVERS needs ports up to $((PORT + SERVERS - 1))," \
@@ -120,8 +122,8 @@ if [ -n "$dup" ]; then
   exit 1
 fi
 n=${#GPUS[@]}
-if [ "$TP" -lt 1 ] || [ "$SERVERS" -lt 1 ] || [ "$n" -lt "$TP" ]; then
-  echo "[serve.sh] TP=$TP needs at least $TP GPUs in GPU=$GPU (and TP, SERVERS >= 1)" >&2
+if [ "$n" -lt "$TP" ]; then
+  echo "[serve.sh] TP=$TP needs at least $TP GPUs in GPU=$GPU" >&2
   exit 1
 fi
 if [ $((SERVERS * TP)) -gt "$n" ] && { [ $((n % TP)) -ne 0 ] || [ $((SERVERS * TP % n)) -ne 0 ]; }; then

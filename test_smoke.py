@@ -21,6 +21,7 @@ header `# N. title` below):
 15. LoRA: adapters that start at 0, their gradients, the merged push, the base as reference, checkpoints and resume
 16. episodes: multi-turn rollouts, the environment's tokens (mask 0), the check, ranks, resume; dynamic sampling
 17. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
+18. issue 64: inputs that went wrong without a word, one-line bugs no test saw, the finish of a cut last reply
 
 Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serve.sh setting) is tested in that
 topic's section; section 10 holds the faults of no one topic. The maintainers' tools (dev/: benchmarks, the GPU
@@ -6207,6 +6208,233 @@ def test_gpu_real_several_servers_hold_exactly_the_trainers_weights_on_every_ran
         assert len(pushed) == (2 if layout == "tp2_colocated" else 1) and pushed == loaded[0], (url, pushed, loaded)
         assert all(a != b for a, b in zip(pushed, loaded[1])), "the weights did not move: the test proves nothing"
 
+
+
+# ---------------------------------------------------------------------------------------------
+# 18. issue 64: inputs that went wrong without a word, one-line bugs no test saw, the finish of a cut last reply
+
+def data_file(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_stop_strings_keep_any_character_as_written_and_read_only_escapes():
+    """--stop '。,\\n': the escape is read, the ideographic full stop (and an emoji) stays itself, not its UTF-8 bytes
+    read as Latin-1 ('ã\x80\x82'), which no reply ever holds."""
+    assert g.stop_strings("。,\\n,a\\tb,😀", "chat", 1) == ["。", "\n", "a\tb", "😀"]
+    assert g.stop_strings("終わり", "plain", 3) == ["終わり"]
+
+
+def test_a_stop_string_the_answers_hold_is_warned_at_start_naming_the_flag(tiny_model, tmp_path, capsys):
+    """--stop 0 where the answers are 10, 20, ...: a reply would stop before its answer; the start says so, naming
+    --stop. A stop string no answer holds says nothing; a numeric task looks at the answers' numbers only."""
+    rows = [{"question": f"What is {k} + {k}?", "answer": str(20 * k)} for k in range(1, 21)]
+    cfg = lambda stop, **kw: g.Config(model=tiny_model, dataset=data_file(tmp_path / "d.jsonl", rows), task="arithmetic",
+                                      stop=stop, eval_size=2, **kw)
+    g.load_data(cfg("0"))
+    assert "warning: --stop '0': the answers hold '0'" in capsys.readouterr().out
+    g.load_data(cfg("x,\\n\\n"))
+    assert "warning: --stop" not in capsys.readouterr().out
+    rows = [{"question": f"What is {k} + 3?", "answer": f"so it is\n#### {k + 3}"} for k in range(20)]  # its number
+    g.load_data(g.Config(model=tiny_model, task="gsm8k", stop="\\n", eval_size=2,
+                         dataset=data_file(tmp_path / "e.jsonl", rows)))
+    assert "warning: --stop" not in capsys.readouterr().out
+
+
+def test_exact_keeps_the_vowel_signs_of_indic_scripts_and_choice_reads_full_width_letters():
+    """exact: punctuation is Unicode's (P*, S*, Z*), so the vowel signs of Devanagari (M*) are part of their word:
+    दील and दिल are different words; the danda '।' is punctuation. choice: NFKC first, so 'Ｂ' is B (a full-width answer
+    is a letter, not a skipped row)."""
+    assert not reward_fns.exact_correct("दील", "दिल") and reward_fns.exact_correct("दिल।", "दिल")
+    assert reward_fns.exact_correct("The Eiffel-Tower!", "eiffel tower") and reward_fns.exact_correct("கா", "கா.")
+    assert reward_fns.choice_correct("The answer is Ｂ", "B") and reward_fns.choice_correct("(B)", "Ｂ")
+    assert not reward_fns.choice_correct("Ａ", "B") and reward_fns.letter_problem("Ｃ") is None
+
+
+def test_numpy_bools_from_a_reward_are_numbers():
+    """The docs say bools are fine: numpy's (a reward written with numpy comparisons) too, without a warning."""
+    import numpy as np
+    warn = {}
+    assert reward_fns.safe_reward(lambda c, a: np.bool_(True), "x", "y", warn) == 1.0
+    assert reward_fns.safe_reward(lambda c, a: np.int64(3) == 3, "x", "y", warn) == 1.0
+    assert reward_fns.safe_reward(lambda c, a: np.bool_(False), "x", "y", warn) == 0.0 and warn == {}
+
+
+def test_a_rows_task_field_naming_another_task_is_refused_and_any_other_is_said_to_be_unread(tiny_model, tmp_path,
+                                                                                            capsys):
+    rows = [{"question": f"Capital {k}?", "answer": f"city{k}", "task": "choice"} for k in range(20)]
+    cfg = g.Config(model=tiny_model, dataset=data_file(tmp_path / "d.jsonl", rows), task="exact", eval_size=2)
+    with pytest.raises(g.UserError, match=r"20 rows name the task 'choice' in their 'task' field, and this run trains "
+                                          r"--task exact; .* Pass --task choice, or drop those rows"):
+        g.load_data(cfg)
+    rows = [dict(r, task="geography") for r in rows]
+    g.load_data(dataclasses.replace(cfg, dataset=data_file(tmp_path / "e.jsonl", rows)))
+    assert "note: the rows' 'task' field (geography) is not read: --task exact scores them" in capsys.readouterr().out
+
+
+def test_a_task_or_reward_registered_as_auto_is_refused_naming_the_keyword(tmp_path, monkeypatch):
+    monkeypatch.setitem(reward_fns.TASKS, "auto", reward_fns.TASKS["arithmetic"])
+    with pytest.raises(g.UserError, match=r"reward_fns.TASKS has an entry named 'auto', the keyword of --task"):
+        g.check_config(g.Config(out_dir=str(tmp_path / "r")), 1)
+
+
+def test_a_reward_part_named_like_a_trainer_metric_is_namespaced_or_refused(tiny_model, tmp_path, monkeypatch):
+    """A dict reward's part 'mean' would overwrite reward_mean (the trainer's mean reward): it is logged as
+    reward_<term>.mean. A reward registered as 'mean' in a mix is refused at start, naming it."""
+    monkeypatch.setitem(reward_fns.REWARD_FNS, "halves", lambda c, a: {"mean": 0.5, "other": 0.25})
+    monkeypatch.setitem(reward_fns.REWARD_FNS, "mean", lambda c, a: 1.0)
+    seqs = table([{"ids": [4, 5], "answer": "1"}], [(COMPLETIONS[0], [-1.0] * 2, "stop")] * 2, KnownTok(), 2)
+    m = g.Metrics()
+    g.score(seqs, task_of(reward_fns.combine("halves", None, g.TAKEN_PARTS)), 2, m)
+    assert seqs["reward"].tolist() == [0.75, 0.75]
+    assert {k for k in m.sums if k.startswith("reward_") and "#" not in k} >= {"reward_halves.mean", "reward_other"}
+    assert "reward_mean" not in m.sums
+    with pytest.raises(g.UserError, match=r"--reward: 'mean': its part would be logged as reward_mean, which the "
+                                          r"trainer logs itself"):
+        g.load_data(g.Config(model=tiny_model, dataset="builtin", reward="arithmetic:1,mean:1"))
+
+
+def test_flags_that_would_be_ignored_are_refused_naming_the_flag(tiny_model, tmp_path):
+    """--min_lr_ratio with --lr_schedule constant; --max_reply_tokens above --max_new_tokens on a one-turn task."""
+    with pytest.raises(g.UserError, match=r"--min_lr_ratio 0.1 is the end of a decay, and --lr_schedule is constant: "
+                                          r"add --lr_schedule linear"):
+        g.check_config(g.Config(min_lr_ratio=0.1, out_dir=str(tmp_path / "r")), 1)
+    g.check_config(g.Config(min_lr_ratio=0.1, lr_schedule="cosine", out_dir=str(tmp_path / "r")), 1)
+    with pytest.raises(g.UserError, match=r"--max_reply_tokens 9 is more than --max_new_tokens 8, which caps --task "
+                                          r"arithmetic's one reply"):
+        g.load_data(g.Config(model=tiny_model, dataset="builtin", max_new_tokens=8, max_reply_tokens=9))
+
+
+def test_an_environment_that_returns_an_empty_message_ends_the_episode_with_a_named_warning(tiny_model):
+    """'' (or blanks) as the next user message: the episode ends there (finish from the server), with a counted
+    warning that says so, not empty user turns up to max_turns."""
+    tok, task = tiny_task(tiny_model, lambda m, a: "  ")
+    IS, END = tok.convert_tokens_to_ids(["is", "<|im_end|>"])
+    batch = g.rollout(g.Config(group_size=1, max_new_tokens=14), Scripted([[([IS, END], "stop")]]), task,
+                      [{"ids": [4, 5], "answer": "1", "text": "What"}], 0)
+    (e,) = batch["episodes"]
+    assert (e["turns"], e["finish"], e["completion"]) == (1, "stop", [IS, END])
+    assert dict(batch["warnings"]) == {"<lambda>: returned '  ', an empty message (the episode ends; return None to end "
+                                       "it, or say something)": 1}
+
+
+def test_serve_sh_names_servers_0_and_tp_0(tmp_path):
+    for settings, says in (({"SERVERS": "0"}, "SERVERS=0 starts no server: write SERVERS=1"),
+                           ({"TP": "0"}, "TP=0 gives a server no GPU: write TP=1")):
+        p, env = _serve_sh(tmp_path, **settings)
+        try:
+            assert p.returncode == 1 and says in p.stderr and "GPU" not in p.stderr.replace("no GPU", ""), p.stderr
+            assert not (tmp_path / "argv").exists()
+        finally:
+            _serve_sh_stop(env)
+
+
+def test_an_out_dir_inside_the_dataset_folder_is_refused_naming_both(tmp_path):
+    (tmp_path / "rows").mkdir()
+    with pytest.raises(g.UserError, match=r"--out_dir .*rows.runs.a is inside --dataset .*rows: the run's files would "
+                                          r"be read as rows"):
+        g.check_config(g.Config(dataset=str(tmp_path / "rows"), out_dir=str(tmp_path / "rows" / "runs" / "a")), 1)
+    g.check_config(g.Config(dataset=str(tmp_path / "rows"), out_dir=str(tmp_path / "rows2")), 1)  # a prefix is not in
+
+
+def test_the_async_check_at_a_temperature_counts_only_the_sampled_tokens_of_episodes(tiny_model, server):
+    """--async at temperature 0.7 on episodes (tokens of mask 0 inside the completions: the environment's): the
+    re-scored check's gap is counted on the tokens the model sampled only, the same count as the mask's."""
+    import torch.distributed as dist
+    from types import SimpleNamespace
+    batch = known_batch(0.7)
+    for e in batch["episodes"]:  # the middle tokens of the longer ones are the environment's
+        e["mask"] = [1] + [0] * (len(e["completion"]) - 2) + [1] if len(e["completion"]) > 2 else e["mask"]
+    dist_init()
+    try:
+        srv = g.Server.__new__(g.Server)
+        srv.cfg = g.Config(check_seqs=12, group_size=4, server_url=server.url)
+        srv.rt, srv.urls, srv.link = SimpleNamespace(rank=0, world=1, device=torch.device("cpu")), [server.url], None
+        server.version = "1"
+        check, m = srv.check(batch, 1, sharded(tiny_model), 0), g.Metrics()
+        check(g.sequences(batch, 4, "cpu"), m)
+        got = m.reduce("cpu")
+    finally:
+        dist.destroy_process_group()
+    sampled = sum(sum(e["mask"]) for e in batch["episodes"])
+    assert sampled < sum(len(c) for c in COMPLETIONS)  # (else the test proves nothing)
+    assert m.sums["check_mismatch_mean#n"] == sampled and 0 < got["check_mismatch_mean"] < 0.01, (m.sums, sampled)
+
+
+def test_lora_a_starts_at_the_scale_peft_gives_it():
+    """A ~ U(-b, b) with b PEFT's (kaiming_uniform_ with a = sqrt(5)): b = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 +
+    a^2)), so b = 1 / sqrt(fan_in); B is 0."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = torch.nn.Linear(400, 8)
+
+        def get_output_embeddings(self):
+            return None
+    net = g.add_lora(Net(), 64, 16.0, ["q_proj"])
+    a, fan_in = net.q_proj.lora_A.detach(), 400
+    bound = math.sqrt(2 / (1 + 5)) * math.sqrt(3 / fan_in)
+    assert a.abs().max() <= bound and a.abs().max() > 0.99 * bound, (a.abs().max(), bound)
+    assert abs(a.std().item() - bound / math.sqrt(3)) < 0.02 * bound, (a.std(), bound)
+    assert not net.q_proj.lora_B.any() and net.q_proj.lora_scale == 16.0 / 64
+
+
+def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path):
+    """step_9 beside step_10: --keep_checkpoints 2 at step 11 deletes step_9; a resume whose latest is gone names
+    step_10 as the last complete one."""
+    for n in (9, 10):
+        (tmp_path / f"step_{n}").mkdir()
+        torch.save({"step": n}, tmp_path / f"step_{n}" / "trainer_state.pt")
+        (tmp_path / f"step_{n}" / "config.json").write_text("{}")
+    assert g.old_checkpoints(str(tmp_path), 11, 2) == [str(tmp_path / "step_9")]
+    (tmp_path / "latest").write_text("step_11")
+    with pytest.raises(g.UserError, match=r"Complete checkpoints here: step_9, step_10; to resume from the last one: "
+                                          r"echo step_10 > "):
+        g.checkpoint_to_resume(str(tmp_path))
+
+
+def test_a_lock_file_left_with_a_dead_pid_neither_blocks_nor_is_named(tmp_path):
+    """A run killed leaves its pid in out_dir/.lock; the next run takes the lock (the kernel freed it) and writes its
+    own pid over it, so a third is refused naming the live run's pid only."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(f"{dead.pid}\n")
+    f = g.lock_out_dir(str(tmp_path))
+    try:
+        assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n"
+        with pytest.raises(g.UserError, match=rf"is in use by another run \(pid {os.getpid()}\)"):
+            g.lock_out_dir(str(tmp_path))
+    finally:
+        f.close()
+
+
+def test_stop_auto_comes_from_the_tasks_turns_not_the_max_turns_flag(tmp_path):
+    """Plain prompts: a task of episodes (guess: 5 turns, --max_turns 0) ends its replies at a newline, a one-turn task
+    at a blank line."""
+    base = build_tiny(str(tmp_path / "base"), chat_template=False)
+    _, _, _, task = g.load_data(g.Config(model=base, dataset="builtin", task="guess"))
+    assert task.max_turns == reward_fns.GUESS_TURNS and task.stop == ["\n"]
+    _, _, _, task = g.load_data(g.Config(model=base, dataset="builtin", task="arithmetic"))
+    assert task.stop == ["\n\n"]
+
+
+def test_a_last_reply_cut_by_the_token_budget_finishes_length_and_is_truncated(tiny_model):
+    """Two turns; the environment always answers. A last reply cut by the budget (the server says 'length') ends the
+    episode 'length': truncated 1, counted by truncated_frac, dropped by --mask_truncated, not out of room. A last
+    reply that stopped ends it 'turns'."""
+    tok, task = tiny_task(tiny_model, lambda m, a: "the number ?", max_turns=2)
+    IS, END, WHAT = tok.convert_tokens_to_ids(["is", "<|im_end|>", "What"])
+    rows = [{"ids": [4, 5], "answer": "1", "text": "What"}]
+    server = Scripted([[([IS, END], "stop"), ([IS, END], "stop")], [([WHAT, IS, WHAT], "length"), ([IS, END], "stop")]])
+    cfg = g.Config(group_size=2, max_new_tokens=30, max_reply_tokens=3, mask_truncated=True)
+    batch = g.rollout(cfg, server, task, rows, 0)
+    assert [(e["turns"], e["finish"], e["out_of_room"]) for e in batch["episodes"]] == [(2, "length", False),
+                                                                                         (2, "turns", False)]
+    seqs = g.sequences(batch, 2, "cpu")
+    m = g.Metrics()
+    g.score(seqs, task_of(lambda s, w: (1.0 if s["finish"] == "turns" else 0.0, {})), 2, m)
+    assert seqs["truncated"].tolist() == [1, 0] and m.sums["truncated_frac"] / m.sums["truncated_frac#n"] == 0.5
+    assert g.weights(cfg, seqs).tolist() == [0, 1]
 
 if __name__ == "__main__":  # python test_smoke.py N [pytest's flags]: section N's tests, each by its node id
     tests = [t for n, _, ts in sections() if sys.argv[1:2] == [str(n)] for t in ts]
