@@ -1104,6 +1104,9 @@ def check_config(cfg, world):
                         f"separated by commas (e.g. q_proj,v_proj)")
     cfg.lora_targets = ",".join(names)  # (also as config.json and adapter_config.json save them)
     servers = parse_servers(cfg)
+    if cfg.out_dir != cfg.out_dir.strip() or not cfg.out_dir:  # a folder named by blanks, hard to see or delete
+        raise UserError(f"--out_dir {cfg.out_dir!r} is blank or starts or ends with a blank: name the run's folder "
+                        f"without them (e.g. runs/grpo)")
     try:  # and written: a read-only folder would fail only after the model and optimizer were loaded
         os.makedirs(cfg.out_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=cfg.out_dir).close()
@@ -1200,12 +1203,20 @@ def setup(cfg):
 
 def load_splits(cfg, task=None):
     """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated); built in: the task's."""
+    one_file = cfg.dataset.endswith((".json", ".jsonl")) or os.path.isfile(cfg.dataset)
+    what = ("the task's own rows" if cfg.dataset == "builtin" else "one file, with no splits" if one_file else
+            "a local folder, with no config" if os.path.isdir(cfg.dataset) else None)
+    ignored = [f for f in ("dataset_config", "train_split", "eval_split") if f in getattr(cfg, "given", ()) and what
+               and (f == "dataset_config" or not what.startswith("a local folder"))]
+    if ignored:  # (a folder's splits are its files: train.jsonl, test.jsonl)
+        raise UserError(f"--{ignored[0]} names a part of a dataset on the HF hub, and --dataset {cfg.dataset} is "
+                        f"{what}: drop --{ignored[0]}")
     if cfg.dataset == "builtin":
         arithmetic = task.rows is reward_fns.arithmetic_rows  # (--builtin_max_operand sizes them)
         rows = task.rows(cfg.builtin_max_operand) if arithmetic else task.rows()
         n_eval = min(cfg.eval_size, len(rows) // 4)
         return rows[n_eval:], rows[:n_eval], "held out of the built-in task"  # disjoint rows: never trained on
-    if cfg.dataset.endswith((".json", ".jsonl")) or os.path.isfile(cfg.dataset):
+    if one_file:
         train, eval_split = read_rows(cfg.dataset), None  # one file: no splits
     else:
         ds = load_hf_dataset(cfg)  # checks that the splits exist

@@ -21,7 +21,7 @@ header `# N. title` below):
 15. LoRA: adapters that start at 0, their gradients, the merged push, the base as reference, checkpoints and resume
 16. episodes: multi-turn rollouts, the environment's tokens (mask 0), the check, ranks, resume; dynamic sampling
 17. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
-18. issue 64: inputs that went wrong without a word, one-line bugs no test saw, the finish of a cut last reply
+18. inputs once taken without a word, one-line bugs no test saw, the finish of a cut last reply
 
 Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serve.sh setting) is tested in that
 topic's section; section 10 holds the faults of no one topic. The maintainers' tools (dev/: benchmarks, the GPU
@@ -6211,7 +6211,7 @@ def test_gpu_real_several_servers_hold_exactly_the_trainers_weights_on_every_ran
 
 
 # ---------------------------------------------------------------------------------------------
-# 18. issue 64: inputs that went wrong without a word, one-line bugs no test saw, the finish of a cut last reply
+# 18. inputs once taken without a word, one-line bugs no test saw, the finish of a cut last reply
 
 def data_file(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -6435,6 +6435,37 @@ def test_a_last_reply_cut_by_the_token_budget_finishes_length_and_is_truncated(t
     g.score(seqs, task_of(lambda s, w: (1.0 if s["finish"] == "turns" else 0.0, {})), 2, m)
     assert seqs["truncated"].tolist() == [1, 0] and m.sums["truncated_frac"] / m.sums["truncated_frac#n"] == 0.5
     assert g.weights(cfg, seqs).tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--train_split", "train"), "--train_split names a part of a dataset on the HF hub, and --dataset builtin is the "
+                                 "task's own rows: drop --train_split"),
+    (("--dataset", "data/capitals.jsonl", "--prompt_field", "problem", "--answer_field", "solution", "--eval_split",
+      "test"), "--eval_split names a part of a dataset on the HF hub, and --dataset data/capitals.jsonl is one file, "
+               "with no splits: drop --eval_split"),
+    (("--dataset", "FOLDER", "--dataset_config", "main"), "--dataset_config names a part of a dataset on the HF hub, "
+                                                          "and --dataset FOLDER is a local folder, with no config: "
+                                                          "drop --dataset_config"),
+    (("--out_dir", "OUT "), "--out_dir 'OUT ' is blank or starts or ends with a blank: name the run's folder without "
+                            "them (e.g. runs/grpo)")])
+def test_a_dataset_flag_the_dataset_has_no_use_for_and_a_blank_out_dir_are_one_clear_error(tiny_model, server, tmp_path,
+                                                                                         flags, says):
+    """--train_split, --eval_split and --dataset_config name the parts of a hub dataset: given for the built-in rows, one
+    file or a local folder (its splits are its files), they were ignored without a word. An --out_dir of blanks made a
+    folder of that name in the working directory."""
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps({"question": f"{k} + 1", "answer": str(k + 1)}) + "\n"
+                                                for k in range(20)))
+    names = {"FOLDER": str(folder), "OUT": str(tmp_path / "run")}
+    flags, says = [names.get(f, f).replace("OUT", names["OUT"]) for f in flags], says.replace("FOLDER", str(folder))
+    cmd = train_cmd(tiny_model, server.url, tmp_path / "run", "--steps", "1")
+    if "--out_dir" in flags:  # (train_cmd names one: this one replaces it)
+        cmd[cmd.index("--out_dir") + 1], flags = flags[1], []
+    code, out = run(cmd + flags)
+    assert code == 1 and out.strip().splitlines()[-1] == "error: " + says.replace("OUT", names["OUT"]), out
+    assert not (tmp_path / "run ").exists()
+
 
 if __name__ == "__main__":  # python test_smoke.py N [pytest's flags]: section N's tests, each by its node id
     tests = [t for n, _, ts in sections() if sys.argv[1:2] == [str(n)] for t in ts]

@@ -611,6 +611,10 @@ M = [  # (name, file, old, new, -k expression)
  ('64: a cut last reply finishes turns', 'grpo_sglang.py',
   'e["finish"] = "turns" if last and finish != "length" else "length"', 'e["finish"] = "turns" if last else "length"',
   'last_reply_cut'),
+ ('inputs: a hub-only dataset flag ignored for built-in rows, a file or a folder', 'grpo_sglang.py',
+  '    if ignored:  # (a folder', '    if False:  # (a folder', 'dataset_flag_the_dataset'),
+ ('inputs: a blank --out_dir taken', 'grpo_sglang.py', '    if cfg.out_dir != cfg.out_dir.strip() or not cfg.out_dir:',
+  '    if not cfg.out_dir:', 'dataset_flag_the_dataset'),
 ]
 # the entries' -k expressions select tests of either file (dev/test_dev.py: the tests of the tools in dev/)
 TESTS = ["test_smoke.py", "dev/test_dev.py"]
