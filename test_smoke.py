@@ -1089,8 +1089,9 @@ def check_fused_norm_in_bf16(norm, device):
 def check_registry(rf):
     """Every reward registered in the reward_fns module `rf` is reachable by name and returns a finite number, or a
     dict of them (one that takes the sample gets one); every task's check agrees with that task's reward."""
-    sample = lambda c: {"finish": "stop", "length": 3, "sampled_tokens": 3, "completion": [5, 6, 7], "server_lp": [-0.1, -0.2, -0.3],
-                        "turns": 1, "messages": [{"role": "user", "content": "?"}, {"role": "assistant", "content": c}]}
+    row = g.samples(g.sequences(known_batch(), 4, "cpu"))[0]  # a real row of the table: every column a reward sees
+    sample = lambda c: {**row, "text": c, "answer": "3", "messages": [{"role": "user", "content": "?"},
+                                                                      {"role": "assistant", "content": c}]}
     call = lambda fn, c: fn(c, "3", sample(c)) if "sample" in inspect.signature(fn).parameters else fn(c, "3")
     for name, fn in rf.REWARD_FNS.items():
         assert rf.get_reward_fn(name) is fn
