@@ -507,6 +507,8 @@ class Config(GRPOConfig):
     instruction: str = arg("auto", "text appended to each question ('auto': fits the task)")
     prompt_format: str = arg("auto", "'chat' (chat template), 'plain' (base models) or 'auto' (chat if it has one)",
                              ("auto", "chat", "plain"))
+    example: str = arg("auto", "the task's worked example (an episode, Task.example) before each question: 'auto': in "
+                               "plain prompts, 'on': in chat ones too (as earlier turns), 'off'", ("auto", "on", "off"))
     builtin_max_operand: int = arg(20, "--task arithmetic, built in: operands of 'a + b' from 0..this", "v >= 1")
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)", "v >= 1")
     eval_size: int = arg(200, "held-out prompts per eval (no eval split: at most 10% of the train rows)", "v >= 1")
@@ -1235,8 +1237,11 @@ def load_splits(cfg, task=None):
 
 def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, task, max_len=None, held=()):
     """Rows -> [{ids, answer, question, text (the user's message)}] by `fmt`, tokenized; unusable or `held` rows are
-    counted in `skipped`, by why: among them, answers no completion can match (reward_fns.answer_problem)."""
-    out, limit = [], max_len or cfg.max_prompt_tokens
+    counted in `skipped`, by why: among them, answers no completion can match (reward_fns.answer_problem). The task's
+    worked example, where --example shows it (shown_example), comes first: in plain prompts as the rollout writes an
+    episode (the question, then each reply and message on a line of its own) and a blank line, in chat ones as turns."""
+    out, limit, shown = [], max_len or cfg.max_prompt_tokens, shown_example(cfg, fmt, task, instruction) or []
+    before = "".join(m["content"] + "\n" for m in shown) + "\n" if shown else ""  # plain
     for r in rows:
         q, a = r.get(cfg.prompt_field), r.get(cfg.answer_field)
         if not isinstance(q, str) or not q.strip():
@@ -1252,17 +1257,26 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, task, max_len=None,
             continue
         text = f"{q.strip()}\n{instruction}".strip()
         if fmt == "chat":
-            chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+            chat = tok.apply_chat_template(shown + [{"role": "user", "content": text}], tokenize=False,
                                            add_generation_prompt=True)
             ids = tok(chat, add_special_tokens=False)["input_ids"]  # the template has its special tokens
         else:
-            ids = tok(text + "\n")["input_ids"]  # with BOS where the tokenizer adds one
+            ids = tok(before + text + "\n")["input_ids"]  # with BOS where the tokenizer adds one
         if len(ids) > limit:
             skipped[f"prompt longer than max_prompt_tokens={limit}" if limit == cfg.max_prompt_tokens
                     else f"prompt longer than {limit} tokens (the server's context)"] += 1
             continue
         out.append({"ids": ids, "answer": answer, "question": q.strip(), "text": text})
     return out
+
+
+def shown_example(cfg, fmt, task, instruction):
+    """--example -> the messages of the task's worked example (reward_fns.Task.example) to put before each question,
+    its question with the instruction as any question's; or None: 'auto' shows it in plain prompts only."""
+    if cfg.example == "off" or cfg.example == "auto" and fmt != "plain" or not task.example:
+        return None
+    q = task.example[0]["content"]
+    return [{"role": "user", "content": f"{q.strip()}\n{instruction}".strip()}] + [dict(m) for m in task.example[1:]]
 
 
 def load_data(cfg, context=None):
@@ -1310,6 +1324,9 @@ def load_data(cfg, context=None):
                            stop=stop_strings(cfg.stop, fmt, max_turns),
                            decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
     instruction = t.instruction if cfg.instruction == "auto" else cfg.instruction
+    if cfg.example == "on" and not t.example:
+        raise UserError(f"--example on: --task {name} has no worked example to show: give its Task one (example=, "
+                        f"reward_fns.py), or drop --example")
     skipped, max_len = Counter(), cfg.max_prompt_tokens
     if context and context - cfg.max_new_tokens - 1 < max_len:  # SGLang refuses prompt + max_new_tokens >= context
         max_len = context - cfg.max_new_tokens - 1
@@ -1328,6 +1345,7 @@ def load_data(cfg, context=None):
            f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
     print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat"
                                       else "('question\\ninstruction\\n')") + (
+        ", each question after a worked episode of the task (--example)" if shown_example(cfg, fmt, t, "") else "") + (
         f"; a reply ends at {', '.join(map(repr, task.stop))} (--stop)" if task.stop else ""))
     if not train or not evals:
         missing = raw_train and all(r.get(cfg.prompt_field) is None or r.get(cfg.answer_field) is None
@@ -1339,7 +1357,9 @@ def load_data(cfg, context=None):
         elif not missing and any("answer" in w and "(--answer_field" in w for w in skipped):
             hint += f"; no completion could match those answers under --task {name}'s check: fix the answers, or " \
                     f"pick the task that fits them (--task)"
-        hint += "; raise --max_prompt_tokens (or lower --max_new_tokens)" if any("longer" in w for w in skipped) else ""
+        hint += "; raise --max_prompt_tokens (or lower --max_new_tokens)" + (
+            ", or drop the worked example before each question: --example off" if shown_example(cfg, fmt, t, "") else ""
+        ) if any("longer" in w for w in skipped) else ""
         raise UserError(f"no usable rows left for {'training' if not train else 'evaluation'} (skipped: "
                         f"{dict(skipped)}){hint}")
     check_rows_task(cfg, raw_train + raw_eval, name, task.stop, t.numeric)

@@ -37,7 +37,9 @@ guess, calculator      the built-in tasks of episodes: guess the number ("higher
 safe_reward            a reward's bad value or exception -> 0.0 and a counted warning (one NaN would poison a group).
 safe_env               an environment's exception or non-str message -> the episode ends, and a counted warning.
 combine                --reward -> the trainer's reward: (sample, warnings) -> (reward, {part: value}).
-check_task             a task's reward, check, environment and max_turns, at start -> one ValueError naming the task.
+check_task             a task's reward, check, environment, max_turns and example, at start -> one ValueError naming
+                       the task.
+episode                a task's worked example (Task.example) from its texts: question, reply, message, reply, ...
 answer_problem         why no completion could match a row's answer under a task's check, or None.
 """
 import inspect
@@ -391,7 +393,12 @@ class Task:
     raises or returns anything else, that episode ends with a counted warning (safe_env), and the run goes on.
     Rows whose answer no completion could match are skipped at start, counted by why (answer_problem): check_answer
     says why, or None; a task without one needs a number in each answer when numeric, and takes any answer when not.
-    An answer may be a JSON list of strings, its aliases: exact and choice accept any of them."""
+    An answer may be a JSON list of strings, its aliases: exact and choice accept any of them.
+    An example is one episode, worked, that the trainer puts before each question (--example: in plain prompts by
+    default, where a base model learns the protocol from it): the messages of an episode as the environment sees them,
+    [{"role": "user", "content": a question}, {"role": "assistant", "content": a reply}, {"role": "user", "content":
+    the environment's message for it}, ..., {"role": "assistant", "content": the last reply}], its question with the
+    instruction appended as any question's. Write each reply on one line (plain prompts end a reply at a newline)."""
     reward: str                      # what --reward auto trains on: a REWARD_FNS name or a mix ("guess:1,format:0.1")
     correct: Callable                # (completion, answer) -> bool, on the episode's last reply: what accuracy counts
     instruction: str = ""            # appended to each question
@@ -400,6 +407,7 @@ class Task:
     rows: Callable | None = None     # () -> the built-in rows [{"question", "answer"}] (--dataset builtin)
     numeric: bool = True             # its answers hold a number (rows without one are skipped)
     check_answer: Callable[[str], str | None] | None = None  # (answer) -> why no completion can match it, or None
+    example: list[dict] | None = None  # one episode, worked, shown before each question (--example): its messages
 
 
 def answer_problem(task, answer):
@@ -415,6 +423,11 @@ def answer_problem(task, answer):
     except Exception as e:
         return f"{name} raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
     return why if why is None or isinstance(why, str) else f"{name} returned {type(why).__name__} (why, a str, or None)"
+
+
+def episode(*texts):
+    """A worked example (Task.example) from its texts: the question, a reply, the environment's message, a reply, ..."""
+    return [{"role": "assistant" if k % 2 else "user", "content": t} for k, t in enumerate(texts)]
 
 
 def check_task(name, task):
@@ -459,6 +472,31 @@ def check_task(name, task):
         raise ValueError(f"{where}: its max_turns is {turns} but it has no environment to answer a reply, so every "
                          f"episode is one turn: give it an env (messages, answer) -> the next user message, or drop "
                          f"max_turns")
+    if task.example is not None:
+        check_example(where, task.example, turns)
+
+
+def check_example(where, example, turns):
+    """A task's worked example: an episode's messages, the user's and the assistant's in turn from the question to the
+    last reply, each a str that is not blank, at most max_turns replies; else one ValueError naming the task and the
+    fix."""
+    fix = ("write it as an episode's messages, the user's and the assistant's in turn from the question to the last "
+           "reply: [{'role': 'user', 'content': 'What is 2 * 3?'}, {'role': 'assistant', 'content': 'calc: 2 * 3'}, "
+           "{'role': 'user', 'content': '6'}, {'role': 'assistant', 'content': '2 * 3 = 6'}]")
+    if not isinstance(example, list) or not example:
+        raise ValueError(f"{where}: its example is {shorten(repr(example))}, no episode: {fix}")
+    for k, m in enumerate(example):
+        role = "user" if k % 2 == 0 else "assistant"
+        if not (isinstance(m, dict) and m.get("role") == role and isinstance(m.get("content"), str)
+                and m["content"].strip()):
+            raise ValueError(f"{where}: its example's message {k} is {shorten(repr(m))}, where the {role}'s belongs "
+                             f"({{'role': {role!r}, 'content': a text that is not blank}}): {fix}")
+    if len(example) % 2:
+        raise ValueError(f"{where}: its example ends with the user's message {shorten(repr(example[-1]['content']))}, "
+                         f"and an episode ends with the model's last reply (the assistant's): {fix}")
+    if len(example) // 2 > turns:
+        raise ValueError(f"{where}: its example has {len(example) // 2} replies, and its episodes at most max_turns="
+                         f"{turns}: show an episode that fits, or raise max_turns")
 
 
 def arithmetic_rows(max_operand=20, seed=1234):
@@ -478,9 +516,11 @@ def guess_rows(seed=1234, copies=20):
     """Each secret of 1..GUESS_MAX `copies` times, shuffled; the question is the same for all (the secret is hidden)."""
     secrets = [n for n in range(1, GUESS_MAX + 1) for _ in range(copies)]
     random.Random(seed).shuffle(secrets)
-    q = (f"Let's play a game. I am thinking of a number between 1 and {GUESS_MAX}. Guess it! Reply with just a "
-         f"number. After each guess I will tell you whether my number is higher or lower.")
-    return [{"question": q, "answer": str(n)} for n in secrets]
+    return [{"question": GUESS_QUESTION, "answer": str(n)} for n in secrets]
+
+
+GUESS_QUESTION = (f"Let's play a game. I am thinking of a number between 1 and {GUESS_MAX}. Guess it! Reply with just "
+                  f"a number. After each guess I will tell you whether my number is higher or lower.")
 
 
 def first_integer(text):
@@ -603,8 +643,12 @@ TASKS = {
     "choice": Task("choice", choice_correct, "Answer with the letter of the right choice only.", numeric=False,
                    check_answer=letter_problem),
     "guess": Task("guess", guess_correct, env=guess_env, max_turns=GUESS_TURNS, rows=guess_rows,
-                  check_answer=secret_problem),
+                  check_answer=secret_problem,  # the example's secret is 11: binary search finds it
+                  example=episode(GUESS_QUESTION, "8", "My number is higher than 8. Guess again.", "12",
+                                  "My number is lower than 12. Guess again.", "10",
+                                  "My number is higher than 10. Guess again.", "11")),
     "calculator": Task("calculator", calculator_correct, "To use a calculator, reply with calc: followed by the "
                        "expression (for example calc: 12 * 34) and I will tell you the result.",
-                       env=calculator_env, max_turns=3, rows=calculator_rows, check_answer=number_problem),
+                       env=calculator_env, max_turns=3, rows=calculator_rows, check_answer=number_problem,
+                       example=episode("What is 347 * 29?", "calc: 347 * 29", "10063", "347 * 29 = 10063")),
 }

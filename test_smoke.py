@@ -83,6 +83,7 @@ import copy
 import dataclasses
 import glob
 import inspect
+import io
 import json
 import math
 import os
@@ -6124,6 +6125,107 @@ def test_dynamic_sampling_on_two_ranks_and_resumed_is_the_run_that_never_stopped
     ranks = [r for r in read_metrics(tmp_path / "ranks") if "loss" in r]
     assert all(1 <= r["sampling_rounds"] <= 3 and r["groups_drawn"] >= 2 for r in rows + ranks), rows + ranks
     assert all(r["groups_kept"] <= 2 and r["groups_drawn"] == 2 * r["sampling_rounds"] for r in rows), rows
+
+
+CALC_INSTRUCTION = ("To use a calculator, reply with calc: followed by the expression (for example calc: 12 * 34) and "
+                    "I will tell you the result.")
+# The calculator's worked example as a plain prompt shows it: the episode as the rollout writes one (the question and
+# its instruction, then each reply and each message of the environment on a line of its own), then a blank line
+CALC_EXAMPLE = f"What is 347 * 29?\n{CALC_INSTRUCTION}\ncalc: 347 * 29\n10063\n347 * 29 = 10063\n\n"
+
+
+def test_a_worked_example_comes_before_each_question_in_plain_prompts_and_in_chat_ones_only_if_asked(tmp_path):
+    """--task calculator on a base model (plain prompts): each prompt, trained on or held out, is the task's worked
+    episode and then the question, and the start says so; --example off gives the prompt of before. A chat model's
+    prompt is unchanged, and --example on puts the episode in as earlier turns; a task without an example refuses it."""
+    tok = byte_tokenizer(str(tmp_path / "base"))  # no chat template: plain prompts; text round-trips, newlines too
+    load = lambda *a, **k: g.load_data(g.Config(dataset="builtin", task="calculator", max_prompt_tokens=1024, **k))
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        _, train, evals, _ = load(model=str(tmp_path / "base"))
+    for r in (train[0], evals[0]):
+        assert tok.decode(r["ids"]) == CALC_EXAMPLE + f"{r['question']}\n{CALC_INSTRUCTION}\n"
+        assert r["text"] == f"{r['question']}\n{CALC_INSTRUCTION}"  # the episode's first message: no example in it
+    assert ("prompt format: plain ('question\\ninstruction\\n'), each question after a worked episode of the task "
+            "(--example); a reply ends at '\\n' (--stop)") in said.getvalue()
+    _, off, _, _ = load(model=str(tmp_path / "base"), example="off")
+    assert tok.decode(off[0]["ids"]) == f"{off[0]['question']}\n{CALC_INSTRUCTION}\n"
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.save_pretrained(str(tmp_path / "chat"))
+    turn = lambda role, text: f"<|im_start|>{role}\n{text}<|im_end|>\n"
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        _, chat, _, _ = load(model=str(tmp_path / "chat"))
+    q = f"{chat[0]['question']}\n{CALC_INSTRUCTION}"
+    assert tok.decode(chat[0]["ids"]) == turn("user", q) + "<|im_start|>assistant\n"
+    assert "--example" not in said.getvalue()
+    _, on, _, _ = load(model=str(tmp_path / "chat"), example="on")
+    q = f"{on[0]['question']}\n{CALC_INSTRUCTION}"
+    assert tok.decode(on[0]["ids"]) == (turn("user", f"What is 347 * 29?\n{CALC_INSTRUCTION}") +
+                                        turn("assistant", "calc: 347 * 29") + turn("user", "10063") +
+                                        turn("assistant", "347 * 29 = 10063") + turn("user", q) +
+                                        "<|im_start|>assistant\n")
+    with pytest.raises(g.UserError, match=re.escape("--example on: --task arithmetic has no worked example to show: "
+                                                    "give its Task one (example=, reward_fns.py), or drop --example")):
+        g.load_data(g.Config(model=str(tmp_path / "base"), dataset="builtin", task="arithmetic", example="on"))
+
+
+@pytest.mark.parametrize("name, answer", [("calculator", "10063"), ("guess", "11")])
+def test_the_built_in_worked_examples_replay_through_their_environments_and_win(name, answer):
+    """Each built-in example is an episode its environment plays: after each reply the environment says the example's
+    next message, and after the last reply it ends the episode (None); the last reply is right, and earns reward 1."""
+    task, steps = reward_fns.TASKS[name], 0
+    ex = task.example
+    assert [m["role"] for m in ex] == ["user", "assistant"] * (len(ex) // 2) and len(ex) // 2 <= task.max_turns
+    for k in range(1, len(ex), 2):  # each reply: what the environment answers to the episode up to it
+        said = task.env(copy.deepcopy(ex[: k + 1]), answer)
+        assert said == (ex[k + 1]["content"] if k + 1 < len(ex) else None), (k, said)
+        steps += 1
+    assert steps == {"calculator": 2, "guess": 4}[name] and task.correct(ex[-1]["content"], answer)
+    assert reward_fns.REWARD_FNS[task.reward](ex[-1]["content"], answer, {"messages": ex}) == 1.0
+
+
+@pytest.mark.parametrize("example, says", [
+    ("What is 2 * 3?", "its example is 'What is 2 * 3?', no episode: write it as an episode's messages"),
+    ([], "its example is [], no episode: write it as"),
+    ([{"role": "assistant", "content": "calc: 2 * 3"}], "its example's message 0 is {'role': 'assistant', 'content': "
+     "'calc: 2 * 3'}, where the user's belongs ({'role': 'user', 'content': a text that is not blank}): write it as"),
+    (["What is 2 * 3?", "calc: 2 * 3"], "its example's message 0 is 'What is 2 * 3?', where the user's belongs"),
+    ([{"role": "user", "content": "What is 2 * 3?"}, {"role": "user", "content": "calc: 2 * 3"}],
+     "its example's message 1 is {'role': 'user', 'content': 'calc: 2 * 3'}, where the assistant's belongs"),
+    ([{"role": "user", "content": "What is 2 * 3?"}, {"role": "assistant", "content": " "}],
+     "its example's message 1 is {'role': 'assistant', 'content': ' '}, where the assistant's belongs"),
+    (reward_fns.episode("What is 2 * 3?", "calc: 2 * 3", "6"), "its example ends with the user's message '6', and an "
+     "episode ends with the model's last reply (the assistant's): write it as"),
+    (reward_fns.episode("Q", "calc: 1", "1", "calc: 1", "1", "calc: 1", "1", "1"), "its example has 4 replies, and its "
+     "episodes at most max_turns=3: show an episode that fits, or raise max_turns")])
+def test_a_tasks_worked_example_that_is_no_episode_is_one_clear_error_at_start(tiny_model, example, says):
+    """A student's example of another shape (a str, a list of texts, the roles out of turn, a blank reply, no last
+    reply, more replies than max_turns) is one error at start that names the task and shows an example's shape."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(reward_fns.TASKS, "mine", dataclasses.replace(reward_fns.TASKS["calculator"], example=example))
+        with pytest.raises(g.UserError) as e:
+            g.load_data(g.Config(model=tiny_model, dataset="builtin", task="mine"))
+    assert str(e.value).startswith(f"--task mine (TASKS['mine'] in reward_fns.py): {says}"), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_base_model_trains_the_calculator_with_its_worked_example_in_every_prompt_the_server_gets(tmp_path):
+    """--task calculator on a base model, end to end: the server's every request of the step starts with the ids of
+    the worked example and the question as text (computed here from the text), and the step trains."""
+    base = build_tiny(str(tmp_path / "base"), chat_template=False)
+    s = StandIn(base)
+    try:
+        code, out = run(train_cmd(base, s.url, tmp_path / "run", "--task", "calculator", "--dataset", "builtin",
+                                  "--steps", "1", "--max_new_tokens", "12", "--max_reply_tokens", "4",
+                                  "--eval_every", "0", "--save_every", "0"))
+    finally:
+        s.close()
+    assert code == 0 and "each question after a worked episode of the task (--example)" in out, out
+    # the word-level tokenizer reads every 'What is a * b?' of the task alike (each number one unknown word)
+    want = tuple(s.tok(CALC_EXAMPLE + f"What is 123 * 45?\n{CALC_INSTRUCTION}\n")["input_ids"])
+    asked = [p for r in s.rollouts for p in r]
+    assert asked and all(p[: len(want)] == want for p in asked) and want in asked, (want, asked[:1])
+    assert len([r for r in read_metrics(tmp_path / "run") if "loss" in r]) == 1
 
 
 # ---------------------------------------------------------------------------------------------
