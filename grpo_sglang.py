@@ -18,7 +18,7 @@ to correct for both.
 
 Two more defaults follow later work. The loss is a mean over every sampled token of the batch
 (DAPO), not a mean of each sequence's mean (GRPO). There is no KL penalty unless --beta > 0 (as in
-DAPO and Dr. GRPO). The README gives the peers' names for each flag.
+DAPO and Dr. GRPO).
 
 A rollout is an episode of one reply, or of several turns in which the task's environment (a game,
 a tool) answers each reply. After every optimizer step the trainer pushes its weights to the
@@ -30,8 +30,8 @@ check"). The loss value is not a progress signal in GRPO. Watch the reward.
         torchrun --nproc_per_node 1 grpo_sglang.py --colocate        # 1 GPU, shared with the server
     python grpo_sglang.py --help                                    # every flag (docs/reference.md)
 
-Read it top to bottom, from the config through the loss, the advantages, the rollout and one step
-to the loop. The plumbing sits below a fence (the server's HTTP API, weight sync, FSDP,
+Read it top to bottom, from the config through the loss, advantages, rollout and one step to
+the loop. The plumbing sits below a fence (the server's HTTP API, weight sync, FSDP,
 checkpoints). Where the story calls it, a comment says what comes back.
 """
 import concurrent.futures, contextlib, dataclasses, functools, hashlib, json, math, os, random, re
@@ -96,8 +96,9 @@ class GRPOConfig:
     filter_flat_groups: bool = arg(False, "groups of equal rewards weigh 0 (DAPO, no resampling)")
     dynamic_sampling: int = arg(0, "DAPO's dynamic sampling: up to N more rounds of new prompts a "
                                    "step while groups are flat (0: off)", "v >= 0")
-    # the task, with its prompts, reward, check and, for episodes, environment (reward_fns.py)
-    task: str = arg("auto", "a task of reward_fns.TASKS ('auto': by the dataset's answers)")
+    # the task, with its prompts, reward, check and environment (reward_fns.py)
+    task: str = arg("auto", "a task of reward_fns.TASKS ('auto': by the dataset's answers), or "
+                    "several, weighted: 'arithmetic:2,calculator:1'")
     reward: str = arg("auto", "'auto' (the task's), a reward of reward_fns.REWARD_FNS or a mix "
                               "('gsm8k:1,format:0.1')")
     max_turns: int = arg(0, "the model's replies per episode at most (0: the task's)", "v >= 0")
@@ -236,8 +237,9 @@ def weights(cfg, seqs):
 # tokens extend the episode with mask 0. The model did not sample them, so they are never trained
 # on. A single-turn task is an episode of one turn.
 
-def rollout(cfg, server, task, rows, version, greedy=False):
-    """group_size episodes per prompt row (one if greedy), sampled from the weights of `version`.
+def rollout(cfg, server, tasks, rows, version, greedy=False):
+    """group_size episodes per prompt row (one if greedy), sampled from θ_version.
+    A row's task gives its stop strings, environment and turns.
     -> the batch, with its rows, version, sampling settings, each episode's server (srv: all its
     turns go there, so its prefix stays cached), the environments' warnings, its time span and the
     episodes. An episode holds its prompt and completion (token ids), its mask (1 where the model
@@ -246,18 +248,18 @@ def rollout(cfg, server, task, rows, version, greedy=False):
     replies ran out before the environment was done)."""
     n, t0 = 1 if greedy else cfg.group_size, time.time()
     sampling = {"temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
-                "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens, "stop": task.stop,
+                "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens,
                 "max_reply_tokens": cfg.max_reply_tokens or cfg.max_new_tokens}
     eps = [{"prompt": r["ids"], "completion": [], "mask": [], "server_lp": [], "turns": 0,
-            "answer": r["answer"], "messages": [{"role": "user", "content": r["text"]}],
-            "finish": None, "out_of_room": False} for r in rows for _ in range(n)]
+            "task": r["task"], "answer": r["answer"], "finish": None, "out_of_room": False,
+            "messages": [{"role": "user", "content": r["text"]}]} for r in rows for _ in range(n)]
     srv, warn = server.place(len(rows), n), Counter()  # each episode's server
 
     def append(e, ids, lps, mask):  # tokens at the episode's end, their log-probs and mask
         e["completion"] += ids
         e["server_lp"] += lps
         e["mask"] += [mask] * len(ids)
-    for turn in range(task.max_turns):
+    for turn in range(max(tasks[r["task"]].max_turns for r in rows)):
         live = [i for i, e in enumerate(eps) if e["finish"] is None]
         if not live:
             break
@@ -265,9 +267,10 @@ def rollout(cfg, server, task, rows, version, greedy=False):
                 for i in live]
         # one batched /generate per server -> per episode (reply ids, their log-probs, finish)
         replies = server.sample([eps[i]["prompt"] + eps[i]["completion"] for i in live], left,
-                                sampling, version, [srv[i] for i in live])
+                                [tasks[eps[i]["task"]].stop for i in live], sampling, version,
+                                [srv[i] for i in live])
         for i, (ids, lps, finish) in zip(live, replies):
-            e = eps[i]
+            e, task = eps[i], tasks[eps[i]["task"]]
             append(e, ids, lps, 1)
             e["turns"] += 1
             e["messages"].append({"role": "assistant", "content": task.decode(ids)})
@@ -296,7 +299,8 @@ def sequences(batch, group_size, device):
     per-sequence quantity lives here. Rows are never reordered or dropped. To filter one out, set
     its weight to 0. Its columns are
       lists (N)  prompt, completion (token ids), text (the last reply, which rewards and checks
-                 read), messages, answer, finish ('stop', 'length', 'turns'), server (its index)
+                 read), messages, answer, task (its name), finish ('stop', 'length', 'turns'),
+                 server (its index)
       (N,)       group, length (every token after the prompt, the environment's too),
                  sampled_tokens (the model's own), turns, truncated (1 if finish is 'length');
                  the step adds reward, correct, adv (or (N, C), one per token) and weight
@@ -312,7 +316,8 @@ def sequences(batch, group_size, device):
     return {"prompt": [e["prompt"] for e in eps], "completion": [e["completion"] for e in eps],
             "text": [e["messages"][-1]["content"] for e in eps],
             "messages": [e["messages"] for e in eps], "answer": [e["answer"] for e in eps],
-            "finish": [e["finish"] for e in eps], "server": batch["srv"],
+            "task": [e["task"] for e in eps], "finish": [e["finish"] for e in eps],
+            "server": batch["srv"],
             "group": torch.arange(len(eps), device=device) // group_size,
             "length": torch.tensor([len(e["completion"]) for e in eps], device=device),
             "sampled_tokens": mask.sum(1).long(),
@@ -347,22 +352,22 @@ def old_and_ref_logprobs(cfg, model, ref, seqs, mbs):
                         net, b, seqs["sampling"]["temperature"])[0]
 
 
-def score(seqs, task, group_size, metrics):
-    """Each sequence's reward (task.reward_fn gives its total and named parts, each logged), and
-    whether the task's check calls its last reply right (what accuracy counts) -> seqs["reward"]
+def score(seqs, tasks, group_size, metrics):
+    """Each sequence's reward (its task's reward_fn gives its total and named parts, each logged),
+    and whether its task's check calls its last reply right (what accuracy counts) -> seqs["reward"]
     and seqs["correct"], (N,). Returns the warnings. A reward that raised or gave no number
     counts 0."""
     warn = Counter()
-    got = [task.reward_fn(row, warn) for row in samples(seqs)]  # samples(seqs) is the rows as dicts
+    got = [tasks[row["task"]].reward_fn(row, warn) for row in samples(seqs)]  # as dicts
     dev = seqs["mask"].device
     seqs["reward"] = torch.tensor([r for r, _ in got], device=dev)
-    right = [reward_fns.safe_reward(task.correct, t, a, warn) == 1 for t, a in
-             zip(seqs["text"], seqs["answer"])]
+    right = [reward_fns.safe_reward(tasks[k].correct, t, a, warn) == 1 for t, a, k in
+             zip(seqs["text"], seqs["answer"], seqs["task"])]
     seqs["correct"] = torch.tensor(right, device=dev, dtype=torch.float)
     for part in {p for _, parts in got for p in parts}:  # its mean over the rows that have it
         have = [parts[part] for _, parts in got if part in parts]
         metrics.mean(f"reward_{part}", sum(have), len(have))
-    score_metrics(seqs, group_size, warn, metrics)  # accuracy, lengths, turns, flat groups
+    score_metrics(seqs, tasks, group_size, warn, metrics)  # accuracy, lengths, turns, flat groups
     return warn
 
 
@@ -409,11 +414,11 @@ def train(cfg, model, opt, seqs, mbs, world, check, metrics):
 def main(cfg):
     rt = setup(cfg)                 # flags, ranks, GPUs and process group, checked first
     server = Server(cfg, rt)        # up? our model? how do weights get there?
-    # task is reward_fns.TASKS' task, with reward_fn(row, warnings) -> (reward, {part: value}),
+    # tasks[row["task"]] is a row's task: reward_fn(row, warnings) -> (reward, {part: value}),
     # correct(text, answer), env(messages, answer) -> the next message or None, env_ids(message,
-    # last reply token) -> its token ids, max_turns, stop (strings) and decode(ids) -> text. The
-    # server's context length (server.context) bounds a prompt and its completion.
-    tok, train_rows, evals, task = load_data(cfg, server.context)
+    # last reply token) -> its token ids, max_turns, stop (strings), decode(ids) -> text.
+    # server.context, the server's context length, bounds a prompt and its completion.
+    tok, train_rows, evals, tasks = load_data(cfg, server.context)
     model, ref, opt, start, state = load_models(cfg, rt)  # state is what steps keep (checkpointed)
     log = MetricsLog(cfg, rt, start, len(train_rows))
     pad = tok.pad_token_id or 0
@@ -423,12 +428,12 @@ def main(cfg):
         len(train_rows), step, cfg.prompts_per_step, cfg.seed, rt.rank, rt.world,
         1 + cfg.dynamic_sampling)]
     rollout_of = lambda step, version: server.weights_after(
-        sample_groups(cfg, server, task, my_prompts(step), version))
+        sample_groups(cfg, server, tasks, my_prompts(step), version))
 
     t0 = time.time()
     nbytes = server.push(model, start)  # the server starts from our weights (also after a resume)
     print0(f"initial sync: {nbytes / 2**20:.0f} MiB in {time.time() - t0:.2f}s, version {start}")
-    log.write(evaluate(cfg, server, task, evals, start))
+    log.write(evaluate(cfg, server, tasks, evals, start))
     t_run, next_batch = time.time(), None
     for step in range(start, cfg.steps):
         clock, metrics = Clock(), Metrics()  # the step's named sums, means and maxima
@@ -446,7 +451,7 @@ def main(cfg):
         old_and_ref_logprobs(cfg, model, ref, seqs, mbs)
         clock.lap("train")
         # 3. Rewards, then group-relative advantages and a weight per sequence.
-        warn = score(seqs, task, cfg.group_size, metrics)
+        warn = score(seqs, tasks, cfg.group_size, metrics)
         rollout_metrics(batch, metrics)  # the environments' warnings, dynamic sampling's draws
         shape_rewards(cfg, seqs, metrics)  # the flags' reward terms (DAPO's overlong penalty)
         seqs["adv"] = advantages(cfg, seqs["reward"])  # (N,)
@@ -470,7 +475,7 @@ def main(cfg):
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
             save_checkpoint(cfg, model, opt, tok, step + 1, state)
         if (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps:
-            log.write(evaluate(cfg, server, task, evals, step + 1))
+            log.write(evaluate(cfg, server, tasks, evals, step + 1))
     server.close()
     log.close()
     dist.destroy_process_group()
@@ -614,20 +619,21 @@ def rank_rounds(n_rows, step, per_step, seed, rank, world, rounds=1):
 
 
 
-def sample_groups(cfg, server, task, rounds, version):
+def sample_groups(cfg, server, tasks, rounds, version):
     """The step's rollout of this rank's groups: round 0's prompts and, with --dynamic_sampling
     (DAPO, Yu et al. 2025, 3.2), round after round of new ones while fewer than len(rounds[0])
     groups have rewards that differ. -> a batch of len(rounds[0]) groups: the first with rewards
     that differ, in the order drawn, then flat ones if the rounds ran out (they weigh 0), and how
     many groups were drawn and kept, in how many rounds."""
-    batch = rollout(cfg, server, task, rounds[0], version)
+    batch = rollout(cfg, server, tasks, rounds[0], version)
     if len(rounds) == 1:
         return batch
     G, n, drawn, warn = cfg.group_size, len(rounds[0]), [], Counter()  # drawn: (differ?, b, group)
     for k, rows in enumerate(rounds):
-        b = batch if k == 0 else rollout(cfg, server, task, rows, version)
+        b = batch if k == 0 else rollout(cfg, server, tasks, rows, version)
         warn += b["warnings"]
-        rewards = [task.reward_fn(row, Counter())[0] for row in samples(sequences(b, G, "cpu"))]
+        rewards = [tasks[row["task"]].reward_fn(row, Counter())[0]
+                   for row in samples(sequences(b, G, "cpu"))]
         drawn += [(len(set(rewards[g * G: (g + 1) * G])) > 1, b, g) for g in range(len(rows))]
         if sum(d for d, _, _ in drawn) >= n:
             break
@@ -674,10 +680,14 @@ def rows_of(seqs, b):
 
 
 
-def score_metrics(seqs, group_size, warn, m):
+def score_metrics(seqs, tasks, group_size, warn, m):
     """score()'s metrics of the scored table (docs/metrics.md): accuracy, lengths, turns, warnings, flat and identical
-    groups."""
+    groups; with several tasks, each one's reward, accuracy and turns (a task this rank did not draw: no count)."""
     N = len(seqs["completion"])
+    for name in tasks if len(tasks) > 1 else ():
+        mine = torch.tensor([k == name for k in seqs["task"]], device=seqs["reward"].device)
+        for metric, col in (("reward", "reward"), ("accuracy", "correct"), ("turns", "turns")):
+            m.mean(f"{metric}_{name}", (seqs[col] * mine).sum(), mine.sum())
     m.mean("accuracy", seqs["correct"].sum(), N)
     m.mean("completion_len_mean", seqs["mask"].sum(), N)
     m.mean("prompt_len_mean", sum(map(len, seqs["prompt"])), N)
@@ -807,20 +817,28 @@ def pack_batch(samples, pad_id, device):
             "tokens": sum(lens)}
 
 
-def evaluate(cfg, server, task, evals, step):
-    """Greedy accuracy (the task's check) and mean reward on the held-out prompts, through the server (rank 0)."""
+def evaluate(cfg, server, tasks, evals, step):
+    """Greedy accuracy (each row's task's check) and mean reward on the held-out prompts, through the server (rank 0);
+    with several tasks, each task's too."""
     if int(os.environ.get("RANK", 0)) != 0:
         return None
     t0 = time.time()
-    batch = rollout(cfg, server, task, evals, step, greedy=True)
+    batch = rollout(cfg, server, tasks, evals, step, greedy=True)
     seqs = sequences(batch, 1, "cpu")  # the table, as in training
-    warn = score(seqs, task, 1, Metrics()) + batch["warnings"]
+    warn = score(seqs, tasks, 1, Metrics()) + batch["warnings"]
     if warn:  # as in training: rewards that raised or gave no number counted 0, environments that failed
         print0(f"warnings at eval step {step}: {dict(warn)}")
-    acc, reward, turns = (seqs[k].float().mean().item() for k in ("correct", "reward", "turns"))
-    print0(f"eval step {step}: accuracy {acc:.3f}, reward {reward:.3f} on {len(evals)} held-out prompts (greedy, "
-           + (f"{turns:.2f} turns, " if task.max_turns > 1 else "") + f"{time.time() - t0:.1f}s)")
-    return {"step": step, "eval_accuracy": acc, "eval_reward": reward, "eval_turns_mean": turns}
+    out, episodes = {"step": step}, any(t.max_turns > 1 for t in tasks.values())
+    for name in ["", *tasks] if len(tasks) > 1 else [""]:  # "": all rows
+        mine = torch.tensor([not name or k == name for k in seqs["task"]])
+        acc, reward, turns = (seqs[k][mine].float().mean().item() for k in ("correct", "reward", "turns"))
+        print0(f"eval step {step}{f' (--task {name})' if name else ''}: accuracy {acc:.3f}, reward {reward:.3f} on "
+               f"{int(mine.sum())} held-out prompts (greedy, " + (f"{turns:.2f} turns, " if episodes else "")
+               + f"{time.time() - t0:.1f}s)")
+        at = f"_{name}" if name else ""
+        out.update({f"eval_accuracy{at}": acc, f"eval_reward{at}": reward,
+                    f"eval_turns_{name}" if name else "eval_turns_mean": turns})
+    return out
 
 
 class Metrics:
@@ -1076,9 +1094,7 @@ def check_config(cfg, world):
             raise UserError(f"--{f.name.rstrip('_')} {v!r} is out of range: it must be " + (
                 " or ".join(ok) if isinstance(ok, tuple) else " ".join(f.name if x == "v" else x for x in words))
                 + "".join(f" (--{x} is {getattr(cfg, x)})" for x in words if hasattr(cfg, x)))
-    if cfg.task not in ("auto", *reward_fns.TASKS):  # (here, not in the flag: a task may be added after the import)
-        raise UserError(f"--task {cfg.task!r} is not a task of reward_fns.py: it must be auto or one of "
-                        f"{', '.join(sorted(reward_fns.TASKS))}")
+    task_weights(cfg.task)  # (here, not in the flag: a task may be added after the import)
     if "auto" in reward_fns.TASKS or "auto" in reward_fns.REWARD_FNS:  # the keyword wins: it would never run
         raise UserError(f"reward_fns.{'TASKS' if 'auto' in reward_fns.TASKS else 'REWARD_FNS'} has an entry named "
                         f"'auto', the keyword of --task and --reward (the dataset's pick): give it another name")
@@ -1235,8 +1251,8 @@ def load_splits(cfg, task=None):
     return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
 
 
-def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, task, max_len=None, held=()):
-    """Rows -> [{ids, answer, question, text (the user's message)}] by `fmt`, tokenized; unusable or `held` rows are
+def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, task, max_len=None, held=(), name=None):
+    """Rows -> [{ids, answer, question, text (the user's message), task (`name`)}] by `fmt`, tokenized; unusable or `held` rows are
     counted in `skipped`, by why: among them, answers no completion can match (reward_fns.answer_problem). The task's
     worked example, where --example shows it (shown_example), comes first: in plain prompts as the rollout writes an
     episode (the question, then each reply and message on a line of its own) and a blank line, in chat ones as turns."""
@@ -1266,7 +1282,7 @@ def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, task, max_len=None,
             skipped[f"prompt longer than max_prompt_tokens={limit}" if limit == cfg.max_prompt_tokens
                     else f"prompt longer than {limit} tokens (the server's context)"] += 1
             continue
-        out.append({"ids": ids, "answer": answer, "question": q.strip(), "text": text})
+        out.append({"ids": ids, "answer": answer, "question": q.strip(), "text": text, "task": name})
     return out
 
 
@@ -1280,34 +1296,84 @@ def shown_example(cfg, fmt, task, instruction):
 
 
 def load_data(cfg, context=None):
-    """-> tokenizer, train and eval prompts (tokenized), the task (reward_fns.TASKS'): reward_fn(sample, warnings),
-    correct(text, answer), stop (the strings that end a reply) and for episodes env, env_ids (its messages' tokens),
-    max_turns; context: the server's."""
+    """-> tokenizer, train and eval prompts (tokenized, each with its task's name in "task"), and the tasks {name:
+    task} (reward_fns.TASKS', --task): reward_fn(sample, warnings), correct(text, answer), stop (the strings that end a
+    reply) and for episodes env, env_ids (its messages' tokens), max_turns; context: the server's. Several tasks: each
+    task's rows as one task's, then mixed by --task's weights (reward_fns.mix_rows)."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(cfg.model)
     fmt = ("chat" if tok.chat_template else "plain") if cfg.prompt_format == "auto" else cfg.prompt_format
     if fmt == "chat" and not tok.chat_template:
         raise UserError(f"--prompt_format chat, but the tokenizer of {cfg.model} has no chat template (a base "
                         f"model?): use --prompt_format plain (or auto)")
-    builtin = cfg.dataset == "builtin"
-    name = cfg.task if cfg.task != "auto" else "arithmetic" if builtin else None  # a dataset's: by its answers
-    check_task(name)
-    try:  # a typo in --reward is said before any data loads
-        reward_fns.combine(cfg.reward, name or "gsm8k", TAKEN_PARTS)
-    except ValueError as e:
-        raise UserError(f"--reward: {e}") from None
-    if builtin and not reward_fns.TASKS[name].rows:
-        raise UserError(f"--dataset builtin: --task {name} has no built-in rows: give it a --dataset")
-    raw_train, raw_eval, held_out = load_splits(cfg, reward_fns.TASKS[name] if builtin else None)
-    name, why = (name, "") if name else pick_task(cfg, raw_train + raw_eval)
-    check_task(name)
+    builtin, weights = cfg.dataset == "builtin", task_weights(cfg.task)
+    names = [n if n != "auto" else "arithmetic" if builtin else None for n in weights]  # a dataset's: by its answers
+    taken = TAKEN_PARTS + tuple(names if len(names) > 1 else ())  # several: the trainer logs reward_<task>
+    for name in names:
+        check_task(name)
+        try:  # a typo in --reward is said before any data loads
+            reward_fns.combine(cfg.reward, name or "gsm8k", taken)
+        except ValueError as e:
+            raise UserError(f"--reward: {e}") from None
+        if builtin and not reward_fns.TASKS[name].rows:
+            raise UserError(f"--dataset builtin: --task {name} has no built-in rows: give it a --dataset")
+    if cfg.example == "on" and len(names) > 1 and not any(reward_fns.TASKS[n].example for n in names):
+        raise UserError(f"--example on: none of --task {cfg.task} has a worked example to show: give a Task one "
+                        f"(example=, reward_fns.py), or drop --example")
+    max_len = cfg.max_prompt_tokens
+    if context and context - cfg.max_new_tokens - 1 < max_len:  # SGLang refuses prompt + max_new_tokens >= context
+        max_len = context - cfg.max_new_tokens - 1
+        if max_len < 1:
+            raise UserError(f"--max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt: the server's context "
+                            f"is {context} tokens, prompt and completion together. Lower --max_new_tokens.")
+        print0(f"prompts longer than {max_len} tokens are skipped: the server's context ({context}) minus "
+               f"--max_new_tokens")
+    if builtin:
+        splits = {name: load_splits(cfg, reward_fns.TASKS[name]) for name in names}
+    else:
+        raw_train, raw_eval, held_out = load_splits(cfg)
+        splits = (rows_by_task(cfg, raw_train, raw_eval, held_out, names) if len(names) > 1
+                  else {names[0]: (raw_train, raw_eval, held_out)})
+    if "builtin_max_operand" in getattr(cfg, "given", ()) and not (builtin and any(
+            reward_fns.TASKS[n].rows is reward_fns.arithmetic_rows for n in names)):
+        raise UserError(f"--builtin_max_operand sizes the built-in rows of --task arithmetic only (here --task "
+                        f"{cfg.task}, --dataset {cfg.dataset}): drop it")
+    tasks, train, evals = {}, {}, []
+    for name, (raw_train, raw_eval, held_out) in splits.items():
+        why = ""
+        if name is None:
+            name, why = pick_task(cfg, raw_train + raw_eval)
+            check_task(name)
+        tasks[name], train[name], e = load_task(cfg, tok, fmt, name, raw_train, raw_eval, held_out, max_len, why,
+                                                taken, len(splits) > 1)
+        evals += e
+    if len(tasks) == 1:
+        return tok, train[name], evals, tasks
+    mixed = reward_fns.mix_rows(train, dict(zip(tasks, weights.values())), cfg.seed)
+    share = Counter(r["task"] for r in mixed)
+    print0("tasks: " + ", ".join(f"{n} {share[n] / len(mixed):.0%} of the prompts ({len(train[n])} rows)"
+                                 for n in tasks) + f", by --task {cfg.task!r}; each group one task")
+    return tok, mixed, evals, tasks
+
+
+def rows_by_task(cfg, raw_train, raw_eval, held_out, names):
+    """Several tasks from one dataset: {name: (its train rows, its eval rows, held_out)} by each row's "task" field,
+    which must name one of them."""
+    for r in raw_train + raw_eval:
+        if str(r.get("task")) not in names:
+            raise UserError(f"--dataset {cfg.dataset}: a row " + (f"names the task {r['task']!r}, which is not one of "
+                            if "task" in r else "has no 'task' field, and each row must name its task, one of ")
+                            + f"--task {cfg.task} ({reward_fns.shorten(json.dumps(r, default=str), 100)}): give "
+                            f"each row its task, or add that task to --task")
+    pick = lambda rows, n: [r for r in rows if str(r["task"]) == n]
+    return {n: (pick(raw_train, n), pick(raw_eval, n), held_out) for n in names}
+
+
+def load_task(cfg, tok, fmt, name, raw_train, raw_eval, held_out, max_len, why, taken, several):
+    """One task of the run -> (the task, its train rows, its eval rows), tokenized; its start lines said."""
     t = reward_fns.TASKS[name]
-    reward_fn = reward_fns.combine(cfg.reward, name, TAKEN_PARTS)  # (sample, warnings) -> (reward, parts)
-    if "builtin_max_operand" in getattr(cfg, "given", ()) and not (cfg.dataset == "builtin" and
-                                                                   t.rows is reward_fns.arithmetic_rows):
-        raise UserError(f"--builtin_max_operand sizes the built-in rows of --task arithmetic only (here --task {name}, "
-                        f"--dataset {cfg.dataset}): drop it")
-    max_turns = cfg.max_turns or t.max_turns
+    reward_fn = reward_fns.combine(cfg.reward, name, taken)  # (sample, warnings) -> (reward, parts)
+    max_turns = (cfg.max_turns if t.env or not several else 0) or t.max_turns  # several: for those with episodes
     if max_turns > 1 and not t.env:
         raise UserError(f"--max_turns {max_turns}: --task {name} has no environment to answer a reply, so its episodes "
                         f"are one turn: drop --max_turns, or give the task an env (reward_fns.py, Task)")
@@ -1324,27 +1390,21 @@ def load_data(cfg, context=None):
                            stop=stop_strings(cfg.stop, fmt, max_turns),
                            decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
     instruction = t.instruction if cfg.instruction == "auto" else cfg.instruction
-    if cfg.example == "on" and not t.example:
+    if cfg.example == "on" and not t.example and not several:
         raise UserError(f"--example on: --task {name} has no worked example to show: give its Task one (example=, "
                         f"reward_fns.py), or drop --example")
-    skipped, max_len = Counter(), cfg.max_prompt_tokens
-    if context and context - cfg.max_new_tokens - 1 < max_len:  # SGLang refuses prompt + max_new_tokens >= context
-        max_len = context - cfg.max_new_tokens - 1
-        if max_len < 1:
-            raise UserError(f"--max_new_tokens {cfg.max_new_tokens} leaves no room for a prompt: the server's context "
-                            f"is {context} tokens, prompt and completion together. Lower --max_new_tokens.")
-        print0(f"prompts longer than {max_len} tokens are skipped: the server's context ({context}) minus "
-               f"--max_new_tokens")
-    evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, t, max_len)
+    skipped = Counter()
+    evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, t, max_len, (), name)
     answers = defaultdict(set)  # a question asked with several answers hides its answer (a game's secret): no leak
     for r in raw_train + raw_eval:
         answers[str(r.get(cfg.prompt_field)).strip()].add(str(r.get(cfg.answer_field)))
     held = {r["question"] for r in evals if len(answers[r["question"]]) == 1}
-    train = tokenize_rows(raw_train, tok, cfg, instruction, fmt, skipped, t, max_len, held)
-    print0(f"data: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
+    train = tokenize_rows(raw_train, tok, cfg, instruction, fmt, skipped, t, max_len, held, name)
+    at = f" (--task {name})" if several else ""
+    print0(f"data{at}: {len(train)} train / {len(evals)} eval prompts from {cfg.dataset} (eval: {held_out}); skipped "
            f"{sum(skipped.values())} rows" + (f" ({dict(skipped)})" if skipped else ""))
-    print0(f"prompt format: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat"
-                                      else "('question\\ninstruction\\n')") + (
+    print0(f"prompt format{at}: {fmt} " + ("(the tokenizer's chat template)" if fmt == "chat"
+                                          else "('question\\ninstruction\\n')") + (
         ", each question after a worked episode of the task (--example)" if shown_example(cfg, fmt, t, "") else "") + (
         f"; a reply ends at {', '.join(map(repr, task.stop))} (--stop)" if task.stop else ""))
     if not train or not evals:
@@ -1360,34 +1420,60 @@ def load_data(cfg, context=None):
         hint += "; raise --max_prompt_tokens (or lower --max_new_tokens)" + (
             ", or drop the worked example before each question: --example off" if shown_example(cfg, fmt, t, "") else ""
         ) if any("longer" in w for w in skipped) else ""
-        raise UserError(f"no usable rows left for {'training' if not train else 'evaluation'} (skipped: "
+        raise UserError(f"no usable rows left for {'training' if not train else 'evaluation'}{at} (skipped: "
                         f"{dict(skipped)}){hint}")
-    check_rows_task(cfg, raw_train + raw_eval, name, task.stop, t.numeric)
+    check_rows_task(cfg, raw_train + raw_eval, name, task.stop, t.numeric, several)
     print0(f"task: {name}" + (f", episodes of up to {max_turns} replies (its environment: {t.env.__name__})"
                               if max_turns > 1 else "") + why)
-    return tok, train, evals, task
+    return task, train, evals
 
 
 TAKEN_PARTS = ("mean", "warnings", "overlong")  # reward_<these> are the trainer's own metrics, not a reward's part
 
 
-def check_rows_task(cfg, rows, name, stop, numeric):
-    """The rows' `task` field, which the trainer does not read: one naming another task is one error, others are said;
-    a --stop string in the answers (a numeric task's: their number) would cut them: said."""
+def check_rows_task(cfg, rows, name, stop, numeric, several=False):
+    """One task's rows: their `task` field, when this run trains one task, naming another task is one error, naming
+    no task is said (several tasks: rows_by_task routed them); a --stop string in the answers (a numeric task's: their
+    number) would cut them: said."""
     named = Counter(str(r["task"]) for r in rows if "task" in r and "task" not in (cfg.prompt_field, cfg.answer_field))
-    other = [t for t in named if t != name and t in reward_fns.TASKS]
+    other = [t for t in named if t != name and t in reward_fns.TASKS and not several]
     if other:
         raise UserError(f"--dataset {cfg.dataset}: {named[other[0]]} rows name the task {other[0]!r} in their 'task' "
-                        f"field, and this run trains --task {name}; the field is not read: one run trains one task. "
-                        f"Pass --task {other[0]}, or drop those rows")
-    if set(named) - {name}:
-        print0(f"note: the rows' 'task' field ({', '.join(sorted(named)[:3])}) is not read: --task {name} scores them")
+                        f"field, and this run trains --task {name} alone. Pass --task {name},{other[0]} to train both "
+                        f"(each row by its task), --task {other[0]}, or drop those rows")
+    if set(named) - {name} and not several:
+        print0(f"note: the rows' 'task' field ({', '.join(sorted(named)[:3])}) names no task of reward_fns.py, and is "
+               f"not read: --task {name} scores them")
     answers = [str(a) for a in (r.get(cfg.answer_field) for r in rows) if a is not None]
     cut = [s for s in stop if cfg.stop != "auto" and any(s in ((reward_fns.extract_number(a) or a) if numeric else a)
                                                          for a in answers)]
     if cut:
         print0(f"warning: --stop {cfg.stop!r}: the answers hold {', '.join(map(repr, cut))}, where a reply would stop "
                f"before it writes the answer: drop it from --stop")
+
+
+def task_weights(spec):
+    """--task -> {name: weight}: 'auto' alone, or tasks of reward_fns.TASKS, each with its share of the prompts (one
+    task: no weight); else one clear error."""
+    try:
+        weights = reward_fns.task_weights(spec)
+    except ValueError as e:
+        raise UserError(f"--task {e}") from None
+    unknown = [n for n in weights if n not in ("auto", *reward_fns.TASKS)]
+    if unknown:
+        raise UserError(f"--task {unknown[0]!r} is not a task of reward_fns.py" + (
+            f" (in --task {spec!r})" if len(weights) > 1 else "") + f": it must be auto or one of "
+            f"{', '.join(sorted(reward_fns.TASKS))}")
+    if "auto" in weights and len(weights) > 1:
+        raise UserError(f"--task {spec!r}: auto picks one task by the dataset's answers: name each task of the run")
+    if len(weights) == 1 and ":" in spec:
+        raise UserError(f"--task {spec!r}: a weight is a task's share of the prompts among several tasks: with one "
+                        f"task, drop ':{spec.partition(':')[2].strip()}'")
+    taken = [n for n in weights if n in TAKEN_PARTS and len(weights) > 1]
+    if taken:
+        raise UserError(f"--task {spec!r}: the task {taken[0]!r} would be logged as reward_{taken[0]}, one of the "
+                        f"trainer's own metrics: register it under another name")
+    return weights
 
 
 def check_task(name):
@@ -1628,13 +1714,13 @@ class Server:
         """-> the server of each of n episodes per prompt row: this rank's row j on (rank * n_rows + j) % servers."""
         return [(self.rt.rank * n_rows + j) % len(self.urls) for j in range(n_rows) for _ in range(n)]
 
-    def sample(self, prompts, budgets, sampling, version, srv):
-        """A reply to each prompt (token ids) from its server srv[i] under θ_version, of at most budgets[i] tokens ->
-        [(ids, the server's logprobs, finish reason)] in the prompts' order."""
+    def sample(self, prompts, budgets, stops, sampling, version, srv):
+        """A reply to each prompt (token ids) from its server srv[i] under θ_version, of at most budgets[i] tokens,
+        ended by a string of stops[i] -> [(ids, the server's logprobs, finish reason)] in the prompts' order."""
         def request(k):  # server k's share, in one /generate
             sp = [{"temperature": sampling["temperature"], "top_p": sampling["top_p"], "top_k": sampling["top_k"],
-                   "max_new_tokens": b, **({"stop": sampling["stop"]} if sampling.get("stop") else {})}
-                  for b, s in zip(budgets, srv) if s == k]  # SGLang's names only
+                   "max_new_tokens": b, **({"stop": stop} if stop else {})}
+                  for b, stop, s in zip(budgets, stops, srv) if s == k]  # SGLang's names only
             return POOL.submit(generate, self.cfg, self.urls[k], [p for p, s in zip(prompts, srv) if s == k],
                                str(version), "sampled", "this rollout",
                                sampling_params=sp[0] if all(x == sp[0] for x in sp) else sp)

@@ -41,6 +41,8 @@ check_task             a task's reward, check, environment, max_turns and exampl
                        the task.
 episode                a task's worked example (Task.example) from its texts: question, reply, message, reply, ...
 answer_problem         why no completion could match a row's answer under a task's check, or None.
+task_weights, mix_rows several tasks in one run (--task arithmetic:2,calculator:1): the weights, and the rows mixed
+                       by them, each row with its task's name.
 """
 import inspect
 import json
@@ -382,7 +384,7 @@ def get_reward_fn(name: str):
 # ---- Tasks and their environments. A task is its prompt rows (a dataset, or built in), its reward, its check (what
 # accuracy counts) and, for episodes of several turns, its environment: a function of the conversation so far that
 # answers the model's reply with the next user message (a game's feedback, a tool's result), or None: the episode
-# ends. --task NAME picks one; add yours to TASKS.
+# ends. --task NAME picks one (several: --task a,b, at the end of this file); add yours to TASKS.
 
 @dataclass
 class Task:
@@ -652,3 +654,44 @@ TASKS = {
                        env=calculator_env, max_turns=3, rows=calculator_rows, check_answer=number_problem,
                        example=episode("What is 347 * 29?", "calc: 347 * 29", "10063", "347 * 29 = 10063")),
 }
+
+
+# ---- Several tasks in one run: --task arithmetic:2,calculator:1. Each prompt row carries its task's name ("task"), and
+# the trainer takes the row's reward, check, environment, turns and stop strings from that task. A group is one row's
+# episodes, so it never mixes tasks. A local JSON/JSONL row names its task in a "task" field.
+
+def task_weights(spec):
+    """--task 'a:2,b:1' -> {name: weight}, in the order written; a name without a weight weighs 1. ValueError for an
+    empty name, a name given twice, or a weight that is not a positive finite number. (The trainer checks the names
+    against TASKS: a student may add a task after this module loads.)"""
+    weights = {}
+    for item in spec.split(","):
+        name, colon, w = (s.strip() for s in item.partition(":"))
+        if not name:
+            raise ValueError(f"{spec!r} has an empty task name: write names separated by commas, each with an optional "
+                             f"weight (arithmetic:2,calculator:1)")
+        if name in weights:
+            raise ValueError(f"{spec!r} names {name!r} twice: give each task once, with its weight")
+        try:
+            weight = float(w) if colon else 1.0
+        except ValueError:
+            weight = math.nan
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"{spec!r}: {name}'s weight {w!r} is not a positive number: a weight is the task's share "
+                             f"of the prompts (arithmetic:2,calculator:1 draws two arithmetic prompts for each "
+                             f"calculator prompt)")
+        weights[name] = weight
+    return weights
+
+
+def mix_rows(rows, weights, seed=1234):
+    """{task: its rows} -> one list of rows, each with its task's name in "task". Each task's share of the list is its
+    share of the weights (1 each: equal shares) of as many rows as all tasks have together, its rows shuffled and
+    repeated as often as that needs (a small task's rows come back more often than a large one's)."""
+    total, out = sum(len(r) for r in rows.values()), []
+    for name, task_rows in rows.items():
+        n = max(1, round(total * weights[name] / sum(weights.values())))
+        order = list(range(len(task_rows)))
+        random.Random(f"{seed}:{name}").shuffle(order)
+        out += [{**task_rows[order[i % len(order)]], "task": name} for i in range(n)]
+    return out

@@ -22,6 +22,7 @@ header `# N. title` below):
 16. episodes: multi-turn rollouts, the environment's tokens (mask 0), the check, ranks, resume; dynamic sampling
 17. against a real SGLang server on a GPU (skipped where there is no GPU or no SGLang: CI is CPU-only)
 18. inputs once taken without a word, one-line bugs no test saw, the finish of a cut last reply
+19. several tasks in one run: each row's task, groups of one task, per-task metrics, the weights, resume
 
 Bad input of one topic (a data file, a flag, a checkpoint, a reward name, a serve.sh setting) is tested in that
 topic's section; section 10 holds the faults of no one topic. The maintainers' tools (dev/: benchmarks, the GPU
@@ -996,7 +997,8 @@ def single_turns(rows, outs, tok, group_size, temperature=1.0, version=0):
     """A rollout batch of one-turn episodes, as rollout() builds it: outs [(completion ids, the server's log-probs,
     finish)], completion k of prompt row k // group_size, its text decoded by `tok`."""
     eps = [{"prompt": rows[k // group_size]["ids"], "completion": list(c), "mask": [1] * len(c), "server_lp": list(lps),
-            "answer": rows[k // group_size]["answer"], "turns": 1, "finish": fin,
+            "answer": rows[k // group_size]["answer"], "task": rows[k // group_size].get("task", "t"), "turns": 1,
+            "finish": fin,
             "messages": [{"role": "user", "content": "?"},
                          {"role": "assistant", "content": tok.decode(c, skip_special_tokens=True)}]}
            for k, (c, lps, fin) in enumerate(outs)]
@@ -1009,10 +1011,17 @@ def table(rows, outs, tok, group_size, temperature=1.0):
     return g.sequences(single_turns(rows, outs, tok, group_size, temperature), group_size, "cpu")
 
 
+def one_task(loaded):
+    """load_data's answer of a run of one task -> (tokenizer, train rows, eval rows, the task)."""
+    (task,) = loaded[3].values()
+    return (*loaded[:3], task)
+
+
 def task_of(reward, correct=lambda c, a: 0.0):
-    """A task as load_data makes it, for score(): reward_fn(sample, warnings) -> (reward, parts), correct(text, answer)."""
+    """The tasks as load_data makes them, for score(), of one task "t" (single_turns' rows): reward_fn(sample, warnings)
+    -> (reward, parts), correct(text, answer)."""
     from types import SimpleNamespace
-    return SimpleNamespace(reward_fn=reward, correct=correct)
+    return {"t": SimpleNamespace(reward_fn=reward, correct=correct)}
 
 
 def known_batch(temperature=1.0):
@@ -2029,7 +2038,7 @@ def test_answers_that_are_not_numbers_train_with_the_check_that_fits_them(tiny_m
         path = tmp_path / f"{task}.jsonl"
         path.write_text("".join(json.dumps({"question": f"Q{k}?", "answer": answers[k % len(answers)]}) + "\n"
                                 for k in range(20)))
-        _, train, evals, t = g.load_data(g.Config(model=tiny_model, dataset=str(path)))
+        _, train, evals, t = one_task(g.load_data(g.Config(model=tiny_model, dataset=str(path))))
         assert t.name == task and len(train) + len(evals) == 20, (task, len(train), len(evals))
         assert t.correct is rf.TASKS[task].correct
     (tmp_path / "words.jsonl").write_text("".join(json.dumps({"question": f"Q{k}?", "answer": "Paris"}) + "\n"
@@ -5362,20 +5371,22 @@ class Scripted:
     def place(self, n_rows, n):
         return [k % self.servers for k in range(n_rows * n)]
 
-    def sample(self, prompts, budgets, sampling, version, srv):
+    def sample(self, prompts, budgets, stops, sampling, version, srv):
         self.asked.append(([list(p) for p in prompts], list(budgets)))
+        self.stops = getattr(self, "stops", []) + [list(stops)]
         self.srv.append(list(srv))
         return [(ids, [-0.5] * len(ids), fin) for ids, fin in self.calls.pop(0)]
 
 
 def tiny_task(tiny_model, env, max_turns=3):
-    """The task namespace load_data builds, on the tiny model's tokenizer (ChatML-like; its word-level tokenizer drops
-    newlines: a reply is closed by <|im_end|> alone)."""
+    """The tasks load_data builds, {"t": the task} (rows of task "t"), on the tiny model's tokenizer (ChatML-like; its
+    word-level tokenizer drops newlines: a reply is closed by <|im_end|> alone)."""
     from types import SimpleNamespace
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    return tok, SimpleNamespace(env=env, max_turns=max_turns, env_ids=g.remembered(g.env_ids(tok, "chat", "talk")),
-                                stop=[], decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+    return tok, {"t": SimpleNamespace(env=env, max_turns=max_turns, stop=[],
+                                      env_ids=g.remembered(g.env_ids(tok, "chat", "talk")),
+                                      decode=lambda ids: tok.decode(ids, skip_special_tokens=True))}
 
 
 def test_an_episode_appends_each_reply_sampled_and_each_environment_message_with_mask_0(tiny_model):
@@ -5391,7 +5402,7 @@ def test_an_episode_appends_each_reply_sampled_and_each_environment_message_with
         "is", "number", "What", "the", "?", "<|im_end|>", "<|im_start|>", "user", "assistant"))
     says = [START, USER, THE, NUMBER, Q, END, START, ASSISTANT]  # the environment's turn, then the model's opened
     cfg = g.Config(group_size=2, max_new_tokens=14, temperature=0.7)
-    rows = [{"ids": [START, USER, WHAT, END, START, ASSISTANT], "answer": "1", "text": "What"}]
+    rows = [{"ids": [START, USER, WHAT, END, START, ASSISTANT], "answer": "1", "text": "What", "task": "t"}]
     server = Scripted([[([NUMBER, END], "stop"), ([IS, END], "stop")], [([WHAT, IS, THE, NUMBER], "length")]], servers=2)
     batch = g.rollout(cfg, server, task, rows, 3)
     e1, e0 = batch["episodes"]  # (e0: the episode of two turns, on server 1)
@@ -5465,7 +5476,7 @@ def test_the_environments_tokens_have_no_loss_and_no_gradient_and_the_normaliser
         replies = [([11 + k, 3], [16 + k % 3] * (1 + k % 2) + [3]) for k in range(4)]  # 2 tokens, then 2 or 3
         eps = [{"prompt": [2, 4, 6, 7, 3, 2, 5], "completion": a + env + b, "mask": [1] * len(a) + [0] * 8 + [1] * len(b),
                 "server_lp": [-1.0] * len(a) + [0.0] * 8 + [-1.0] * len(b), "answer": "1", "turns": 2, "finish": "stop",
-                "messages": [{"role": "assistant", "content": str(k)}]} for k, (a, b) in enumerate(replies)]
+                "messages": [{"role": "assistant", "content": str(k)}], "task": "t"} for k, (a, b) in enumerate(replies)]
         batch = {"rows": [{"ids": eps[0]["prompt"], "answer": "1"}], "version": 0, "srv": [0] * 4, "episodes": eps,
                  "sampling": {"temperature": 1.0}, "span": (0.0, 0.0)}
         cfg = g.Config(group_size=4, micro_batch=4, tis_cap=0, max_grad_norm=0)
@@ -5523,7 +5534,7 @@ def test_every_metric_of_the_step_counts_the_sampled_tokens_of_an_episode_only(t
         replies = [([11 + k, 3], [16 + k % 3] * (1 + k % 2) + [3]) for k in range(4)]  # 2 tokens, then 2 or 3
         eps = [{"prompt": [2, 4, 6, 7, 3, 2, 5], "completion": a + env + b, "mask": [1] * len(a) + [0] * 8 + [1] * len(b),
                 "server_lp": [-1.0] * len(a) + [0.0] * 8 + [-1.0] * len(b), "answer": "1", "turns": 2, "finish": "stop",
-                "messages": [{"role": "assistant", "content": str(k)}]} for k, (a, b) in enumerate(replies)]
+                "messages": [{"role": "assistant", "content": str(k)}], "task": "t"} for k, (a, b) in enumerate(replies)]
         batch = {"rows": [{"ids": eps[0]["prompt"], "answer": "1"}], "version": 0, "srv": [0] * 4, "episodes": eps,
                  "sampling": {"temperature": 1.0}, "span": (0.0, 0.0)}
         cfg = g.Config(group_size=4, micro_batch=4, mu=2, beta=0.1, max_grad_norm=0)
@@ -5734,7 +5745,7 @@ def test_an_environments_message_is_a_line_of_its_own_in_plain_prompts_and_repli
     ids = g.env_ids(tok, "plain", "talk")("My number is higher.", tok.eos_token_id)
     assert tok.decode(ids) == "\nMy number is higher.\n"
     from transformers import AutoTokenizer
-    _, _, _, task = g.load_data(g.Config(model=tiny_model, dataset="builtin", task="guess"))
+    _, _, _, task = one_task(g.load_data(g.Config(model=tiny_model, dataset="builtin", task="guess")))
     word = AutoTokenizer.from_pretrained(tiny_model).convert_tokens_to_ids
     assert task.decode([word("number"), word("is"), word("<|im_end|>")]) == "number is"
 
@@ -5946,10 +5957,10 @@ def test_guess_the_number_and_the_calculator_by_their_rules():
 def test_the_built_in_tasks_load_their_rows_and_a_game_trains_on_every_secret(tiny_model):
     """guess: one question for every secret (hidden in the answer), so its held-out games are no duplicates to drop
     from training (a dataset's repeated question is); calculator: 200 problems held out."""
-    _, train, evals, task = g.load_data(g.Config(model=tiny_model, dataset="builtin", task="guess"))
+    _, train, evals, task = one_task(g.load_data(g.Config(model=tiny_model, dataset="builtin", task="guess")))
     assert (len(train), len(evals), task.max_turns) == (240, 80, reward_fns.GUESS_TURNS)
     assert {r["answer"] for r in train} == {r["answer"] for r in evals} == {str(n) for n in range(1, 17)}
-    _, train, evals, task = g.load_data(g.Config(model=tiny_model, dataset="builtin", task="calculator"))
+    _, train, evals, task = one_task(g.load_data(g.Config(model=tiny_model, dataset="builtin", task="calculator")))
     assert len(evals) == 200 and not {r["question"] for r in train} & {r["question"] for r in evals} and task.env
 
 
@@ -6063,9 +6074,9 @@ def test_dynamic_sampling_fills_the_batch_with_groups_whose_rewards_differ_in_th
     0). The batch's advantages, by the std of the batch, are those of its own groups: the ones left out are nowhere."""
     from types import SimpleNamespace
     cfg = g.Config(group_size=2, dynamic_sampling=2, scale_rewards="batch")
-    task = SimpleNamespace(env=None, max_turns=1, decode=lambda ids: str(ids[0]), correct=lambda c, a: False, stop=[],
-                           reward_fn=lambda row, warn: (float(row["text"] in ("1", "3")), {}))
-    rows = [{"ids": [4, k], "answer": "1", "text": name} for k, name in enumerate("ABCDEF")]
+    task = {"t": SimpleNamespace(env=None, max_turns=1, decode=lambda ids: str(ids[0]), correct=lambda c, a: False,
+                                 stop=[], reward_fn=lambda row, warn: (float(row["text"] in ("1", "3")), {}))}
+    rows = [{"ids": [4, k], "answer": "1", "text": name, "task": "t"} for k, name in enumerate("ABCDEF")]
     rounds = [rows[0:2], rows[2:4], rows[4:6]]
     reply = lambda *ids: [([i, 3], "stop") for i in ids]
     server = Scripted([reply(1, 1, 1, 2), reply(2, 2, 3, 4)])  # (a third round would find no script: an error)
@@ -6368,11 +6379,13 @@ def test_a_rows_task_field_naming_another_task_is_refused_and_any_other_is_said_
     rows = [{"question": f"Capital {k}?", "answer": f"city{k}", "task": "choice"} for k in range(20)]
     cfg = g.Config(model=tiny_model, dataset=data_file(tmp_path / "d.jsonl", rows), task="exact", eval_size=2)
     with pytest.raises(g.UserError, match=r"20 rows name the task 'choice' in their 'task' field, and this run trains "
-                                          r"--task exact; .* Pass --task choice, or drop those rows"):
+                                          r"--task exact alone. Pass --task exact,choice to train both \(each row by its "
+                                          r"task\), --task choice, or drop those rows"):
         g.load_data(cfg)
     rows = [dict(r, task="geography") for r in rows]
     g.load_data(dataclasses.replace(cfg, dataset=data_file(tmp_path / "e.jsonl", rows)))
-    assert "note: the rows' 'task' field (geography) is not read: --task exact scores them" in capsys.readouterr().out
+    assert ("note: the rows' 'task' field (geography) names no task of reward_fns.py, and is not read: --task exact "
+            "scores them") in capsys.readouterr().out
 
 
 def test_a_task_or_reward_registered_as_auto_is_refused_naming_the_keyword(tmp_path, monkeypatch):
@@ -6414,7 +6427,7 @@ def test_an_environment_that_returns_an_empty_message_ends_the_episode_with_a_na
     tok, task = tiny_task(tiny_model, lambda m, a: "  ")
     IS, END = tok.convert_tokens_to_ids(["is", "<|im_end|>"])
     batch = g.rollout(g.Config(group_size=1, max_new_tokens=14), Scripted([[([IS, END], "stop")]]), task,
-                      [{"ids": [4, 5], "answer": "1", "text": "What"}], 0)
+                      [{"ids": [4, 5], "answer": "1", "text": "What", "task": "t"}], 0)
     (e,) = batch["episodes"]
     assert (e["turns"], e["finish"], e["completion"]) == (1, "stop", [IS, END])
     assert dict(batch["warnings"]) == {"<lambda>: returned '  ', an empty message (the episode ends; return None to end "
@@ -6515,9 +6528,9 @@ def test_stop_auto_comes_from_the_tasks_turns_not_the_max_turns_flag(tmp_path):
     """Plain prompts: a task of episodes (guess: 5 turns, --max_turns 0) ends its replies at a newline, a one-turn task
     at a blank line."""
     base = build_tiny(str(tmp_path / "base"), chat_template=False)
-    _, _, _, task = g.load_data(g.Config(model=base, dataset="builtin", task="guess"))
+    _, _, _, task = one_task(g.load_data(g.Config(model=base, dataset="builtin", task="guess")))
     assert task.max_turns == reward_fns.GUESS_TURNS and task.stop == ["\n"]
-    _, _, _, task = g.load_data(g.Config(model=base, dataset="builtin", task="arithmetic"))
+    _, _, _, task = one_task(g.load_data(g.Config(model=base, dataset="builtin", task="arithmetic")))
     assert task.stop == ["\n\n"]
 
 
@@ -6527,7 +6540,7 @@ def test_a_last_reply_cut_by_the_token_budget_finishes_length_and_is_truncated(t
     reply that stopped ends it 'turns'."""
     tok, task = tiny_task(tiny_model, lambda m, a: "the number ?", max_turns=2)
     IS, END, WHAT = tok.convert_tokens_to_ids(["is", "<|im_end|>", "What"])
-    rows = [{"ids": [4, 5], "answer": "1", "text": "What"}]
+    rows = [{"ids": [4, 5], "answer": "1", "text": "What", "task": "t"}]
     server = Scripted([[([IS, END], "stop"), ([IS, END], "stop")], [([WHAT, IS, WHAT], "length"), ([IS, END], "stop")]])
     cfg = g.Config(group_size=2, max_new_tokens=30, max_reply_tokens=3, mask_truncated=True)
     batch = g.rollout(cfg, server, task, rows, 0)
@@ -6568,6 +6581,124 @@ def test_a_dataset_flag_the_dataset_has_no_use_for_and_a_blank_out_dir_are_one_c
     code, out = run(cmd + flags)
     assert code == 1 and out.strip().splitlines()[-1] == "error: " + says.replace("OUT", names["OUT"]), out
     assert not (tmp_path / "run ").exists()
+
+
+# 19. several tasks in one run: each row's task, groups of one task, per-task metrics, the weights, resume
+
+def two_tasks(tiny_model):
+    """Two tasks as load_data builds them on the tiny model's tokenizer: 'a' of one reply (stop 'x'; reward 1 when the
+    reply holds 'number'; right when it is 'number') and 'b' of up to 2 replies (its environment asks once; no stop;
+    reward 2 when the last reply holds 'is'; never right)."""
+    from types import SimpleNamespace
+    tok, tasks = tiny_task(tiny_model, lambda m, a: "the number ?" if len(m) < 3 else None, max_turns=2)
+    b = SimpleNamespace(**vars(tasks["t"]), reward_fn=lambda row, w: (2.0 * ("is" in row["text"].split()), {}),
+                        correct=lambda c, a: False)
+    a = SimpleNamespace(**{**vars(b), "env": None, "max_turns": 1, "stop": ["x"], "correct": lambda c, ans: c == "number",
+                           "reward_fn": lambda row, w: (1.0 * ("number" in row["text"].split()), {"a_part": 1.0})})
+    return tok, {"a": a, "b": b}
+
+
+def test_a_mixed_batch_is_each_tasks_own_rollout_with_its_rewards_checks_and_turns(tiny_model):
+    """rollout() and score() of one row of task 'a' and one of task 'b' in one batch, groups of 2: each episode asks
+    with its task's stop strings, the 'b' episodes take a second turn and the 'a' ones do not, and each reward, check
+    and turn count is its task's (hand values). The mixed batch's episodes are each task's rows rolled out alone."""
+    tok, tasks = two_tasks(tiny_model)
+    IS, NUMBER, END = tok.convert_tokens_to_ids(["is", "number", "<|im_end|>"])
+    rows = [{"ids": [4, 5], "answer": "1", "text": "A?", "task": "a"}, {"ids": [4, 6], "answer": "1", "text": "B?",
+                                                                        "task": "b"}]
+    turn1 = [([NUMBER, END], "stop"), ([IS, END], "stop"), ([NUMBER, END], "stop"), ([NUMBER, END], "stop")]
+    turn2 = [([IS, END], "stop"), ([NUMBER, END], "stop")]  # the 'b' episodes only
+    server = Scripted([turn1, turn2])
+    cfg = g.Config(group_size=2, max_new_tokens=30)
+    batch = g.rollout(cfg, server, tasks, rows, 0)
+    assert server.stops == [[["x"], ["x"], [], []], [[], []]]  # each episode its task's; turn 2: the 'b' ones
+    seqs = g.sequences(batch, 2, "cpu")
+    m = g.Metrics()
+    g.score(seqs, tasks, 2, m)
+    assert seqs["task"] == ["a", "a", "b", "b"] and seqs["turns"].tolist() == [1, 1, 2, 2]
+    assert seqs["reward"].tolist() == [1.0, 0.0, 2.0, 0.0] and seqs["correct"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    mean = lambda k: m.sums[k] / m.sums[k + "#n"]
+    assert (mean("reward_a"), mean("reward_b"), mean("accuracy_a"), mean("accuracy_b")) == (0.5, 1.0, 0.5, 0.0)
+    assert (mean("turns_a"), mean("turns_b"), mean("reward_a_part")) == (1.0, 2.0, 1.0)  # a part: over its task's rows
+    alone = {k: g.rollout(cfg, Scripted(s), {k: tasks[k]}, [r], 0)["episodes"] for k, r, s in (
+        ("a", rows[0], [turn1[:2]]), ("b", rows[1], [turn1[2:], turn2]))}
+    assert batch["episodes"] == alone["a"] + alone["b"]
+    # the evaluation (greedy, one episode a row): each task's numbers over its own rows, and all of them together
+    got = g.evaluate(cfg, Scripted([[([NUMBER, END], "stop"), ([NUMBER, END], "stop")], [([IS, END], "stop")]]), tasks,
+                     rows, 5)
+    assert got == {"step": 5, "eval_accuracy": 0.5, "eval_reward": 1.5, "eval_turns_mean": 1.5,
+                   "eval_accuracy_a": 1.0, "eval_reward_a": 1.0, "eval_turns_a": 1.0,
+                   "eval_accuracy_b": 0.0, "eval_reward_b": 2.0, "eval_turns_b": 2.0}
+
+
+def test_dynamic_sampling_over_several_tasks_keeps_each_group_one_task(tiny_model):
+    """--dynamic_sampling draws rounds of rows of both tasks: every group of the batch it fills is one row's episodes,
+    of one task, scored by that task's reward (which decides which groups are flat)."""
+    tok, tasks = two_tasks(tiny_model)
+    IS, NUMBER, END, WHAT = tok.convert_tokens_to_ids(["is", "number", "<|im_end|>", "What"])
+    tasks["b"].max_turns, tasks["b"].env = 1, None  # one reply each here: one script call a round
+    rows = [{"ids": [4, k], "answer": "1", "text": "?", "task": "ab"[k % 2]} for k in range(4)]
+    r = lambda *w: [([{"n": NUMBER, "i": IS, "w": WHAT}[x], END], "stop") for x in w]
+    # round 0: a (1, 1) flat; b (0, 0) flat by b's reward ('is'), though a's ('number') would call it 1, 0
+    server = Scripted([r("n", "n", "n", "w"), r("n", "i", "i", "n")])  # round 1: a 1, 0; b 2, 0
+    batch = g.sample_groups(g.Config(group_size=2, dynamic_sampling=2), server, tasks, [rows[:2], rows[2:]], 0)
+    assert [e["task"] for e in batch["episodes"]] == ["a", "a", "b", "b"]  # round 1's, the groups whose rewards differ
+    assert batch["groups"] == {"drawn": 4, "kept": 2, "rounds": 2}
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("arithmetic,nope", r"--task 'nope' is not a task of reward_fns.py \(in --task 'arithmetic,nope'\): it must be auto"),
+    ("arithmetic:0,calculator", r"arithmetic's weight '0' is not a positive number: a weight is the task's share"),
+    ("arithmetic:-1,calculator:x", r"arithmetic's weight '-1' is not a positive number"),
+    ("arithmetic:inf,calculator", r"arithmetic's weight 'inf' is not a positive number"),
+    ("arithmetic,,calculator", r"has an empty task name"),
+    ("arithmetic,arithmetic", r"names 'arithmetic' twice"),
+    ("auto,calculator", r"auto picks one task by the dataset's answers: name each task of the run"),
+    ("arithmetic:2", r"a weight is a task's share of the prompts among several tasks: with one task, drop ':2'"),
+])
+def test_a_task_list_with_an_unknown_name_or_a_bad_weight_is_one_error_at_start(spec, says, tmp_path):
+    with pytest.raises(g.UserError, match=says):
+        g.check_config(g.Config(task=spec, out_dir=str(tmp_path / "r")), 1)
+
+
+def test_rows_naming_no_task_of_the_list_are_one_error_and_the_weights_set_each_tasks_share(tiny_model, tmp_path,
+                                                                                            capsys):
+    """A dataset of rows for two tasks: each row to its task's check (exact's rows are words, arithmetic's numbers);
+    a row without a task, or naming one outside --task, is one error naming it. The weights 3:1 give a list of as
+    many rows as there are, three quarters the first task's (its rows repeated), each row tagged with its task."""
+    rows = ([{"question": f"What is {k} + 1?", "answer": str(k + 1), "task": "arithmetic"} for k in range(20)]
+            + [{"question": f"Capital {k}?", "answer": f"city{k}", "task": "exact"} for k in range(20)])
+    cfg = g.Config(model=tiny_model, dataset=data_file(tmp_path / "d.jsonl", rows), task="arithmetic:3,exact:1",
+                   eval_size=4)
+    _, train, evals, tasks = g.load_data(cfg)
+    assert list(tasks) == ["arithmetic", "exact"] and tasks["exact"].correct is reward_fns.exact_correct
+    n = collections.Counter(r["task"] for r in train)
+    assert n["arithmetic"] + n["exact"] == 36 and n["arithmetic"] == 27  # 36 train rows, 3/4 of them arithmetic
+    assert all(r["question"].startswith("What") == (r["task"] == "arithmetic") for r in train + evals)
+    assert "by --task 'arithmetic:3,exact:1'; each group one task" in capsys.readouterr().out
+    assert train == g.load_data(cfg)[1]  # the same mix every time (the seed's): a resumed run draws the same rows
+    for bad, says in (({"question": "Q?", "answer": "1"}, r"a row has no 'task' field, and each row must name its "
+                                                           r"task, one of --task arithmetic:3,exact:1"),
+                      ({"question": "Q?", "answer": "1", "task": "choice"}, r"a row names the task 'choice', which is "
+                                                                            r"not one of --task arithmetic:3,exact:1")):
+        with pytest.raises(g.UserError, match=says):
+            g.load_data(dataclasses.replace(cfg, dataset=data_file(tmp_path / "e.jsonl", rows + [bad])))
+
+
+def test_a_mixed_run_logs_each_tasks_metrics_and_resumed_equals_one_that_never_stopped(tiny_model, tmp_path):
+    """--task arithmetic,talk (one reply; episodes of the test's 'talk') against the stand-in: every step logs
+    reward_, accuracy_ and turns_ of each task (turns_arithmetic 1, turns_talk 1 to 2 where drawn: a reply may use up
+    the tokens), the evaluation each task's accuracy, and a run stopped after step 2 and resumed is, row for row and weight for weight, the one that
+    never stopped."""
+    mixed = ("--task", "arithmetic,talk", "--max_new_tokens", "24", "--eval_every", "4", "--reward", "has_number")
+    (rows, w, s), (rows1, w1, s1) = stopped_and_resumed(tiny_model, tmp_path, *mixed).values()
+    assert len(rows) == 4 and rows == rows1 and all(torch.equal(w[k], w1[k]) for k in w)
+    for r in rows:
+        assert {"reward_arithmetic", "accuracy_arithmetic", "turns_arithmetic", "reward_talk", "turns_talk"} <= set(r)
+        assert r["turns_arithmetic"] in (None, 1.0) and (r["turns_talk"] is None or 1.0 <= r["turns_talk"] <= 2.0)
+    evals = [r for r in read_metrics(tmp_path / "ref") if "eval_accuracy" in r]
+    assert {"eval_accuracy_arithmetic", "eval_accuracy_talk", "eval_turns_talk"} <= set(evals[-1])
+    assert evals[-1]["eval_turns_arithmetic"] == 1.0 and 1.0 <= evals[-1]["eval_turns_talk"] <= 2.0
 
 
 if __name__ == "__main__":  # python test_smoke.py N [pytest's flags]: section N's tests, each by its node id

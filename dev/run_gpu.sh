@@ -197,6 +197,11 @@ for phase in $phases; do
     run calc_readme runs/calculator 600 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
         --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
         --micro_batch 128 --lr 2e-5 --steps "${EP_STEPS:-200}" --eval_every 50 --out_dir runs/calculator ;;
+  mixed)  # arithmetic and the calculator in one run: the calculator's command with --task arithmetic,calculator
+    server
+    run mixed /tmp/runs/mixed 600 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
+        --dataset builtin --task arithmetic,calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
+        --micro_batch 128 --lr 2e-5 --steps "${MIX_STEPS:-200}" --eval_every 50 --save_every 0 --out_dir /tmp/runs/mixed ;;
   reload)  # the same, while another client reloads the server's weights from disk after step RELOAD_AT (10)
     server
     rm -rf /tmp/runs/reload
@@ -229,7 +234,7 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
     run gemma_calc /tmp/runs/gemma_calc "${GEMMA_LIMIT:-400}" torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$G" \
         --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
         --micro_batch 128 --lr 2e-5 --steps "${GEMMA_STEPS:-60}" --eval_every 30 --save_every 0 \
-        --out_dir /tmp/runs/gemma_calc ;;
+        --out_dir /tmp/runs/gemma_calc ${GEMMA_ARGS:-} ;;
   check_cost_ab)  # the quick start with and without the servers' hashes after each rollout, alternated (AB_RUNS pairs)
     server
     for k in $(seq "${AB_RUNS:-1}"); do

@@ -34,12 +34,12 @@ def main():
     recorded = json.load(open(args.replay))["rollouts"] if args.replay else []
     done, asked = [], []  # the training rollouts so far; the replay's budgets for the rollout in flight
 
-    def rollout(cfg, server, task, rows, version, greedy=False):
+    def rollout(cfg, server, tasks, rows, version, greedy=False):
         if not greedy and args.replay:
             if len(done) == len(recorded):
                 raise g.UserError(f"{args.replay} holds {len(recorded)} rollouts; this run asks for more")
             asked.append(recorded[len(done)]["sampled"])
-        batch = real_rollout(cfg, server, task, rows, version, greedy)
+        batch = real_rollout(cfg, server, tasks, rows, version, greedy)
         if greedy:
             return batch
         eps = batch["episodes"]

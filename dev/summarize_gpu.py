@@ -604,6 +604,46 @@ def calls_1203b(res, png=None):
     return out
 
 
+def calls_1206(res, png=None):
+    """Issues 62 and 63 on one H100 of 2026-12-06, sglang 0.5.16, one machine: (1) the README's quick start and
+    calculator command as written (50 steps) at the story cut's trainer (4243c97); (2) the trainer with several tasks
+    per run: the calculator's command with --task arithmetic,calculator (200 steps), then the quick start and the
+    calculator command again, for their step times beside it; (3) Gemma-3-270m base on the calculator command with the
+    task's worked example before each question (plain prompts), 200 steps."""
+    d = os.path.join(res, "h100", "calls_1206")
+    p = lambda call, name: os.path.join(d, str(call), name)
+    env = ('bash .gpukit/a/setup.sh && . .gpukit/a/env.sh; M=$KIT_MODEL_DIR ATTENTION_BACKEND=triton '
+           'EXTRA_ARGS="--sampling-backend pytorch"')
+    cmds = {1: "(grpo_sglang.py, reward_fns.py, serve.sh, dev/run_gpu.sh as at 4243c97) RES=$OUT/res EP_STEPS=50 "
+               "bash dev/run_gpu.sh quickstart calc_readme",
+            2: "RES=$OUT/res EP_STEPS=50 bash dev/run_gpu.sh mixed quickstart calc_readme",
+            3: "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True RES=$OUT/res GEMMA=/tmp/gemma3-270m GEMMA_STEPS=200 "
+               "GEMMA_ARGS='--max_prompt_tokens 1024 --micro_batch 16 --sample_every 10' bash dev/run_gpu.sh gemma "
+               "(after gemma_model; two tries before it stopped at start: every prompt over --max_prompt_tokens 256, "
+               "then out of GPU memory at --micro_batch 128)"}
+    out = {"date": "2026-12-06", "commits": {"1": "4243c97", "2": "the commit that adds several tasks per run",
+                                              "3": "the same"},
+           "environment": env, "machine": "one H100 80GB, server colocated (serve.sh GPU=0 MEM_FRACTION=0.3)",
+           "calls": {}}
+    for call, cmd in cmds.items():
+        out["calls"][str(call)] = {"command": cmd,
+                                   "versions": open(p(call, "versions.txt")).read().strip().splitlines()}
+    for call, names in ((1, ("quickstart", "calc_readme")), (2, ("mixed", "quickstart", "calc_readme"))):
+        for name in names:
+            out["calls"][str(call)][name] = run_numbers(p(call, f"{name}.metrics.jsonl"))
+    log = open(p(2, "mixed.log")).read()
+    out["calls"]["2"]["mixed"]["eval_per_task"] = {
+        f"{t}@{k}": float(a) for k, t, a in re.findall(r"eval step (\d+) \(--task (\w+)\): accuracy ([\d.]+)", log)}
+    s = steps(p(3, "gemma_calc.metrics.jsonl"))
+    glog = open(p(3, "gemma_calc.log")).read()
+    out["calls"]["3"]["gemma_calc"] = {
+        "steps": len(s), "eval": evals(p(3, "gemma_calc.metrics.jsonl")),
+        "reward_max": max(r["reward_mean"] for r in s), "turns_mean": round(st.mean(r["turns_mean"] for r in s), 3),
+        "samples": re.findall(r"  sample \(reward [^)]*\): (.*)", glog)[:8],
+        "prompt_format": re.search(r"prompt format: (.*)", glog).group(1)}
+    return out
+
+
 # -- the runs before the GPU pipeline above (results/run_x2.sh, last at 0e3eade): the sync check's calibration and
 # two GPUs. Their summaries were written by results/tools/summarize.py (last at 0e3eade); these are its functions.
 
@@ -876,6 +916,7 @@ PARTS = {
     "rollout_check": (rollout_check, "h200/rollout_check/summary.json", ["h200/rollout_check"], None),
     "calls_1203": (calls_1203, "h200/calls_1203/summary.json", ["h200/calls_1203"], None),
     "calls_1203b": (calls_1203b, "h200/calls_1203b/summary.json", ["h200/calls_1203b"], None),
+    "calls_1206": (calls_1206, "h100/calls_1206/summary.json", ["h100/calls_1206"], None),
     "x2": (x2, "x2/summary.json", ["x2/async", "x2/sync", "x2/memory", "x2/multi", "x2/check_async",
                                    "h200/check_v2"], None)}
 RESULTS = os.path.join(ROOT, "results")

@@ -93,7 +93,7 @@ def made_up_batch(cfg, vocab, truncated, rng, device):
     lens = [cfg.max_new_tokens if rng.random() < truncated else
             min(cfg.max_new_tokens - 1, max(4, round(math.exp(rng.gauss(math.log(30), 0.5))))) for _ in range(n)]
     eps = [{"prompt": prompts[i // cfg.group_size], "completion": [rng.randrange(3, vocab) for _ in range(k)],
-            "mask": [1] * k, "server_lp": [-abs(rng.gauss(0, 1)) for _ in range(k)], "answer": "1", "turns": 1,
+            "mask": [1] * k, "server_lp": [-abs(rng.gauss(0, 1)) for _ in range(k)], "answer": "1", "task": "t", "turns": 1,
             "finish": "length" if k == cfg.max_new_tokens else "stop",
             "messages": [{"role": "user", "content": "?"}, {"role": "assistant", "content": "1"}]}
            for i, k in enumerate(lens)]

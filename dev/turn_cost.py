@@ -170,13 +170,13 @@ def tasks(a, url):
     for name in a.tasks:
         cfg = g.Config(model=a.model, dataset="builtin", task=name, max_new_tokens=budgets[name][0],
                        max_reply_tokens=budgets[name][1], group_size=8)
-        tok, rows, _, task = g.load_data(cfg)
-        plain = SimpleNamespace(**{**vars(task), "env_ids": g.env_ids(tok, "chat", name)})  # not remembered
+        tok, rows, _, tasks = g.load_data(cfg)
+        plain = {name: SimpleNamespace(**{**vars(tasks[name]), "env_ids": g.env_ids(tok, "chat", name)})}  # not kept
         server = type("Server", (), {"sample": g.Server.sample, "place": g.Server.place, "cfg": cfg, "urls": [url],
                                      "rt": SimpleNamespace(rank=0)})()
         rows = rows[: a.episodes // cfg.group_size]
         shapes = {
-            "lockstep": lambda: g.rollout(cfg, server, task, rows, version)["episodes"],
+            "lockstep": lambda: g.rollout(cfg, server, tasks, rows, version)["episodes"],
             "lockstep_env_ids_not_remembered": lambda: g.rollout(cfg, server, plain, rows, version)["episodes"]}
         got = {k: {"rollout": [], "single": [], "turns": [], "tokens": []} for k in shapes}
         for rep in range(a.reps + 1):
