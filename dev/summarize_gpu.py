@@ -621,8 +621,8 @@ def calls_1206(res, png=None):
                "GEMMA_ARGS='--max_prompt_tokens 1024 --micro_batch 16 --sample_every 10' bash dev/run_gpu.sh gemma "
                "(after gemma_model; two tries before it stopped at start: every prompt over --max_prompt_tokens 256, "
                "then out of GPU memory at --micro_batch 128)"}
-    out = {"date": "2026-12-06", "commits": {"1": "4243c97", "2": "the commit that adds several tasks per run",
-                                              "3": "the same"},
+    at = "15f1f87 (the run's copy: the same trainer before its comments were trimmed and one start check moved)"
+    out = {"date": "2026-12-06", "commits": {"1": "4243c97", "2": at, "3": at},
            "environment": env, "machine": "one H100 80GB, server colocated (serve.sh GPU=0 MEM_FRACTION=0.3)",
            "calls": {}}
     for call, cmd in cmds.items():
