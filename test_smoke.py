@@ -6701,6 +6701,19 @@ def test_a_mixed_run_logs_each_tasks_metrics_and_resumed_equals_one_that_never_s
     assert evals[-1]["eval_turns_arithmetic"] == 1.0 and 1.0 <= evals[-1]["eval_turns_talk"] <= 2.0
 
 
+def test_a_mixed_run_trains_on_two_ranks_with_async_and_lora(tiny_model, server, tmp_path):
+    """--task arithmetic,talk on 2 ranks, --async, LoRA: it runs to the end, and each step logs both tasks' metrics,
+    reduced over the ranks (a task one rank did not draw counts nothing there): arithmetic's episodes are one reply."""
+    code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--task", "arithmetic,talk", "--max_new_tokens", "24",
+                              "--prompts_per_step", "4", "--async", "--lora_rank", "4", "--save_every", "0",
+                              nproc=2, rewards=True), timeout=240)
+    assert code == 0, out
+    rows = [r for r in read_metrics(tmp_path) if "loss" in r]
+    assert len(rows) == 2 and all({"reward_talk", "accuracy_arithmetic", "turns_talk"} <= set(r) for r in rows)
+    assert all(r["turns_arithmetic"] in (None, 1.0) for r in rows)
+    assert "tasks: arithmetic 50% of the prompts" in out and "eval step 2 (--task talk)" in out
+
+
 if __name__ == "__main__":  # python test_smoke.py N [pytest's flags]: section N's tests, each by its node id
     tests = [t for n, _, ts in sections() if sys.argv[1:2] == [str(n)] for t in ts]
     if not tests:
