@@ -47,6 +47,8 @@ M = [  # (name, file, old, new, -k expression)
  ('63 tasks: the evaluation of each task over every row', 'grpo_sglang.py', 'mine = torch.tensor([not name or k == name for k in seqs["task"]])', 'mine = torch.tensor([True for k in seqs["task"]])', 'mixed_batch'),
  ('63 tasks: the mix drawn anew each time', 'reward_fns.py', 'random.Random(f"{seed}:{name}").shuffle(order)', 'random.shuffle(order)', 'weights_set_each'),
  ('63 tasks: no per-task metrics in training', 'grpo_sglang.py', '    for name in tasks if len(tasks) > 1 else ():', '    for name in ():', 'two_ranks_with_async_and_lora'),
+ ('63 gemma: merges ranked the wrong way', 'dev/gguf_tokenizer.py', 'merges = sorted((-scores[i]', 'merges = sorted((scores[i]', 'gguf'),
+ ('63 gemma: no byte fallback', 'dev/gguf_tokenizer.py', 'byte_fallback=True,', 'byte_fallback=False,', 'gguf'),
  ('63 example: worked example left out of plain prompts', 'grpo_sglang.py', 'ids = tok(before + text + "\\n")["input_ids"]', 'ids = tok(text + "\\n")["input_ids"]', 'worked_example'),
  ('63 example: worked example without the blank line after it', 'grpo_sglang.py', 'before = "".join(m["content"] + "\\n" for m in shown) + "\\n" if shown', 'before = "".join(m["content"] + "\\n" for m in shown) if shown', 'worked_example'),
  ('63 example: worked example in chat prompts unasked', 'grpo_sglang.py', 'cfg.example == "auto" and fmt != "plain" or not task.example', 'cfg.example == "auto" and fmt == "none" or not task.example', 'worked_example'),

