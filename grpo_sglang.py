@@ -96,8 +96,8 @@ class GRPOConfig:
     filter_flat_groups: bool = arg(False, "groups of equal rewards weigh 0 (DAPO, no resampling)")
     dynamic_sampling: int = arg(0, "DAPO's dynamic sampling: up to N more rounds of new prompts a "
                                    "step while groups are flat (0: off)", "v >= 0")
-    # the task, with its prompts, reward, check and environment (reward_fns.py)
-    task: str = arg("auto", "a task of reward_fns.TASKS ('auto': by the dataset's answers), or "
+    # the task, with its prompts (reward_fns.py)
+    task: str = arg("auto", "a task of reward_fns.TASKS ('auto': by the answers), or "
                     "several, weighted: 'arithmetic:2,calculator:1'")
     reward: str = arg("auto", "'auto' (the task's), a reward of reward_fns.REWARD_FNS or a mix "
                               "('gsm8k:1,format:0.1')")
@@ -148,7 +148,7 @@ def log_ratio(logp, old_logp, mask, level="token"):
 
 
 def kl_k3(logp, ref_logp):
-    """(B, T) -> (B, T) Schulman's k3 estimator of KL(π || π_ref), e^d - d - 1 with d = ref - logp.
+    """(B, T) -> (B, T) Schulman's k3 estimator of KL(π || π_ref), e^d - d - 1, d = ref - logp.
     It is >= 0 and unbiased for samples of π, with less variance than log π - log π_ref."""
     d = ref_logp - logp
     return torch.exp(d) - d - 1
@@ -239,7 +239,6 @@ def weights(cfg, seqs):
 
 def rollout(cfg, server, tasks, rows, version, greedy=False):
     """group_size episodes per prompt row (one if greedy), sampled from θ_version.
-    A row's task gives its stop strings, environment and turns.
     -> the batch, with its rows, version, sampling settings, each episode's server (srv: all its
     turns go there, so its prefix stays cached), the environments' warnings, its time span and the
     episodes. An episode holds its prompt and completion (token ids), its mask (1 where the model
@@ -299,8 +298,7 @@ def sequences(batch, group_size, device):
     per-sequence quantity lives here. Rows are never reordered or dropped. To filter one out, set
     its weight to 0. Its columns are
       lists (N)  prompt, completion (token ids), text (the last reply, which rewards and checks
-                 read), messages, answer, task (its name), finish ('stop', 'length', 'turns'),
-                 server (its index)
+                 read), messages, answer, task, finish ('stop', 'length', 'turns'), server (its index)
       (N,)       group, length (every token after the prompt, the environment's too),
                  sampled_tokens (the model's own), turns, truncated (1 if finish is 'length');
                  the step adds reward, correct, adv (or (N, C), one per token) and weight
@@ -417,7 +415,7 @@ def main(cfg):
     # tasks[row["task"]] is a row's task: reward_fn(row, warnings) -> (reward, {part: value}),
     # correct(text, answer), env(messages, answer) -> the next message or None, env_ids(message,
     # last reply token) -> its token ids, max_turns, stop (strings), decode(ids) -> text.
-    # server.context, the server's context length, bounds a prompt and its completion.
+    # server.context (tokens) bounds a prompt and its completion.
     tok, train_rows, evals, tasks = load_data(cfg, server.context)
     model, ref, opt, start, state = load_models(cfg, rt)  # state is what steps keep (checkpointed)
     log = MetricsLog(cfg, rt, start, len(train_rows))
@@ -491,8 +489,9 @@ class Config(GRPOConfig):
     # sampling: keep top_p 1.0 and top_k -1, so that the server samples what the trainer scores
     top_p: float = arg(1.0, "nucleus sampling (keep 1.0: the server samples what the trainer scores)", "0 < v <= 1")
     top_k: int = arg(-1, "top-k sampling (-1 = off, for the same reason)", "v == -1 or v >= 1")
-    stop: str = arg("auto", "strings that end a reply, comma-separated, escapes read ('\\n'), or 'none'; 'auto': plain "
-                            "prompts end at a newline (episodes) or a blank line, chat ones at the template's end of turn")
+    stop: str = arg("auto", "strings that end a reply, comma-separated, escapes read ('\\n'), or 'none'; 'auto': "
+                            "plain prompts end at a newline (episodes) or a blank line, chat ones at the template's "
+                            "end of turn")
     # the learning-rate schedule
     lr_schedule: str = arg("constant", "after the warmup: constant, or a linear or cosine decay to min_lr_ratio",
                            ("constant", "linear", "cosine"))
@@ -1252,10 +1251,11 @@ def load_splits(cfg, task=None):
 
 
 def tokenize_rows(rows, tok, cfg, instruction, fmt, skipped, task, max_len=None, held=(), name=None):
-    """Rows -> [{ids, answer, question, text (the user's message), task (`name`)}] by `fmt`, tokenized; unusable or `held` rows are
-    counted in `skipped`, by why: among them, answers no completion can match (reward_fns.answer_problem). The task's
-    worked example, where --example shows it (shown_example), comes first: in plain prompts as the rollout writes an
-    episode (the question, then each reply and message on a line of its own) and a blank line, in chat ones as turns."""
+    """Rows -> [{ids, answer, question, text (the user's message), task (`name`)}] by `fmt`, tokenized; unusable or
+    `held` rows are counted in `skipped`, by why: among them, answers no completion can match
+    (reward_fns.answer_problem). The task's worked example, where --example shows it (shown_example), comes first: in
+    plain prompts as the rollout writes an episode (the question, then each reply and message on a line of its own)
+    and a blank line, in chat ones as turns."""
     out, limit, shown = [], max_len or cfg.max_prompt_tokens, shown_example(cfg, fmt, task, instruction) or []
     before = "".join(m["content"] + "\n" for m in shown) + "\n" if shown else ""  # plain
     for r in rows:
@@ -1378,8 +1378,9 @@ def load_task(cfg, tok, fmt, name, raw_train, raw_eval, held_out, max_len, why, 
         raise UserError(f"--max_turns {max_turns}: --task {name} has no environment to answer a reply, so its episodes "
                         f"are one turn: drop --max_turns, or give the task an env (reward_fns.py, Task)")
     if max_turns == 1 and cfg.max_reply_tokens > cfg.max_new_tokens:
-        raise UserError(f"--max_reply_tokens {cfg.max_reply_tokens} is more than --max_new_tokens {cfg.max_new_tokens}, "
-                        f"which caps --task {name}'s one reply: drop --max_reply_tokens, or raise --max_new_tokens")
+        raise UserError(f"--max_reply_tokens {cfg.max_reply_tokens} is more than --max_new_tokens "
+                        f"{cfg.max_new_tokens}, which caps --task {name}'s one reply: drop --max_reply_tokens, or "
+                        f"raise --max_new_tokens")
     if max_turns > 1 and cfg.max_reply_tokens >= cfg.max_new_tokens:
         raise UserError(f"--max_reply_tokens {cfg.max_reply_tokens} leaves no room in --max_new_tokens "
                         f"{cfg.max_new_tokens} (an episode's replies and messages together) for a second reply of "
