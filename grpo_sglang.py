@@ -297,8 +297,9 @@ def sequences(batch, group_size, device):
     """A rollout batch -> `seqs`, the step's table, one row per sequence (an episode). Every
     per-sequence quantity lives here. Rows are never reordered or dropped. To filter one out, set
     its weight to 0. Its columns are
-      lists (N)  prompt, completion (token ids), text (the last reply, which rewards and checks
-                 read), messages, answer, task, finish ('stop', 'length', 'turns'), server (its index)
+      lists (N)  prompt, completion (token ids), text (the last reply, which rewards and
+                 checks read), messages, answer, task, finish ('stop', 'length', 'turns'),
+                 server (its index)
       (N,)       group, length (every token after the prompt, the environment's too),
                  sampled_tokens (the model's own), turns, truncated (1 if finish is 'length');
                  the step adds reward, correct, adv (or (N, C), one per token) and weight
