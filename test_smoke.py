@@ -6703,15 +6703,27 @@ def test_a_mixed_run_logs_each_tasks_metrics_and_resumed_equals_one_that_never_s
 
 def test_a_mixed_run_trains_on_two_ranks_with_async_and_lora(tiny_model, server, tmp_path):
     """--task arithmetic,talk on 2 ranks, --async, LoRA: it runs to the end, and each step logs both tasks' metrics,
-    reduced over the ranks (a task one rank did not draw counts nothing there): arithmetic's episodes are one reply."""
+    reduced over the ranks (a task one rank did not draw counts nothing there): arithmetic's episodes are one reply.
+    What each rank asked the stand-in: its first turn, a request of its 4 rows' groups, each group 4 copies of one
+    row (of one task), some requests holding both tasks; a second turn only for talk's episodes, whichever rank."""
     code, out = run(train_cmd(tiny_model, server.url, tmp_path, "--task", "arithmetic,talk", "--max_new_tokens", "24",
-                              "--prompts_per_step", "4", "--async", "--lora_rank", "4", "--save_every", "0",
+                              "--prompts_per_step", "8", "--async", "--lora_rank", "4", "--save_every", "0",
                               nproc=2, rewards=True), timeout=240)
     assert code == 0, out
     rows = [r for r in read_metrics(tmp_path) if "loss" in r]
     assert len(rows) == 2 and all({"reward_talk", "accuracy_arithmetic", "turns_talk"} <= set(r) for r in rows)
     assert all(r["turns_arithmetic"] in (None, 1.0) for r in rows)
     assert "tasks: arithmetic 50% of the prompts" in out and "eval step 2 (--task talk)" in out
+    from transformers import AutoTokenizer
+    text = AutoTokenizer.from_pretrained(tiny_model).decode
+    task = lambda p: "arithmetic" if "Answer with the number only" in text(p) else "talk"  # (its instruction)
+    first = [q for q in server.rollouts if "What is the number" not in text(q[0])]  # (a second turn's holds it)
+    later = [p for q in server.rollouts if q not in first for p in q]
+    assert len(first) >= 4 and all(len(q) == 16 for q in first)  # 2 ranks x 2 steps at least (--async: one ahead)
+    groups = [q[k:k + 4] for q in first for k in range(0, 16, 4)]
+    assert all(len(set(gr)) == 1 for gr in groups)  # a group: one row's prompt 4 times
+    assert any(len({task(p) for p in q}) == 2 for q in first)  # a rank's request of both tasks' groups
+    assert later and all(task(p) == "talk" for p in later)  # the environment's turn: talk's episodes only
 
 
 if __name__ == "__main__":  # python test_smoke.py N [pytest's flags]: section N's tests, each by its node id

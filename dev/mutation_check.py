@@ -35,6 +35,8 @@ M = [  # (name, file, old, new, -k expression)
  ('ranks race rank 0 to the error file', 'grpo_sglang.py', 'time.sleep(3 if rank else 0)', 'time.sleep(0)', 'said_once'),
  ('nccl send waited first, no timeout', 'grpo_sglang.py', '    def wait():\n        for srv, answered in zip(', '    def wait():\n        sent and sent.result()\n        for srv, answered in zip(', 'nccl_path_failures'),
  ('plain format ignored', 'grpo_sglang.py', 'fmt = ("chat" if tok.chat_template else "plain") if', 'fmt = "chat" if', 'base_model'),
+ ('63 tasks: each episode\'s environment and turns those of its rank\'s first row', 'grpo_sglang.py', 'e, task = eps[i], tasks[eps[i]["task"]]', 'e, task = eps[i], tasks[rows[0]["task"]]', 'two_ranks_with_async'),
+ ('63 tasks: a rank\'s episodes in rounds of its rows, not groups', 'grpo_sglang.py', '"messages": [{"role": "user", "content": r["text"]}]} for r in rows for _ in range(n)]', '"messages": [{"role": "user", "content": r["text"]}]} for _ in range(n) for r in rows]', 'two_ranks_with_async'),
  ('63 tasks: every episode asks with the first task\'s stop strings', 'grpo_sglang.py', '[tasks[eps[i]["task"]].stop for i in live]', '[next(iter(tasks.values())).stop for i in live]', 'mixed_batch'),
  ('63 tasks: the turns of the first task for every row', 'grpo_sglang.py', 'for turn in range(max(tasks[r["task"]].max_turns for r in rows)):', 'for turn in range(next(iter(tasks.values())).max_turns):', 'mixed_batch'),
  ('63 tasks: every row rewarded by the first task', 'grpo_sglang.py', 'got = [tasks[row["task"]].reward_fn(row, warn) for row in samples(seqs)]', 'got = [next(iter(tasks.values())).reward_fn(row, warn) for row in samples(seqs)]', 'mixed_batch'),

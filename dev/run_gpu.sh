@@ -197,11 +197,14 @@ for phase in $phases; do
     run calc_readme runs/calculator 600 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
         --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
         --micro_batch 128 --lr 2e-5 --steps "${EP_STEPS:-200}" --eval_every 50 --out_dir runs/calculator ;;
-  mixed)  # arithmetic and the calculator in one run: the calculator's command with --task arithmetic,calculator
+  mixed)  # arithmetic and the calculator in one run: the calculator's command with --task arithmetic,calculator;
+          # MIX_ARGS (later flags win, e.g. "--lr 1e-5 --beta 0.04") and MIX_NAME (the run's name: mixed) vary it
     server
-    run mixed /tmp/runs/mixed 600 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
-        --dataset builtin --task arithmetic,calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
-        --micro_batch 128 --lr 2e-5 --steps "${MIX_STEPS:-200}" --eval_every 50 --save_every 0 --out_dir /tmp/runs/mixed ;;
+    rm -rf "/tmp/runs/${MIX_NAME:-mixed}"
+    run "${MIX_NAME:-mixed}" "/tmp/runs/${MIX_NAME:-mixed}" 600 torchrun --nproc_per_node 1 grpo_sglang.py --colocate \
+        --model "$M" --dataset builtin --task arithmetic,calculator --prompts_per_step 16 --max_new_tokens 128 \
+        --max_reply_tokens 32 --micro_batch 128 --lr 2e-5 --steps "${MIX_STEPS:-200}" --eval_every 50 --save_every 0 \
+        --out_dir "/tmp/runs/${MIX_NAME:-mixed}" ${MIX_ARGS:-} ;;
   reload)  # the same, while another client reloads the server's weights from disk after step RELOAD_AT (10)
     server
     rm -rf /tmp/runs/reload
