@@ -1045,8 +1045,14 @@ RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_e
              "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs", "keep_checkpoints"}
 
 
+# Flags newer than runs that may be resumed, whose default would change what such a run trains: the value it trained
+# with. (--example auto puts a worked example before plain prompts; a run begun before it had none.)
+BEFORE_THE_FLAG = {"example": "off"}
+
+
 def restore_config(cfg):
-    """--resume: config.json's flags for those not given; a given one may differ only if RESUMABLE (else one error)."""
+    """--resume: config.json's flags for those not given; a given one may differ only if RESUMABLE (else one error).
+    A flag config.json lacks (the run began before it) takes BEFORE_THE_FLAG's value, where it has one, and says so."""
     path = os.path.join(cfg.out_dir, "config.json")
     if not os.path.exists(path):  # gone: the last checkpoint keeps the flags too (its trainer_state.pt)
         ckpt = latest_checkpoint(cfg.out_dir)
@@ -1079,6 +1085,10 @@ def restore_config(cfg):
     for k, v in saved.items():
         if k in fields and k not in given and k != "api_key":
             setattr(cfg, k, v)
+    for k, v in BEFORE_THE_FLAG.items():
+        if k not in saved and k not in given:
+            setattr(cfg, k, v)
+            print0(f"--resume: the run in {cfg.out_dir} began before --{k} existed: --{k} {v}, as it trained")
 
 
 class UserError(Exception):

@@ -5790,6 +5790,24 @@ def test_a_resume_refuses_every_flag_that_changes_what_the_run_trains_and_takes_
     assert {"seed", "dynamic_sampling"} <= checked - RESUMABLE_FLAGS
 
 
+def test_a_run_begun_before_example_existed_resumes_with_the_prompts_it_trained_on(tmp_path, capsys):
+    """A calculator run's config.json from before --example (no such key): its resume puts no worked example before
+    its plain prompts, as the run trained, and says so; the run's own value where config.json has one; --example given
+    to the resume wins."""
+    calc = reward_fns.TASKS["calculator"]
+    shown = lambda cfg: g.shown_example(cfg, "plain", calc, calc.instruction)
+    for saved, given, want in ((None, None, None), ("auto", None, "auto"), (None, "on", "on")):
+        flags = g.saved_config(g.Config(out_dir=str(tmp_path), task="calculator"))
+        flags.pop("example") if saved is None else flags.update(example=saved)
+        (tmp_path / "config.json").write_text(json.dumps(flags))
+        cfg = g.Config(out_dir=str(tmp_path), resume=True, **({"example": given} if given else {}))
+        cfg.given = {"out_dir", "resume"} | ({"example"} if given else set())
+        g.restore_config(cfg)
+        assert cfg.task == "calculator" and bool(shown(cfg)) == (want is not None), (saved, given)
+        said = "began before --example existed: --example off, as it trained" in capsys.readouterr().out
+        assert said == (saved is None and given is None)
+
+
 def test_a_students_environment_that_raises_ends_its_episode_with_a_counted_warning_not_a_traceback(tiny_model,
                                                                                                     tmp_path):
     """An environment that reads a number the reply does not hold (int() on a word) raised out of rollout() at eval

@@ -37,6 +37,7 @@ M = [  # (name, file, old, new, -k expression)
  ('plain format ignored', 'grpo_sglang.py', 'fmt = ("chat" if tok.chat_template else "plain") if', 'fmt = "chat" if', 'base_model'),
  ('63 tasks: each episode\'s environment and turns those of its rank\'s first row', 'grpo_sglang.py', 'e, task = eps[i], tasks[eps[i]["task"]]', 'e, task = eps[i], tasks[rows[0]["task"]]', 'two_ranks_with_async'),
  ('63 tasks: a rank\'s episodes in rounds of its rows, not groups', 'grpo_sglang.py', '"messages": [{"role": "user", "content": r["text"]}]} for r in rows for _ in range(n)]', '"messages": [{"role": "user", "content": r["text"]}]} for _ in range(n) for r in rows]', 'two_ranks_with_async'),
+ ('63 example: a run begun before --example resumes with the worked example', 'grpo_sglang.py', 'BEFORE_THE_FLAG = {"example": "off"}', 'BEFORE_THE_FLAG = {}', 'begun_before_example'),
  ('63 tasks: every episode asks with the first task\'s stop strings', 'grpo_sglang.py', '[tasks[eps[i]["task"]].stop for i in live]', '[next(iter(tasks.values())).stop for i in live]', 'mixed_batch'),
  ('63 tasks: the turns of the first task for every row', 'grpo_sglang.py', 'for turn in range(max(tasks[r["task"]].max_turns for r in rows)):', 'for turn in range(next(iter(tasks.values())).max_turns):', 'mixed_batch'),
  ('63 tasks: every row rewarded by the first task', 'grpo_sglang.py', 'got = [tasks[row["task"]].reward_fn(row, warn) for row in samples(seqs)]', 'got = [next(iter(tasks.values())).reward_fn(row, warn) for row in samples(seqs)]', 'mixed_batch'),
