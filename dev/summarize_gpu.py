@@ -644,6 +644,43 @@ def calls_1206(res, png=None):
     return out
 
 
+
+def calls_1206b(res, png=None):
+    """Issue 63 on one H100 of 2026-12-06, sglang 0.5.16, one machine: Gemma-3-270m base (the registry GGUF, its
+    tokenizer rebuilt by dev/gguf_tokenizer.py) on the calculator command with the task's worked example before each
+    question (plain prompts): (1) at its --lr 2e-5 (beta 0); (2) the same with --mismatch_max 0.3, 200 steps; (3) at
+    --lr 3e-6 --beta 0.04, cut by the call's time after 75 s of training."""
+    d = os.path.join(res, "h100", "calls_1206b")
+    p = lambda call, name: os.path.join(d, str(call), name)
+    env = ('bash .gpukit/a/setup.sh && . .gpukit/a/env.sh; M=/tmp/gemma3-270m ATTENTION_BACKEND=triton '
+           'EXTRA_ARGS="--sampling-backend pytorch" RES=$OUT/res GEMMA=/tmp/gemma3-270m GEMMA_STEPS=200')
+    args = "--micro_batch 32 --sample_every 10"
+    cmds = {1: f"GEMMA_PARTS=/tmp/gparts GEMMA_LIMIT=380 GEMMA_ARGS='{args}' bash dev/run_gpu.sh gemma_model gemma",
+            2: f"GEMMA_LIMIT=300 GEMMA_ARGS='{args} --mismatch_max 0.3' bash dev/run_gpu.sh gemma",
+            3: f"GEMMA_LIMIT=75 GEMMA_ARGS='{args} --mismatch_max 0.3 --lr 3e-6 --beta 0.04 --eval_every 20' "
+               f"bash dev/run_gpu.sh gemma"}
+    out = {"date": "2026-12-06", "commit": "67a2519 (the tree as committed: grpo_sglang.py, reward_fns.py, serve.sh, dev/run_gpu.sh, dev/gguf_tokenizer.py)",
+           "environment": env, "machine": "one H100 80GB, server colocated (serve.sh GPU=0 MEM_FRACTION=0.3)",
+           "calls": {}}
+    for call, cmd in cmds.items():
+        s, log = steps(p(call, "gemma_calc.metrics.jsonl")), open(p(call, "gemma_calc.log")).read()
+        at = lambda k, key: next((round(r[key], 4) for r in s if r["step"] == k), None)
+        out["calls"][str(call)] = {
+            "command": cmd, "versions": open(p(call, "versions.txt")).read().strip().splitlines(),
+            "steps": len(s), "eval": evals(p(call, "gemma_calc.metrics.jsonl")),
+            "reward_by_step": {k: at(k, "reward_mean") for k in (1, 5, 9, 10, 11, 12, 20, 30, 37, 100, 200)
+                               if at(k, "reward_mean") is not None},
+            "turns_by_step": {k: at(k, "turns_mean") for k in (1, 10, 20, 37, 200) if at(k, "turns_mean") is not None},
+            "check_mismatch_mean_max_steps_1_9": round(max(r["check_mismatch_mean"] for r in s[:9]), 4),
+            "check_mismatch_mean_max_steps_10_on": round(max(r["check_mismatch_mean"] for r in s[9:]), 4),
+            "mismatch_mean_max": round(max(r["mismatch_mean"] for r in s), 4),
+            "stopped": (re.findall(r"error: (weight sync check failed at step \d+)[^\n]*by ([\d.]+) nats", log)
+                        or [None])[0],
+            "samples": re.findall(r"  sample \(reward [^)]*\): (.*)", log)[:6],
+            "prompt_format": re.search(r"prompt format: (.*)", log).group(1)}
+    out["calls"]["1"]["tokenizer"] = re.search(r"\[gguf_tokenizer\] (.*)", open(p(1, "gemma_model.log")).read()).group(1)
+    return out
+
 # -- the runs before the GPU pipeline above (results/run_x2.sh, last at 0e3eade): the sync check's calibration and
 # two GPUs. Their summaries were written by results/tools/summarize.py (last at 0e3eade); these are its functions.
 
@@ -917,6 +954,7 @@ PARTS = {
     "calls_1203": (calls_1203, "h200/calls_1203/summary.json", ["h200/calls_1203"], None),
     "calls_1203b": (calls_1203b, "h200/calls_1203b/summary.json", ["h200/calls_1203b"], None),
     "calls_1206": (calls_1206, "h100/calls_1206/summary.json", ["h100/calls_1206"], None),
+    "calls_1206b": (calls_1206b, "h100/calls_1206b/summary.json", ["h100/calls_1206b"], None),
     "x2": (x2, "x2/summary.json", ["x2/async", "x2/sync", "x2/memory", "x2/multi", "x2/check_async",
                                    "h200/check_v2"], None)}
 RESULTS = os.path.join(ROOT, "results")
