@@ -659,7 +659,8 @@ def calls_1206b(res, png=None):
             2: f"GEMMA_LIMIT=300 GEMMA_ARGS='{args} --mismatch_max 0.3' bash dev/run_gpu.sh gemma",
             3: f"GEMMA_LIMIT=75 GEMMA_ARGS='{args} --mismatch_max 0.3 --lr 3e-6 --beta 0.04 --eval_every 20' "
                f"bash dev/run_gpu.sh gemma"}
-    out = {"date": "2026-12-06", "commit": "67a2519 (the tree as committed: grpo_sglang.py, reward_fns.py, serve.sh, dev/run_gpu.sh, dev/gguf_tokenizer.py)",
+    out = {"date": "2026-12-06",
+           "commit": "67a2519 (grpo_sglang.py, reward_fns.py, serve.sh, dev/run_gpu.sh, dev/gguf_tokenizer.py as there)",
            "environment": env, "machine": "one H100 80GB, server colocated (serve.sh GPU=0 MEM_FRACTION=0.3)",
            "calls": {}}
     for call, cmd in cmds.items():
