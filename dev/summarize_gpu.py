@@ -660,7 +660,7 @@ def calls_1206b(res, png=None):
             3: f"GEMMA_LIMIT=75 GEMMA_ARGS='{args} --mismatch_max 0.3 --lr 3e-6 --beta 0.04 --eval_every 20' "
                f"bash dev/run_gpu.sh gemma"}
     out = {"date": "2026-12-06",
-           "commit": "67a2519 (grpo_sglang.py, reward_fns.py, serve.sh, dev/run_gpu.sh, dev/gguf_tokenizer.py as there)",
+           "commit": "67a2519 (grpo_sglang.py, reward_fns.py, serve.sh, dev/run_gpu.sh, dev/gguf_tokenizer.py there)",
            "environment": env, "machine": "one H100 80GB, server colocated (serve.sh GPU=0 MEM_FRACTION=0.3)",
            "calls": {}}
     for call, cmd in cmds.items():
@@ -679,7 +679,8 @@ def calls_1206b(res, png=None):
                         or [None])[0],
             "samples": re.findall(r"  sample \(reward [^)]*\): (.*)", log)[:6],
             "prompt_format": re.search(r"prompt format: (.*)", log).group(1)}
-    out["calls"]["1"]["tokenizer"] = re.search(r"\[gguf_tokenizer\] (.*)", open(p(1, "gemma_model.log")).read()).group(1)
+    model_log = open(p(1, "gemma_model.log")).read()
+    out["calls"]["1"]["tokenizer"] = re.search(r"\[gguf_tokenizer\] (.*)", model_log).group(1)
     return out
 
 # -- the runs before the GPU pipeline above (results/run_x2.sh, last at 0e3eade): the sync check's calibration and
