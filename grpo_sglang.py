@@ -1795,20 +1795,31 @@ class Server:
         """stats (|Δ| sum, tokens, |Δ| max[, stale sum, max]) per sequence of srv[i]: stop unless both checks pass."""
         held = [None] * dist.get_world_size()  # every rank's answers of its servers after its rollout, to rank 0
         dist.all_gather_object(held, batch.get("held", {}))
-        fail_together(self.weights_verdict, m, held, batch["version"], f"at step {version + 1}")
+        same = fail_together(self.weights_verdict, m, held, batch["version"], f"at step {version + 1}") or {}
         m.max("time_weights_after", batch.get("held_s", 0.0))
-        per = torch.zeros(len(self.urls), 2, dtype=torch.float64)
+        per = torch.zeros(len(self.urls), 4, dtype=torch.float64)  # |Δ| sum, tokens; rank 0: tensors hashed, held
         for st, k in zip(stats, srv):
-            per[k] += torch.tensor(st[:2], dtype=torch.float64)
+            per[k, :2] += torch.tensor(st[:2], dtype=torch.float64)
+        for k, hashed in same.items():
+            per[k, 2:] = torch.tensor(hashed, dtype=torch.float64)
         total = per.to(self.rt.device)
         dist.all_reduce(total)
-        for k, (d, n) in enumerate(total.tolist()):
+        for k, (d, n, hashed, held_n) in enumerate(total.tolist()):
             if n and d / n > self.cfg.mismatch_max:
+                gap = (f"on {n:.0f} sampled tokens its logprobs differ from the trainer's, under those weights, by "
+                       f"{d / n:.3f} nats on average (--mismatch_max {self.cfg.mismatch_max}; kernel noise is "
+                       f"~0.01-0.03)")
+                if hashed:  # the weights are in place: the two sides compute differently
+                    raise UserError(
+                        f"weight sync check failed at step {version + 1}: the server at {self.urls[k]} holds the "
+                        f"weights after step {version} ({hashed:.0f} of its {held_n:.0f} tensors hash as pushed), yet "
+                        f"{gap}. With the same weights, the gap is the two sides' arithmetic: a server started with "
+                        f"other settings than serve.sh's (--dtype, --enable-fp32-lm-head, a quantization), or a policy "
+                        f"that blew up (a reward that fell to 0 in a step or two: lower --lr and --resume from a "
+                        f"checkpoint before the fall). docs/troubleshooting.md: 'The mismatch error'")
                 raise UserError(f"weight sync check failed at step {version + 1}: the server at {self.urls[k]} had "
-                                f"the right version tag (the weights after step {version}), but on {n:.0f} sampled "
-                                f"tokens its logprobs differ from the trainer's, under those weights, by {d / n:.3f} "
-                                f"nats on average (--mismatch_max {self.cfg.mismatch_max}; kernel noise is "
-                                f"~0.01-0.03): it does not generate with the weights it was sent.")
+                                f"the right version tag (the weights after step {version}), but {gap}: it does not "
+                                f"generate with the weights it was sent.")
         for st in stats:
             m.mean("check_mismatch_mean", st[0], st[1]), m.max("check_mismatch_max", st[2])
             if len(st) > 3:  # re-scored: the staleness on the same tokens too
@@ -1821,8 +1832,9 @@ class Server:
 
     def weights_verdict(self, m, held, version, when):
         """Rank 0: each server's hashes after a rollout (held: every rank's {server: /weights_checker answer}) vs ours
-        of the push of `version` it sampled from, on the tensors the first comparison bore out."""
-        t0, link = time.time(), self.link
+        of the push of `version` it sampled from, on the tensors the first comparison bore out. -> {server: (tensors
+        that hash as pushed, tensors it holds)} of those compared now"""
+        t0, link, same = time.time(), self.link, {}
         for k, srv in enumerate(link["servers"] if link else []):
             answers = [h[k] for h in held if k in h]
             if not srv["recipes"] and "checked" not in srv:  # no checker: said once
@@ -1855,8 +1867,11 @@ class Server:
                                     f"during the rollout (another client updated or reloaded them). Restart it (bash "
                                     f"serve.sh restart), keep other clients off it, then --resume.")
             m.sum("weights_checked", len(srv["recipes"]) if answers else 0)
+            if answers and srv["recipes"]:
+                same[k] = (len(srv["recipes"]), len(srv["names"]))
         if link:
             m.sum("time_weight_check", link["hash_s"] + time.time() - t0)
+        return same
 
     def close(self):
         def last_push(m):  # the final evaluation's weights, as the servers hold them now

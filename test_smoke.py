@@ -3144,6 +3144,22 @@ def test_weights_dropped_under_a_correct_tag_are_caught_by_the_mismatch(tiny_mod
     assert [r["step"] for r in m] == [1, 2] and all(r["mismatch_mean"] < 0.1 and r["weights_checked"] == 0 for r in m)
 
 
+@pytest.mark.parametrize("mode", ["--no-async", "--async"])
+def test_a_server_that_computes_otherwise_with_the_weights_in_place_is_told_apart_from_one_without_them(tiny_model,
+                                                                                                   tmp_path, mode):
+    """A stand-in whose every log-prob is 0.2 nats off its model's (a server that computes another function: another
+    dtype, no fp32 head), its weights as pushed: the check stops the run at step 1 and says the weights hash as pushed
+    (20 of its 20 tensors), so the gap is arithmetic, not a lost push. Without /weights_checker it cannot know: the
+    error is the one of a server that lost its weights."""
+    for checker in (True, False):
+        code, out, _, s = run_against(tiny_model, tmp_path / str(checker), {"lp_shift": 0.2, "checker": checker},
+                                      "--steps", "3", mode, "--eval_every", "0")
+        assert code == 1 and out.count(f"weight sync check failed at step 1: the server at {s.url} ") == 1, out
+        assert ("holds the weights after step" in out and "(20 of its 20 tensors hash as pushed), yet on" in out
+                and "by 0.200 nats on average" in out and "the two sides' arithmetic" in out) == checker, out
+        assert ("had the right version tag" in out and "it does not generate with the weights" in out) != checker, out
+
+
 @pytest.mark.parametrize("after, text", [(0, '{"success": true, "message": "", "ranks": [{"checksums": {"model.'),
                                          (0, "<html><body><h1>502 Bad Gateway</h1></body></html>"),
                                          (2, "<html><body><h1>502 Bad Gateway</h1></body></html>")])
