@@ -3156,7 +3156,8 @@ def test_a_server_that_computes_otherwise_with_the_weights_in_place_is_told_apar
                                       "--steps", "3", mode, "--eval_every", "0")
         assert code == 1 and out.count(f"weight sync check failed at step 1: the server at {s.url} ") == 1, out
         assert ("holds the weights after step" in out and "(20 of its 20 tensors hash as pushed), yet on" in out
-                and "by 0.200 nats on average" in out and "the two sides' arithmetic" in out) == checker, out
+                and re.search(r"by 0\.(19\d|20\d) nats on average", out) is not None  # (0.2 + one forward's
+                and "the two sides' arithmetic" in out) == checker, out                  # rounding on each side)
         assert ("had the right version tag" in out and "it does not generate with the weights" in out) != checker, out
 
 
