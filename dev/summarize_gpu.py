@@ -683,6 +683,27 @@ def calls_1206b(res, png=None):
     out["calls"]["1"]["tokenizer"] = re.search(r"\[gguf_tokenizer\] (.*)", model_log).group(1)
     return out
 
+
+def calls_1206c(res, png=None):
+    """Issue 63 on one H100 of 2026-12-06, sglang 0.5.16, one call: several tasks per run at the quick start's
+    --lr 1e-5 --beta 0.04: the calculator's command with --task arithmetic,calculator, 200 steps, seeds 0 and 1."""
+    d = os.path.join(res, "h100", "calls_1206c", "1")
+    env = ('bash .gpukit/a/setup.sh && . .gpukit/a/env.sh; M=$KIT_MODEL_DIR ATTENTION_BACKEND=triton '
+           'EXTRA_ARGS="--sampling-backend pytorch" RES=$OUT/res')
+    cmd = ("MIX_NAME=mixed_qs MIX_ARGS='--lr 1e-5 --beta 0.04' bash dev/run_gpu.sh mixed; "
+           "MIX_NAME=mixed_qs_seed1 MIX_ARGS='--lr 1e-5 --beta 0.04 --seed 1' bash dev/run_gpu.sh mixed")
+    out = {"date": "2026-12-06", "commit": "b7f1715", "environment": env, "command": cmd,
+           "machine": "one H100 80GB, server colocated (serve.sh GPU=0 MEM_FRACTION=0.3), one call",
+           "versions": open(os.path.join(d, "versions.txt")).read().strip().splitlines(), "runs": {}}
+    for name in ("mixed_qs", "mixed_qs_seed1"):
+        got = run_numbers(os.path.join(d, f"{name}.metrics.jsonl"))
+        log = open(os.path.join(d, f"{name}.log")).read()
+        got["eval_per_task"] = {f"{t}@{k}": float(a) for k, t, a in
+                                re.findall(r"eval step (\d+) \(--task (\w+)\): accuracy ([\d.]+)", log)}
+        out["runs"][name] = got
+    return out
+
+
 # -- the runs before the GPU pipeline above (results/run_x2.sh, last at 0e3eade): the sync check's calibration and
 # two GPUs. Their summaries were written by results/tools/summarize.py (last at 0e3eade); these are its functions.
 
@@ -957,6 +978,7 @@ PARTS = {
     "calls_1203b": (calls_1203b, "h200/calls_1203b/summary.json", ["h200/calls_1203b"], None),
     "calls_1206": (calls_1206, "h100/calls_1206/summary.json", ["h100/calls_1206"], None),
     "calls_1206b": (calls_1206b, "h100/calls_1206b/summary.json", ["h100/calls_1206b"], None),
+    "calls_1206c": (calls_1206c, "h100/calls_1206c/summary.json", ["h100/calls_1206c"], None),
     "x2": (x2, "x2/summary.json", ["x2/async", "x2/sync", "x2/memory", "x2/multi", "x2/check_async",
                                    "h200/check_v2"], None)}
 RESULTS = os.path.join(ROOT, "results")
