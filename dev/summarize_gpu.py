@@ -43,6 +43,11 @@ def evals(path):
     return {r["step"]: round(r["eval_accuracy"], 4) for r in rows(path) if "eval_accuracy" in r}
 
 
+def evals_per_task(log):
+    """A run's log -> {"task@step": held-out accuracy} of a run of several tasks (its per-task evaluation lines)."""
+    return {f"{t}@{k}": float(a) for k, t, a in re.findall(r"eval step (\d+) \(--task (\w+)\): accuracy ([\d.]+)", log)}
+
+
 def med(xs):
     return round(st.median(xs), 4)
 
@@ -631,9 +636,7 @@ def calls_1206(res, png=None):
     for call, names in ((1, ("quickstart", "calc_readme")), (2, ("mixed", "quickstart", "calc_readme"))):
         for name in names:
             out["calls"][str(call)][name] = run_numbers(p(call, f"{name}.metrics.jsonl"))
-    log = open(p(2, "mixed.log")).read()
-    out["calls"]["2"]["mixed"]["eval_per_task"] = {
-        f"{t}@{k}": float(a) for k, t, a in re.findall(r"eval step (\d+) \(--task (\w+)\): accuracy ([\d.]+)", log)}
+    out["calls"]["2"]["mixed"]["eval_per_task"] = evals_per_task(open(p(2, "mixed.log")).read())
     s = steps(p(3, "gemma_calc.metrics.jsonl"))
     glog = open(p(3, "gemma_calc.log")).read()
     out["calls"]["3"]["gemma_calc"] = {
@@ -696,11 +699,8 @@ def calls_1206c(res, png=None):
            "machine": "one H100 80GB, server colocated (serve.sh GPU=0 MEM_FRACTION=0.3), one call",
            "versions": open(os.path.join(d, "versions.txt")).read().strip().splitlines(), "runs": {}}
     for name in ("mixed_qs", "mixed_qs_seed1"):
-        got = run_numbers(os.path.join(d, f"{name}.metrics.jsonl"))
-        log = open(os.path.join(d, f"{name}.log")).read()
-        got["eval_per_task"] = {f"{t}@{k}": float(a) for k, t, a in
-                                re.findall(r"eval step (\d+) \(--task (\w+)\): accuracy ([\d.]+)", log)}
-        out["runs"][name] = got
+        out["runs"][name] = dict(run_numbers(os.path.join(d, f"{name}.metrics.jsonl")),
+                                 eval_per_task=evals_per_task(open(os.path.join(d, f"{name}.log")).read()))
     return out
 
 
