@@ -115,7 +115,7 @@ class GRPOConfig:
 # of its tokens' ratios. CISPO (--loss_type cispo, MiniMax-M1) clips the ratio as a weight and
 # stops its gradient, so a clipped token still learns, -sg(min(ρ, 1 + clip_high)) A log π. The
 # TIS weight can be per token or per sequence, truncated at the cap or zero above it (--tis_mode).
-# --entropy_coef subtracts an entropy bonus. test_smoke.py checks each against hand values.
+# test_smoke.py checks each against hand values.
 
 def policy_loss(cfg, x, logp, old, ent):
     """Micro-batch x's loss per token. logp is log π with its gradient, old is log π_old, ent the
@@ -231,20 +231,19 @@ def weights(cfg, seqs):
     return w
 
 
-# ---- The rollout, an episode per sequence. In each turn the server samples the model's reply to
-# the episode so far, token ids in and ids with their log-probs out. The task's environment reads
-# the conversation and answers with the next user message, or ends the episode. The message's
-# tokens extend the episode with mask 0. The model did not sample them, so they are never trained
-# on. A single-turn task is an episode of one turn.
+# ---- The rollout, an episode per sequence. Each turn, the server samples the model's reply to
+# the episode so far (token ids in, ids and log-probs out), and the task's environment answers
+# with the next user message or ends the episode. The message's tokens extend the episode with
+# mask 0: the model did not sample them, so they are never trained on. A single-turn task is an
+# episode of one turn.
 
 def rollout(cfg, server, tasks, rows, version, greedy=False):
-    """group_size episodes per prompt row (one if greedy), sampled from θ_version.
-    -> the batch, with its rows, version, sampling settings, each episode's server (srv: all its
-    turns go there, so its prefix stays cached), the environments' warnings, its time span and the
-    episodes. An episode holds its prompt and completion (token ids), its mask (1 where the model
-    sampled the token), server_lp (the sampler's log-probs, 0 where the mask is 0), its messages,
-    answer, turns and finish. The finish is 'stop', 'length' (the tokens ran out) or 'turns' (the
-    replies ran out before the environment was done)."""
+    """group_size episodes per prompt row (one if greedy), sampled from θ_version -> the batch:
+    its rows, version, sampling settings, each episode's server (srv: all its turns go there, so
+    its prefix stays cached), the environments' warnings and seconds, its time span and episodes.
+    An episode holds its prompt and completion (token ids), its mask (1 where the model sampled
+    the token), server_lp (the sampler's log-probs, 0 where the mask is 0), its messages, answer,
+    turns and finish: 'stop', 'length' (out of tokens) or 'turns' (out of replies)."""
     n, t0 = 1 if greedy else cfg.group_size, time.time()
     sampling = {"temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
                 "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens,
@@ -252,7 +251,7 @@ def rollout(cfg, server, tasks, rows, version, greedy=False):
     eps = [{"prompt": r["ids"], "completion": [], "mask": [], "server_lp": [], "turns": 0,
             "task": r["task"], "answer": r["answer"], "finish": None, "out_of_room": False,
             "messages": [{"role": "user", "content": r["text"]}]} for r in rows for _ in range(n)]
-    srv, warn = server.place(len(rows), n), Counter()  # each episode's server
+    srv, warn, env_s = server.place(len(rows), n), Counter(), 0.0  # each episode's server
 
     def append(e, ids, lps, mask):  # tokens at the episode's end, their log-probs and mask
         e["completion"] += ids
@@ -268,12 +267,15 @@ def rollout(cfg, server, tasks, rows, version, greedy=False):
         replies = server.sample([eps[i]["prompt"] + eps[i]["completion"] for i in live], left,
                                 [tasks[eps[i]["task"]].stop for i in live], sampling, version,
                                 [srv[i] for i in live])
-        for i, (ids, lps, finish) in zip(live, replies):
-            e, task = eps[i], tasks[eps[i]["task"]]
+        for e, (ids, lps, finish) in zip([eps[i] for i in live], replies):
             append(e, ids, lps, 1)
             e["turns"] += 1
-            e["messages"].append({"role": "assistant", "content": task.decode(ids)})
-            said = task.env and reward_fns.safe_env(task.env, e["messages"], e["answer"], warn)
+            e["messages"].append({"role": "assistant", "content": tasks[e["task"]].decode(ids)})
+        # every environment answers at once (a tool may run code) -> a message each, or None: done
+        answers, seconds = env_answers(tasks, [eps[i] for i in live], warn)
+        env_s += seconds
+        for i, (ids, lps, finish), said in zip(live, replies, answers):
+            e, task = eps[i], tasks[eps[i]["task"]]
             if said is None:  # done, with the server's finish ('stop' or 'length')
                 e["finish"] = finish
                 continue
@@ -287,7 +289,7 @@ def rollout(cfg, server, tasks, rows, version, greedy=False):
             append(e, said_ids, [0.0] * len(said_ids), 0)
             e["messages"].append({"role": "user", "content": said})
     return {"rows": rows, "version": version, "sampling": sampling, "srv": srv, "episodes": eps,
-            "warnings": warn, "span": (t0, time.time())}
+            "warnings": warn, "env_s": env_s, "span": (t0, time.time())}
 
 
 # ---- One step, in the order the math reads. The step's table of sequences, the no-grad
@@ -330,8 +332,8 @@ def completion_logprobs(model, b, temperature):
     """Micro-batch b -> (B, C) log π(token | what precedes it) of its completion tokens, and (B, C)
     the entropy of each token's distribution, both at `temperature`. b packs its sequences end to
     end in rows (ids, pos). src is where each completion token's logits sit, tgt its id and dst its
-    place in the (B, C) table. model.token_logprobs (added by shard(), below the fence) never forms
-    the (B, C, V) logits, which for a 150k vocabulary would not fit."""
+    place in the (B, C) table. model.token_logprobs (below the fence) never forms the (B, C, V)
+    logits: for a 150k vocabulary they would not fit."""
     lp, ent = model.token_logprobs(b["ids"], b["pos"], b["src"], b["tgt"], temperature)  # (n,)
     table = lambda x: torch.zeros(b["mask"].shape, device=x.device).index_put(tuple(b["dst"]), x)
     return table(lp), table(ent)  # (B, C), each completion's tokens from its row's start
@@ -354,8 +356,7 @@ def old_and_ref_logprobs(cfg, model, ref, seqs, mbs):
 def score(seqs, tasks, group_size, metrics):
     """Each sequence's reward (its task's reward_fn gives its total and named parts, each logged),
     and whether its task's check calls its last reply right (what accuracy counts) -> seqs["reward"]
-    and seqs["correct"], (N,). Returns the warnings. A reward that raised or gave no number
-    counts 0."""
+    and seqs["correct"], (N,). Returns the warnings. A reward that raised or gave no number is 0."""
     warn = Counter()
     got = [tasks[row["task"]].reward_fn(row, warn) for row in samples(seqs)]  # as dicts
     dev = seqs["mask"].device
@@ -373,7 +374,7 @@ def score(seqs, tasks, group_size, metrics):
 def train(cfg, model, opt, seqs, mbs, world, check, metrics):
     """cfg.mu optimizer steps on this rank's micro-batches (mbs). Before the first, check(seqs,
     metrics) compares the trainer's log-probs (lp0) with the server's on the same tokens, and
-    stops the run if they differ. If every weight is 0, there is no update."""
+    stops the run if they differ."""
     metrics.mean("reward_mean", seqs["reward"].sum(), len(seqs["reward"]))  # shaping included
     n_seqs, n_tokens = batch_counts(seqs, mbs)  # the whole batch's, weighted, over all ranks
     norm = max(loss_norm(cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens), 1e-9)
@@ -416,8 +417,7 @@ def main(cfg):
     # tasks[row["task"]] is a row's task: reward_fn(row, warnings) -> (reward, {part: value}),
     # correct(text, answer), env(messages, answer) -> the next message or None, env_ids(message,
     # last reply token) -> its token ids, max_turns, stop (strings), decode(ids) -> text.
-    # server.context (tokens) bounds a prompt and its completion.
-    tok, train_rows, evals, tasks = load_data(cfg, server.context)
+    tok, train_rows, evals, tasks = load_data(cfg, server.context)  # (tokens: prompt + completion)
     model, ref, opt, start, state = load_models(cfg, rt)  # state is what steps keep (checkpointed)
     log = MetricsLog(cfg, rt, start, len(train_rows))
     pad = tok.pad_token_id or 0
@@ -628,10 +628,10 @@ def sample_groups(cfg, server, tasks, rounds, version):
     batch = rollout(cfg, server, tasks, rounds[0], version)
     if len(rounds) == 1:
         return batch
-    G, n, drawn, warn = cfg.group_size, len(rounds[0]), [], Counter()  # drawn: (differ?, b, group)
+    G, n, drawn, warn, env_s = cfg.group_size, len(rounds[0]), [], Counter(), 0.0  # drawn: (differ?, b, group)
     for k, rows in enumerate(rounds):
         b = batch if k == 0 else rollout(cfg, server, tasks, rows, version)
-        warn += b["warnings"]
+        warn, env_s = warn + b["warnings"], env_s + b["env_s"]
         rewards = [tasks[row["task"]].reward_fn(row, Counter())[0]
                    for row in samples(sequences(b, G, "cpu"))]
         drawn += [(len(set(rewards[g * G: (g + 1) * G])) > 1, b, g) for g in range(len(rows))]
@@ -643,7 +643,7 @@ def sample_groups(cfg, server, tasks, rounds, version):
             "episodes": [e for _, b, g in kept for e in b["episodes"][g * G: (g + 1) * G]],
             "srv": [s for _, b, g in kept for s in b["srv"][g * G: (g + 1) * G]],
             "groups": {"drawn": len(drawn), "kept": sum(d for d, _, _ in kept), "rounds": k + 1},
-            "warnings": warn}
+            "warnings": warn, "env_s": env_s}
 
 
 
@@ -704,6 +704,7 @@ def rollout_metrics(batch, m):
     """A rollout batch's metrics: its environments' warnings, the episodes that ran out of room for the environment's
     message, and with --dynamic_sampling what the step drew to fill its batch."""
     m.sum("env_warnings", sum(batch["warnings"].values()))
+    m.mean("env_s", batch["env_s"], 1)  # seconds the environments took, each turn's answers together
     m.mean("out_of_room_frac", sum(e["out_of_room"] for e in batch["episodes"]), len(batch["episodes"]))
     if "groups" in batch:
         m.sum("groups_drawn", batch["groups"]["drawn"])
@@ -2052,6 +2053,21 @@ def check_rows(srv, k):
 
 
 POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64)  # requests (to every server), NCCL sends, rollouts
+ENV_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=32)  # environments (a Python tool's sandboxes): 32 at once
+
+
+def env_answers(tasks, eps, warn):
+    """Each episode's environment on its last reply, all at once in ENV_POOL's threads -> (the next user message, or
+    None: the episode is done, per episode; the seconds it took). Their warnings are added to warn (each call counts
+    into a Counter of its own: one Counter is not safe across threads). A task without an environment answers None."""
+    def answer(e):
+        env, w = tasks[e["task"]].env, Counter()
+        return (env and reward_fns.safe_env(env, e["messages"], e["answer"], w)), w
+    t0 = time.time()
+    got = list(ENV_POOL.map(answer, eps))
+    for _, w in got:
+        reward_fns.merge_warnings(warn, w)
+    return [said for said, _ in got], time.time() - t0
 
 
 def waited(future, timeout=None, what=None, hint=None):

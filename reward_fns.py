@@ -243,13 +243,13 @@ def safe_reward(fn, completion: str, answer: str, warnings, sample=None, name=No
 
 
 def safe_env(env, messages, answer, warnings, name=None):
-    """Call a task's environment: its next user message (a str) passes, None ends the episode. Anything else (it raised,
-    or returned an int, a dict or '', an empty message) ends the episode with a counted warning, under `name` (else the function's), as
-    safe_reward does for a reward: one bad reply of the model must not end the run with a traceback, and a dict's repr
-    must not reach the model as a message."""
+    """Call a task's environment (with the warnings, where it takes them): its next user message (a str) passes, None
+    ends the episode. Anything else (it raised, or returned an int, a dict or '', an empty message) ends the episode
+    with a counted warning, under `name` (else the function's), as safe_reward does for a reward: one bad reply of the
+    model must not end the run with a traceback, and a dict's repr must not reach the model as a message."""
     name = name or getattr(env, "__name__", repr(env))
     try:
-        said = env(messages, answer)
+        said = env(messages, answer, warnings=warnings) if takes(env, "warnings") else env(messages, answer)
         if said is None or isinstance(said, str) and said.strip():
             return said
         reason = (f"returned {type(said).__name__} (a message must be a str, or None to end the episode)" if not
@@ -257,11 +257,22 @@ def safe_env(env, messages, answer, warnings, name=None):
                   f"end it, or say something)")
     except Exception as e:  # not BaseException: Ctrl-C should still stop training
         reason = f"raised {type(e).__name__}" + (f": {shorten(str(e))}" if str(e).strip() else "")
-    # one count per environment and kind of failure; its key keeps the first one's message (the reply that caused it)
-    kind = f"{name}: {reason.split(':')[0]}"
-    key = next((k for k in warnings if k == kind or k.startswith(kind + ":")), f"{name}: {reason}")
-    warnings[key] = warnings.get(key, 0) + 1
+    count_warning(warnings, f"{name}: {reason}")
     return None
+
+
+def count_warning(warnings, key, n=1):
+    """Count n warnings under key, "name: kind of failure: detail": one count per name and kind, under the first key
+    seen (its detail, the reply that caused it), so that what a model writes cannot grow the log a key a reply."""
+    kind = ":".join(key.split(":")[:2])
+    key = next((k for k in warnings if k == kind or k.startswith(kind + ":")), key)
+    warnings[key] = warnings.get(key, 0) + n
+
+
+def merge_warnings(into, got):
+    """Add a Counter of warnings (one thread's, say) into another, as count_warning counts them."""
+    for key, n in got.items():
+        count_warning(into, key, n)
 
 
 def shorten(text, n=80):
@@ -284,8 +295,14 @@ def not_a_number(r):
 
 
 def wants_sample(fn):
+    return takes(fn, "sample")
+
+
+def takes(fn, name):
+    """fn has a parameter `name`: a reward's sample, an environment's warnings (a Counter of why: what its tool
+    stopped or refused)."""
     try:
-        return "sample" in inspect.signature(fn).parameters
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin without a signature
         return False
 
@@ -635,7 +652,286 @@ def calculator_reward(completion, answer, sample):
     return 0.1 * (called and not _CALL_RE.search(completion))  # called, then answered: never for calls alone
 
 
-REWARD_FNS.update(guess=guess_reward, calculator=calculator_reward)
+# A Python tool: the model answers a word problem and may run code first. A reply with a ```python block (or, where
+# plain prompts end a reply at a newline, a line "python: <code>") gets what the code printed, or the value of its
+# last expression, or one line of error, as the next user message; a reply without code is the answer and ends the
+# episode. The code runs in a sandbox (run_python): a separate interpreter, limited and watched.
+PY_LIMITS = {"cpu_s": 2, "wall_s": 10, "memory_mb": 512, "output_chars": 1000, "file_mb": 1}
+# The modules a snippet may import: loaded before the limits apply, any other import is refused. To add one, name it
+# here (a module of the standard library; a package such as numpy also needs the interpreter's site-packages: drop
+# "-S" in run_python, and its threads need RLIMIT_NPROC raised). Never add one that reaches the network, starts
+# processes or loads C code at will: socket, subprocess, multiprocessing, ctypes, os's process calls.
+PY_MODULES = ("math", "cmath", "fractions", "decimal", "statistics", "itertools", "functools", "collections", "heapq",
+              "bisect", "datetime", "re", "string", "json", "operator", "random")
+PY_MAX_CODE = 4000  # characters of code at most: a longer snippet is refused without running
+
+
+def run_python(code, limits=None, modules=None):
+    """Run a snippet in the sandbox -> (the text the model sees, None or why the sandbox stopped or refused it). The
+    text is what it printed, then the value of its last expression (as a REPL shows it), or one line of error; at
+    most limits["output_chars"] characters. The sandbox is a new interpreter (-I -S: no site-packages, no environment
+    variables) with limits on CPU time, memory, file size and open files, no child processes (RLIMIT_NPROC 0), and an
+    audit hook that refuses imports outside `modules`, sockets, processes, signals, and writes or deletions outside
+    its folder (deleted afterwards). Started as root (which ignores RLIMIT_NPROC and may write anywhere), it is also
+    jailed in that folder (chroot) as the user nobody. The parent stops it at limits["wall_s"] seconds. limits and
+    modules: PY_LIMITS and PY_MODULES unless given."""
+    import os, signal, shutil, subprocess, sys, tempfile
+    limits, modules = limits or PY_LIMITS, modules or PY_MODULES  # (read now: a student may change them)
+    if len(code) > PY_MAX_CODE:
+        return f"Error: the code is over {PY_MAX_CODE} characters", f"code over {PY_MAX_CODE} characters"
+    scratch = tempfile.mkdtemp(prefix="grpo_python_")
+    work = os.path.join(scratch, "work")  # the snippet's folder
+    os.mkdir(work)
+    if os.getuid() == 0:
+        os.chown(work, 65534, 65534)  # it runs as nobody: this is where it may write
+    settings = json.dumps({**limits, "modules": list(modules)})
+    out = tempfile.TemporaryFile()  # a file, not a pipe: RLIMIT_FSIZE bounds what the snippet can write to it
+    try:
+        p = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _SANDBOX, scratch, settings, code], cwd=work,
+                             stdin=subprocess.DEVNULL, stdout=out, stderr=out, env={"LC_ALL": "C.UTF-8"},
+                             start_new_session=True)
+        try:
+            p.wait(timeout=(wall := limits["wall_s"]))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            return "Error: the code ran too long and was stopped", f"stopped at the wall-time limit ({wall} s)"
+        size = out.seek(0, os.SEEK_END)
+        out.seek(max(0, size - (limits["output_chars"] + 200) * 8))  # its last line, at most this long
+        last = out.read().decode("utf-8", "replace").splitlines()[-1:]
+    finally:
+        out.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    cpu, mb = limits["cpu_s"], limits["file_mb"]
+    try:
+        got = json.loads(last[0])  # the sandbox's last line: {"text", "why"}
+        memory = f" ({limits['memory_mb']} MB)" if got["why"] == "over the memory limit" else ""
+        return got["text"] or "(no output)", got["why"] and got["why"] + memory
+    except (IndexError, ValueError, KeyError, TypeError):
+        pass
+    if p.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+        return "Error: the code used too much CPU time and was stopped", f"stopped at the CPU-time limit ({cpu} s)"
+    if size >= limits["file_mb"] * 2**20:
+        return "Error: the code wrote too much and was stopped", f"output over the file-size limit ({mb} MB)"
+    return f"Error: the code crashed (exit {p.returncode})", f"crashed (exit {p.returncode})"
+
+
+# The sandbox's own code, run as `python -I -S -B -c _SANDBOX scratch settings code`: trusted until it calls exec.
+_SANDBOX = r"""
+import ast, json, os, posix, resource, sys
+scratch, lim, code = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+sys.argv = ["<code>"]
+for m in lim["modules"]:
+    __import__(m)  # before the hook and the user change: the interpreter's files may be unreadable to nobody
+for name in ("mkfifo", "mknod"):  # they make files and raise no audit event
+    for mod in (os, posix):
+        hasattr(mod, name) and delattr(mod, name)
+mb = 2 ** 20
+for what, n in ((resource.RLIMIT_AS, lim["memory_mb"] * mb), (resource.RLIMIT_FSIZE, lim["file_mb"] * mb),
+                (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 32)):
+    resource.setrlimit(what, (n, n))
+resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))  # SIGXCPU, then SIGKILL a second later
+top = os.path.realpath(scratch) + "/work"  # the snippet's folder, where it may write
+if os.getuid() == 0:  # root ignores RLIMIT_NPROC and may write anywhere: jail the snippet in scratch, as nobody
+    try:
+        os.chroot(scratch); top = "/work"; os.chdir(top)
+        os.setgroups([]); os.setgid(65534); os.setuid(65534)
+    except OSError:
+        pass  # (not allowed here: the audit hook below still refuses processes and writes)
+resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+
+
+class Refused(BaseException):  # not an Exception: `except Exception` in the snippet does not swallow it by accident
+    pass
+
+
+class OutputCap(BaseException):
+    pass
+
+
+def make_hook(top, allowed):
+    # Its state is immutable (a str, frozensets, tuples): the snippet can reach the hook's frame through a refusal's
+    # traceback, and nothing there may switch it off.
+    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    paths = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link", "os.truncate",
+                       "os.chmod", "os.chown", "os.utime", "os.chdir", "os.setxattr", "os.removexattr"})
+    never = ("os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg",
+             "subprocess.", "socket.", "ctypes.", "_thread.", "signal.", "resource.setrlimit", "sys.addaudithook",
+             "os.putenv", "mmap.", "sys.setrecursionlimit")
+    realpath, fsdecode = os.path.realpath, os.fsdecode
+    inside = lambda p: isinstance(p, int) or realpath(fsdecode(p)).startswith(top + "/")
+
+    def hook(event, args):
+        # Refused(the warning's words, the model's): the first names a kind of thing, never what the model wrote
+        if event == "import" and args[0].partition(".")[0] not in allowed:
+            raise Refused(f"import {args[0].partition('.')[0]}", f"import {args[0]}")
+        if event.startswith(never):
+            raise Refused(event, event)
+        if event == "open" and args[2] & writes and not inside(args[0]):
+            raise Refused("a write outside its folder", f"writing {args[0]} outside this folder")
+        if event in paths and not all(inside(a) for a in args[:2] if isinstance(a, (str, bytes))):
+            raise Refused(f"{event} outside its folder", f"{event} outside this folder")
+        if event == "object.__setattr__" and args[1] in ("__code__", "__globals__", "__closure__"):
+            raise Refused(f"setting {args[1]}", f"setting {args[1]}")
+    return hook
+
+
+class Out:  # print()'s stream: what the model will see, stopped past the cap
+    def __init__(self, cap):
+        self.text, self.cap = "", cap
+
+    def write(self, s):
+        self.text += s
+        if len(self.text) > self.cap:
+            raise OutputCap
+        return len(s)
+
+    def flush(self):
+        pass
+
+
+cap, why, end = lim["output_chars"], None, ""
+out = Out(cap)
+real, sys.stdout, sys.stderr = sys.stdout, out, out
+sys.addaudithook(make_hook(top, frozenset(lim["modules"] + ["encodings"])))
+del make_hook, lim
+try:
+    tree = ast.parse(code)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    scope = {"__name__": "__main__"}
+    exec(compile(tree, "<code>", "exec"), scope)
+    if last is not None:
+        value = eval(compile(ast.Expression(last.value), "<code>", "eval"), scope)
+        if value is not None:
+            print(repr(value))
+except Refused as e:
+    why, end = f"refused {e.args[0]}", f"Error: not allowed here: {e.args[1]}"
+except OutputCap:
+    why, end = f"output over {cap} characters", f"(output cut at {cap} characters)"
+    out.text = out.text[:cap]
+except MemoryError:
+    why, end = "over the memory limit", "MemoryError: the code needs more memory than it may use"
+except BaseException as e:
+    line = next((s for s in str(e).splitlines() if s.strip()), "")
+    end = f"{type(e).__name__}: {line}" if line else type(e).__name__
+text = (out.text.rstrip("\n") + "\n" + end).strip() if end else out.text.strip()
+real.write("\n" + json.dumps({"text": text[: cap + 80], "why": why}) + "\n")
+real.flush()
+"""
+
+_FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)  # an unclosed one: cut short
+_PY_LINE_RE = re.compile(r"^[ \t]*python:[ \t]*(\S.*)$", re.M | re.I)
+
+
+def python_code(reply):
+    """The code a reply asks to run: its fenced blocks (```python ... ```), joined; else its "python: <code>" lines;
+    else None (a reply without code is the answer)."""
+    blocks = [b for b in _FENCE_RE.findall(reply) if b.strip()]
+    lines = _PY_LINE_RE.findall(reply)
+    return "\n".join(blocks) if blocks else "\n".join(lines) if lines else None
+
+
+def python_env(messages, answer, warnings=None):
+    """A reply with code -> what running it gave, as the next user message; a reply without code -> None: the episode
+    ends. A snippet stopped or refused by the sandbox is counted in `warnings`, under its cause."""
+    code = python_code(messages[-1]["content"])
+    if code is None:
+        return None
+    text, why = run_python(code)
+    if why and warnings is not None:
+        count_warning(warnings, f"python_env: {why}")
+    return text
+
+
+def python_correct(completion, answer):
+    """The last reply has no code and its final number (after '####', in \\boxed{}, else its last) is the answer."""
+    return python_code(completion) is None and gsm8k_correct(completion, answer)
+
+
+def python_reward(completion, answer):
+    return float(python_correct(completion, answer))
+
+
+def word_problem_rows(n=1000, seed=1234):
+    """n multi-step word problems with whole-number answers, from templates and a fixed seed (GSM8K's form, not its
+    text): a few products and sums of 2- and 3-digit numbers, the kind a small model gets wrong in its head."""
+    rng, rows = random.Random(seed), []
+    while len(rows) < n:
+        r = lambda lo, hi: rng.randint(lo, hi)
+        k = rng.randrange(len(_WORD_PROBLEMS))
+        q, a = _WORD_PROBLEMS[k](r)
+        if a > 0 and {"question": q, "answer": str(a)} not in rows[-50:]:
+            rows.append({"question": q, "answer": str(a)})
+    return rows
+
+
+def _bakery(r):
+    a, b, c = r(12, 48), r(24, 96), r(3, 9)
+    d = r(100, a * b * c - 1)
+    return (f"A bakery bakes {a} trays of {b} muffins each day. After {c} days it has sold {d} muffins. How many "
+            f"muffins are left?", a * b * c - d)
+
+
+def _pencils(r):
+    c, q, b = r(6, 24), r(11, 60), r(12, 36)
+    return (f"A school orders pencils in boxes of {b}. It orders enough boxes to give each of its {c} classes {q} "
+            f"boxes, then hands out {r(2, 9) * 10} pencils to teachers. How many pencils do the classes get in all?",
+            c * q * b)
+
+
+def _savings(r):
+    a, b, c, d = r(12, 45), r(20, 48), r(150, 600), r(4, 26)
+    return (f"Maria earns ${a} an hour and works {b} hours a week. She spends ${c} a week on rent and food. How much "
+            f"does she save in {d} weeks?", (a * b - c) * d)
+
+
+def _train(r):
+    a, b, c, d = r(45, 180), r(2, 9), r(40, 160), r(2, 9)
+    return (f"A train travels at {a} km per hour for {b} hours, then at {c} km per hour for {d} hours. How many "
+            f"kilometers does it travel in all?", a * b + c * d)
+
+
+def _orchard(r):
+    a, b, c, d = r(8, 40), r(12, 60), r(35, 180), r(6, 25)
+    return (f"A farmer has {a} rows of apple trees with {b} trees in each row. Each tree gives {c} apples. He packs "
+            f"the apples in bags of {d}. How many bags can he fill completely?", a * b * c // d)
+
+
+def _shop(r):
+    a, b, c = r(40, 400), r(7, 35), r(3, 30)
+    d = r(2, a // 4)
+    return (f"A shop buys {a} shirts for ${b} each and sells them for ${b + c} each. It sells all but {d} of them. "
+            f"How much profit does it make?", (a - d) * (b + c) - a * b)
+
+
+def _library(r):
+    a, b, c, d = r(1200, 9800), r(12, 80), r(15, 64), r(50, 900)
+    return (f"A library has {a} books. It buys {b} boxes of {c} books each and gives away {d} old books. How many "
+            f"books does it have now?", a + b * c - d)
+
+
+def _tank(r):
+    c, k, t = r(3, 20), r(4, 30), r(12, 90)
+    return (f"A tank holds {k * t} liters. Water flows in at {c + k} liters a minute and leaks out at {c} liters a "
+            f"minute. How many minutes does it take to fill the empty tank?", t)
+
+
+def _buses(r):
+    a, b, c = r(150, 990), r(28, 64), r(5, 40)
+    return (f"{a} students and {c} teachers go on a trip. Each bus carries {b} people. How many buses do they need?",
+            -(-(a + c) // b))
+
+
+def _recipe(r):
+    b, k, c = r(6, 30), r(3, 17), r(2, 40)
+    return (f"A recipe uses {b * k} grams of flour for {b} cookies. How many grams of flour are needed for {b * c} "
+            f"cookies?", b * k * c)
+
+
+_WORD_PROBLEMS = (_bakery, _pencils, _savings, _train, _orchard, _shop, _library, _tank, _buses, _recipe)
+PYTHON_QUESTION = "A shop sells 124 boxes of 36 pens each, then gives away 250 pens. How many pens does it have left?"
+
+REWARD_FNS.update(guess=guess_reward, calculator=calculator_reward, python=python_reward)
 TASKS = {
     "arithmetic": Task("arithmetic", arithmetic_correct, "Answer with the number only.", rows=arithmetic_rows,
                        check_answer=number_problem),
@@ -653,6 +949,11 @@ TASKS = {
                        "expression (for example calc: 12 * 34) and I will tell you the result.",
                        env=calculator_env, max_turns=3, rows=calculator_rows, check_answer=number_problem,
                        example=episode("What is 347 * 29?", "calc: 347 * 29", "10063", "347 * 29 = 10063")),
+    "python": Task("python", python_correct, "You can run Python: reply with a ```python block (or, on one line, "
+                   "python: <code>) and I will tell you what it prints. When you know the answer, reply without code "
+                   "and end with 'Answer: <number>'.", env=python_env, max_turns=3, rows=word_problem_rows,
+                   check_answer=number_problem,
+                   example=episode(PYTHON_QUESTION, "python: print(124 * 36 - 250)", "4214", "Answer: 4214")),
 }
 
 

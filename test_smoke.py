@@ -5989,6 +5989,205 @@ def test_guess_the_number_and_the_calculator_by_their_rules():
     assert {r["answer"] for r in rows} == {str(n) for n in range(1, rf.GUESS_MAX + 1)} and len({r["question"] for r in rows}) == 1
 
 
+# -- the Python tool (--task python): the code a reply asks to run, the sandbox it runs in, the task's rows
+
+def test_a_reply_runs_its_fenced_python_or_its_python_line_and_a_reply_without_code_is_the_answer():
+    """python_code: a ```python block (several: joined in order; one cut short by the token budget: what there is),
+    else a line 'python: <code>' (plain prompts end a reply at a newline), else None, the answer. python_correct: the
+    answer's final number, never a reply that still asks to run code."""
+    rf = reward_fns
+    assert rf.python_code("First:\n```python\nx = 3\n```\nthen\n```py\nprint(x * 2)\n```\nok") == "x = 3\n\nprint(x * 2)\n"
+    assert rf.python_code("Sure.\n```python\nprint(124 * 36") == "print(124 * 36"  # cut by the budget
+    assert rf.python_code("python: print(124 * 36 - 250)") == "print(124 * 36 - 250)"
+    assert rf.python_code("  Python:x=2; x") == "x=2; x"
+    assert rf.python_code("The answer is 4214.") is None and rf.python_code("I used python: it said 4214") is None
+    assert rf.python_correct("So the shop has 4214 pens left.\nAnswer: 4214", "4214")
+    assert not rf.python_correct("```python\nprint(4214)\n```\nAnswer: 4214", "4214")  # still asks to run code
+    assert not rf.python_correct("Answer: 4215", "4214") and rf.python_reward("#### 4,214", "4214") == 1.0
+    turns = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "Answer: 4214"}]
+    assert rf.python_env(turns, "4214") is None  # no code: the episode ends
+
+
+def test_the_sandbox_answers_with_what_the_code_printed_its_last_value_or_one_line_of_error():
+    """What the model reads back: printed lines, then the last expression's value as a REPL shows it (None: nothing),
+    or the error's type and first line; '(no output)' when there is none. Allowed modules import; none of these is a
+    warning."""
+    run = reward_fns.run_python
+    assert run("print(124 * 36 - 250)") == ("4214", None)
+    assert run("x = 6\nprint('x is', x)\nx * 7") == ("x is 6\n42", None)
+    assert run("from fractions import Fraction\nFraction(3, 9)") == ("Fraction(1, 3)", None)
+    assert run("import math\nmath.ceil(1025 / 40)") == ("26", None)
+    assert run("print(y)") == ("NameError: name 'y' is not defined", None)
+    assert run("print('a')\n1 / 0") == ("a\nZeroDivisionError: division by zero", None)
+    assert run("print(") [0].startswith("SyntaxError: ") and run("x = 1") == ("(no output)", None)
+    assert run("None") == ("(no output)", None)
+
+
+def _tree(d):
+    """{path: bytes} of every file under d (what a test checks is unchanged)."""
+    return {os.path.join(r, f): open(os.path.join(r, f), "rb").read() for r, _, fs in os.walk(d) for f in fs}
+
+
+# Each escape is harmless even where the sandbox failed: it writes or deletes only in the test's own folder, sends
+# to the test's own socket, starts at most one process that exits at once, stops itself within 30 s, asks for 2 GiB
+# at most (untouched pages) and prints 10 MB once.
+ESCAPES = {
+    "write a file": ("open({out!r} + '/new.txt', 'w').write('x')", "refused a write outside its folder"),
+    "delete a file": ("import os\nos.remove({out!r} + '/keep.txt')", "refused os.remove outside its folder"),
+    "rename a file": ("import os\nos.rename({out!r} + '/keep.txt', 'mine.txt')", "refused os.rename outside its folder"),
+    "open a socket": ("import socket\nsocket.create_connection(('127.0.0.1', {port}), 1).sendall(b'hi')",
+                      "refused import socket"),
+    "a process": ("import os\nos.system('touch ' + {out!r} + '/ran')", "refused os.system"),
+    "fork": ("import os\nif os.fork() == 0: os._exit(0)", "refused os.fork"),
+    "subprocess": ("import subprocess\nsubprocess.run(['touch', {out!r} + '/ran'])", "refused import subprocess"),
+    "ctypes": ("import ctypes\nctypes.CDLL(None).system(b'touch ' + {out!r}.encode() + b'/ran')", "refused import ctypes"),
+    "loop forever": ("import time\nt = time.time()\nwhile time.time() - t < 30: pass", "stopped at the CPU-time limit (1 s)"),
+    "sleep": ("import time\ntime.sleep(30)", "stopped at the wall-time limit (3 s)"),
+    "2 GiB": ("x = bytearray(2 * 2**30)", "over the memory limit (256 MB)"),
+    "print 10 MB": ("print('x' * 10**7)", "output over 300 characters"),
+    "write 10 MB past print": ("import os\nos.write(1, b'x' * 10**7)", "output over the file-size limit (1 MB)"),
+    "swallow the refusal": ("try:\n    import socket\nexcept Exception:\n    print('got through')", "refused import socket"),
+}
+
+
+@pytest.mark.parametrize("escape", list(ESCAPES))
+def test_the_sandbox_stops_or_refuses_each_escape_names_the_cause_and_the_episode_goes_on(tmp_path, escape):
+    """A snippet that tries to write, delete or rename a file outside its folder, reach the network, start a process
+    (os.system, fork, subprocess, ctypes), loop or sleep forever, take far more memory than allowed, or print
+    megabytes is refused or stopped: the model reads one line saying so, the environment's warnings count the cause,
+    the episode goes on (a message, not None), nothing in the test's folder changes, nobody connects to the test's
+    socket, and the sandbox's own folder is gone."""
+    import tempfile
+    out = str(tmp_path / "outside")
+    os.makedirs(out)
+    open(os.path.join(out, "keep.txt"), "w").write("keep")
+    before, left_before = _tree(out), set(glob.glob(os.path.join(tempfile.gettempdir(), "grpo_python_*")))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.1)
+    code, cause = ESCAPES[escape]
+    limits = dict(reward_fns.PY_LIMITS, cpu_s=1, wall_s=3 if escape == "sleep" else 60, memory_mb=256,
+                  output_chars=300)
+    w = collections.Counter()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(reward_fns, "PY_LIMITS", limits)
+            said = reward_fns.python_env([{"role": "assistant", "content": "```python\n" + code.format(
+                out=out, port=listener.getsockname()[1]) + "\n```"}], "1", w)
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    finally:
+        listener.close()
+    assert dict(w) == {f"python_env: {cause}": 1}, (said, w)
+    assert isinstance(said, str) and said.strip() and "got through" not in said, said
+    assert len(said) < 400 and said.count("\n") <= 3, said  # a few lines, never the megabytes
+    assert _tree(out) == before  # nothing outside its folder changed
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "grpo_python_*"))) == left_before
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="the root layer: run as root (CI is)")
+def test_as_root_a_snippet_is_jailed_as_nobody_so_the_sandbox_holds_without_its_audit_hook(tmp_path, monkeypatch):
+    """Root ignores RLIMIT_NPROC and may write anywhere, so a trainer run as root jails each snippet in its folder
+    (chroot) as the user nobody. With the audit hook taken out (as if a snippet had got round it), a fork still fails
+    and the test's folder cannot be written (its path, inside the jail, cannot even be made)."""
+    out = str(tmp_path / "outside")
+    os.makedirs(out)
+    assert reward_fns.run_python("import os\nos.getuid(), os.getcwd()") == ("(65534, '/work')", None)
+    no_hook = reward_fns._SANDBOX.replace("sys.addaudithook(", "(lambda hook: None)(")
+    assert no_hook != reward_fns._SANDBOX
+    monkeypatch.setattr(reward_fns, "_SANDBOX", no_hook)
+    text, _ = reward_fns.run_python("import os\nif os.fork() == 0: os._exit(0)")
+    assert text.startswith(("BlockingIOError", "PermissionError")), text  # EAGAIN: no process for nobody
+    text, _ = reward_fns.run_python(f"import os\nos.makedirs({out!r})\nopen({out!r} + '/x', 'w').write('x')")
+    assert text.startswith("PermissionError") and os.listdir(out) == []  # the jail's /: root's, closed to nobody
+
+
+def test_a_turns_environments_answer_together_in_a_bounded_pool(monkeypatch):
+    """env_answers runs every episode's environment at once, up to ENV_POOL's threads: 12 environments that each
+    wait for all 12 to have started finish (one at a time, the first would wait forever: here, 10 s, then a broken
+    barrier and a warning), and 40 never run more than the pool's 32 at once. Each call's warnings are counted, as
+    one Counter would."""
+    import threading
+    barrier, running, most, lock = threading.Barrier(12, timeout=10), [0], [0], threading.Lock()
+
+    def together(messages, answer):
+        barrier.wait()
+        return "all here"
+
+    def counted(messages, answer, warnings):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        warnings["counted: one"] = warnings.get("counted: one", 0) + 1
+        return None
+    import time
+    from types import SimpleNamespace
+    tasks = {"t": SimpleNamespace(env=together), "c": SimpleNamespace(env=counted), "none": SimpleNamespace(env=None)}
+    ep = lambda task: {"task": task, "messages": [{"role": "assistant", "content": "hi"}], "answer": "1"}
+    warn = collections.Counter()
+    said, seconds = g.env_answers(tasks, [ep("t")] * 12 + [ep("none")], warn)
+    assert said == ["all here"] * 12 + [None] and not warn and seconds >= 0
+    said, _ = g.env_answers(tasks, [ep("c")] * 40, warn)
+    assert said == [None] * 40 and warn == {"counted: one": 40} and 1 < most[0] <= 32, most
+
+
+def test_a_python_episode_runs_the_replys_code_and_answers_with_its_output_then_the_reply_without_code_ends_it(
+        tiny_model):
+    """rollout() by hand with the real python environment: the first reply's code runs in the sandbox and its output
+    is the next user message (mask 0); the second reply has no code, so the episode ends ('stop'); its task's check
+    and reward call it right. A second episode's reply without code ends at once."""
+    tok, task = tiny_task(tiny_model, reward_fns.python_env)
+    v = tok.convert_tokens_to_ids
+    IS, NUMBER, END = v("is"), v("number"), v("<|im_end|>")
+    replies = {(IS, END): "```python\nprint(124 * 36 - 250)\n```", (NUMBER, END): "Answer: 4214"}
+    task["t"].decode = lambda ids: replies[tuple(ids)]  # the tiny tokenizer has no words for code
+    rows = [{"ids": [v("What"), END], "answer": "4214", "text": "What", "task": "t"}]
+    server = Scripted([[([IS, END], "stop"), ([NUMBER, END], "stop")], [([NUMBER, END], "stop")]])
+    batch = g.rollout(g.Config(group_size=2, max_new_tokens=40), server, task, rows, 0)
+    code, plain = batch["episodes"]
+    assert [m["content"] for m in code["messages"]] == ["What", replies[IS, END], "4214", "Answer: 4214"]
+    assert code["turns"] == 2 and code["finish"] == "stop" and plain["turns"] == 1
+    said = task["t"].env_ids("4214", END)
+    assert code["completion"] == [IS, END] + said + [NUMBER, END] and code["mask"] == [1, 1] + [0] * len(said) + [1, 1]
+    assert reward_fns.python_correct(code["messages"][-1]["content"], "4214") and batch["env_s"] > 0
+    assert not batch["warnings"]
+
+
+def test_the_word_problems_are_fixed_by_their_seed_and_each_answer_follows_from_its_text(tiny_model):
+    """word_problem_rows: 1,000 rows, the same on every call (a fixed seed), every template used, each answer a
+    positive whole number that this test computes from the numbers in the question by its own formula. The task
+    holds 200 of them out for evaluation, never trained on."""
+    rows = reward_fns.word_problem_rows()
+    assert rows == reward_fns.word_problem_rows() and len(rows) == 1000 and rows != reward_fns.word_problem_rows(seed=1)
+    n = lambda q: [int(x) for x in re.findall(r"\d+", q)]
+    by_template = {  # the first words of each template -> its answer from the question's numbers
+        "A bakery": lambda a, b, c, d: a * b * c - d, "A school": lambda b, c, q, t: c * q * b,
+        "Maria": lambda a, b, c, d: (a * b - c) * d, "A train": lambda a, b, c, d: a * b + c * d,
+        "A farmer": lambda a, b, c, d: a * b * c // d, "A shop": lambda a, b, s, d: (a - d) * s - a * b,
+        "A library": lambda a, b, c, d: a + b * c - d, "A tank": lambda v, i, o: v // (i - o),
+        "A recipe": lambda f, b, c: f * c // b}
+    seen = collections.Counter()
+    for r in rows:
+        q, a = r["question"], int(r["answer"])
+        assert a > 0 and r["answer"] == str(a)
+        if q[0].isdigit():  # the buses: students and teachers over a bus's seats, rounded up
+            s, t, b = n(q)
+            assert a == math.ceil((s + t) / b), q
+            seen["buses"] += 1
+            continue
+        key = next(k for k in by_template if q.startswith(k))
+        assert a == by_template[key](*n(q)), q
+        seen[key] += 1
+    assert len(seen) == 10 and min(seen.values()) > 50, seen
+    _, train, evals, task = one_task(g.load_data(g.Config(model=tiny_model, dataset="builtin", task="python")))
+    assert len(evals) == 200 and not {r["question"] for r in train} & {r["question"] for r in evals}
+    assert task.env is reward_fns.python_env and task.max_turns == 3
+
+
 def test_the_built_in_tasks_load_their_rows_and_a_game_trains_on_every_secret(tiny_model):
     """guess: one question for every secret (hidden in the answer), so its held-out games are no duplicates to drop
     from training (a dataset's repeated question is); calculator: 200 problems held out."""
