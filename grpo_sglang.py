@@ -704,7 +704,7 @@ def rollout_metrics(batch, m):
     """A rollout batch's metrics: its environments' warnings, the episodes that ran out of room for the environment's
     message, and with --dynamic_sampling what the step drew to fill its batch."""
     m.sum("env_warnings", sum(batch["warnings"].values()))
-    m.mean("env_s", batch["env_s"], 1)  # seconds the environments took, each turn's answers together
+    m.mean("time_env", batch["env_s"], 1)  # seconds the environments took, each turn's answers together
     m.mean("out_of_room_frac", sum(e["out_of_room"] for e in batch["episodes"]), len(batch["episodes"]))
     if "groups" in batch:
         m.sum("groups_drawn", batch["groups"]["drawn"])
