@@ -198,16 +198,19 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs(raw_results):
 # fence keeps test_smoke.py green; these are the maintainers' to keep true)
 
 def test_the_readmes_size_claims_are_the_files():
-    """The README's "the first ~N lines of grpo_sglang.py (M in all)": N is where the fence is, within a few lines,
-    and M the file's length within 2%."""
+    """The README's "the first ~N lines of grpo_sglang.py": N is where the fence is, within a few lines. It is the
+    README's only count of lines: a count no test checks (the file's length was one, 2,870 against 2,896) drifts."""
     readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
-    n, m = re.search(r"the first ~([\d,]+) lines of `grpo_sglang.py` \(([\d,]+) in all\)", readme).groups()
+    claim = re.search(r"the first ~([\d,]+) lines of `grpo_sglang.py`", readme)
+    assert claim, "README.md no longer says how long the story is: 'the first ~N lines of `grpo_sglang.py`'"
     lines = open(os.path.join(ROOT, "grpo_sglang.py")).read().splitlines()
     fence = next(i for i, line in enumerate(lines, 1) if line.startswith("# ---- Plumbing below"))
-    said = (f"README.md says the story is the first ~{n} lines of grpo_sglang.py ({m} in all), but its fence is "
-            f"at line {fence} of {len(lines)}: update the README's two numbers")
-    assert abs(int(n.replace(",", "")) - fence) <= 5, said
-    assert abs(int(m.replace(",", "")) - len(lines)) <= 0.02 * len(lines), said
+    assert abs(int(claim.group(1).replace(",", "")) - fence) <= 5, (
+        f"README.md says the story is the first ~{claim.group(1)} lines of grpo_sglang.py, but its fence is at line "
+        f"{fence}: update the README's number")
+    counts = re.findall(r"[\d,]+ lines\b|\([\d,]+ in all\)", readme)
+    assert counts == [f"{claim.group(1)} lines"], (f"README.md counts lines where no test checks them: {counts[1:]}: "
+                                                   f"drop those counts, or check them here")
 
 
 def test_the_test_index_maps_every_function_of_the_story():
