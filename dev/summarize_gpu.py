@@ -14,7 +14,7 @@ names no commit is computed from the files in its folder (a new run's, before th
     python dev/summarize_gpu.py --at SHA FOLDER ...    # read the raw files at commit SHA, and record it
 
 FOLDER: a folder of results/ (results/h100/calls_1206c), or its summary.json. A new run: copy its $RES into
-results/FOLDER/, commit it, `git rm -r` the raw files, then `python dev/summarize_gpu.py --at HEAD results/FOLDER` (HEAD
+results/<folder>/, commit it, `git rm -r` the raw files, then `python dev/summarize_gpu.py --at HEAD results/<folder>` (HEAD
 still holds them) and commit the summary. It needs git and a clone with history (a shallow one lacks the commits: git
 fetch --unshallow).
 """
