@@ -77,8 +77,9 @@ def what_fits(fit, lora):
     total_mib = int(fit["versions"][1].split(", ")[1].split()[0])
     most = lambda mib: mib["median_min_max"][2] if isinstance(mib, dict) else max(mib)  # (nvidia-smi's samples)
     beside = [("lora", lora["runs"]["q7_lora"]["all_steps"]["peak_mem_gb"][2], most(lora["files"]["q7_gpu_mem.txt"]))]
-    beside += [(v.split("_")[0], fit["runs"][f"fit_1.5b_{v}"]["all_steps"]["peak_mem_gb"][2],
-                most(fit["files"][f"fit_1.5b_{v}_gpu_mib.txt"])) for v in ("full_ck0", "full_ck1", "lora_ck0", "lora_ck1")]
+    for v in ("full_ck0", "full_ck1", "lora_ck0", "lora_ck1"):
+        beside.append((v.split("_")[0], fit["runs"][f"fit_1.5b_{v}"]["all_steps"]["peak_mem_gb"][2],
+                       most(fit["files"][f"fit_1.5b_{v}_gpu_mib.txt"])))
     over = lambda kind: max(round(round(mib * gb, 1) - 0.3 * total_mib * gb - round(peak, 1), 1)
                             for k, peak, mib in beside if k == kind)
     cards = [(24, "24 GB"), (40, "40 GB"), (48, "48 GB"), (80, "80 GB"), (total_mib / 1024, "141 GB (H200)")]  # GiB
@@ -103,7 +104,8 @@ def what_fits(fit, lora):
 
 def main():
     if sys.argv[1:] == ["--table"]:
-        read = lambda f: json.load(open(os.path.join(os.path.dirname(__file__), "..", "results", "h200", f, "summary.json")))
+        results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results", "h200")
+        read = lambda f: json.load(open(os.path.join(results, f, "summary.json")))
         return print(json.dumps(what_fits(read("fit"), read("lora")), indent=1))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", required=True, choices=["q05", "q15", "q3", "q7", "tiny"])

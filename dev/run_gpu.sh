@@ -34,7 +34,8 @@
 #
 #   M=/path/to/model RES=/tmp/res bash dev/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
 # Whatever a phase leaves in $RES (a run's NAME.log and NAME.metrics.jsonl through run(), a tool's json), copied into
-# results/<folder>/, is summarized by python dev/summarize_gpu.py --at SHA results/<folder>: a new phase needs no code there.
+# results/<folder>/, is summarized by python dev/summarize_gpu.py --at SHA results/<folder>: a new phase needs no
+# code there.
 # (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
 # The server here needs ATTENTION_BACKEND=triton EXTRA_ARGS="--sampling-backend pytorch" (this machine's SGLang has
 # no FA3 or flashinfer kernels); a stock SGLang install needs neither.
@@ -73,7 +74,8 @@ phases=${*:-quickstart trl trust}
 print('python', sys.version.split()[0], '| sglang', sglang.__version__, '| torch', torch.__version__,
       '| transformers', transformers.__version__)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  echo "commit $(git log -1 --format='%h %cI' 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with changes)')"
+  changed=$(git status --porcelain 2>/dev/null | grep -q . && echo " (with changes)")
+  echo "commit $(git log -1 --format='%h %cI' 2>/dev/null || echo unknown)$changed"
 } > "$RES/versions.txt" 2>&1
 log "phases: $phases"
 for phase in $phases; do

@@ -14,9 +14,9 @@ names no commit is computed from the files in its folder (a new run's, before th
     python dev/summarize_gpu.py --at SHA FOLDER ...    # read the raw files at commit SHA, and record it
 
 FOLDER: a folder of results/ (results/h100/calls_1206c), or its summary.json. A new run: copy its $RES into
-results/<folder>/, commit it, `git rm -r` the raw files, then `python dev/summarize_gpu.py --at HEAD results/<folder>` (HEAD
-still holds them) and commit the summary. It needs git and a clone with history (a shallow one lacks the commits: git
-fetch --unshallow).
+results/<folder>/, commit it, `git rm -r` the raw files, then `python dev/summarize_gpu.py --at HEAD results/<folder>`
+(HEAD still holds them) and commit the summary. It needs git and a clone with history (a shallow one lacks the
+commits: git fetch --unshallow).
 """
 import argparse
 import glob
@@ -129,7 +129,8 @@ def summarize(folder):
         call = {"versions": text("versions.txt").strip().splitlines() if "versions.txt" in names else None,
                 "pipeline": [re.sub(r"^\[[\d:]+\] ", "", line)[:400] for line in pipeline.splitlines()],
                 "runs": {}, "files": {}}
-        jsonl = {re.sub(r"\.(metrics|steps)\.jsonl$", "", f): f for f in names if re.search(r"\.(metrics|steps)\.jsonl$", f)}
+        rows_file = re.compile(r"\.(metrics|steps)\.jsonl$")  # (steps: TRL's, dev/trl_grpo.py)
+        jsonl = {rows_file.sub("", f): f for f in names if rows_file.search(f)}
         logs = {f[:-4]: text(f) for f in names if f.endswith(".log") and not f.startswith("pipeline")}
         for name in sorted(set(jsonl) | {n for n, log in logs.items() if STEP_LINE.search(log)}):
             log = logs.pop(name, "")

@@ -123,8 +123,8 @@ def test_the_gpu_summaries_are_computed_from_the_runs_files():
             f"results/{folder}/summary.json names no commit of its raw files (raw_files_at, a full hash): commit them, "
             f"git rm them, then python dev/summarize_gpu.py --at HEAD results/{folder} (dev/README.md)")
         tree, got = sg.recompute(folder)
-        assert got == tree, (f"results/{folder}/summary.json is not what its raw files give; these calls differ: "
-                             f"{sorted(k for k in set(got['calls']) | set(tree['calls']) if got['calls'].get(k) != tree['calls'].get(k))}")
+        differ = sorted(k for k in set(got["calls"]) | set(tree["calls"]) if got["calls"].get(k) != tree["calls"].get(k))
+        assert got == tree, f"results/{folder}/summary.json is not what its raw files give; these calls differ: {differ}"
 
 
 def test_a_run_gpu_folder_is_summarized_from_its_files(tmp_path):
@@ -168,13 +168,14 @@ def test_the_what_fits_table_is_computed_from_the_summaries():
     import fit_bench
     read = lambda f: json.load(open(os.path.join(ROOT, "results", "h200", f, "summary.json")))
     fits = fit_bench.what_fits(read("fit"), read("lora"))
-    text = "\n".join(open(p).read() for p in [os.path.join(ROOT, "README.md")] + glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    docs = [os.path.join(ROOT, "README.md")] + glob.glob(os.path.join(ROOT, "docs", "*.md"))
+    text = "\n".join(open(p).read() for p in docs)
     for shape, name in (("q05", "0.5B"), ("q15", "1.5B"), ("q3", "3B")):
         row = re.search(rf"^\| Qwen2\.5-{re.escape(name)} \|(.*)\|$", text, re.M)
         assert row, f"no row of Qwen2.5-{name} in the README's or docs' table of what fits"
         said = [c.strip() for c in row.group(1).split("|")]
-        assert said == [fits[shape][v]["smallest_gpu"].split()[0] for v in ("full", "full_ckpt", "lora", "lora_ckpt")], (
-            shape, said, fits[shape])
+        want = [fits[shape][v]["smallest_gpu"].split()[0] for v in ("full", "full_ckpt", "lora", "lora_ckpt")]
+        assert said == want, f"the table's row of Qwen2.5-{name} says {said}; the summaries give {want}"
 
 
 def test_sync_check_replayed_on_the_recorded_gpu_runs(raw_results):
