@@ -5,6 +5,7 @@ old_and_ref_logprobs, advantages, weights, train) on made-up rollouts (train_pha
 variant after the other in one process (each loads the model afresh; the peak is reset in between).
 
     torchrun --nproc_per_node 1 dev/fit_bench.py --shape q05 --out FILE.json [--steps 3] [-- more flags]
+    python dev/fit_bench.py --table     # the README's table, from results/h200/fit's and h200/lora's summaries
 
 --shape: q05, q15, q3, q7 (Qwen2.5-0.5B, 1.5B, 3B, 7B's shapes), or tiny (a CPU check of the tool). The batch is the
 README quick start's, 16 prompts x 8, 128 new tokens, beta 0.04, lr 1e-5 (LoRA: 1e-4), but `--micro_batch 32` (128
@@ -65,7 +66,47 @@ def measure(path, flags, steps, rt):
     return res
 
 
+def what_fits(fit, lora):
+    """The summaries of results/h200/fit and h200/lora -> {shape: {variant: the GPU memory a colocated run needs and
+    the smallest common GPU that holds it}}: the trainer's peak (this tool's, no server) + the server's bf16 weights
+    and a KV cache for the batch + the overhead runs beside a real server showed, the largest of their kind (full or
+    LoRA): the GPU in use (nvidia-smi's max) - the server's share (MEM_FRACTION 0.3) - the trainer's peak (CUDA
+    contexts, SGLang's CUDA graphs, PyTorch's cache). Runs beside a server: lora's q7_lora, fit's fit_1.5b_*."""
+    import transformers
+    fit, lora, gb = fit["calls"]["."], lora["calls"]["."], 2**20 / 1e9  # (MiB -> GB)
+    total_mib = int(fit["versions"][1].split(", ")[1].split()[0])
+    most = lambda mib: mib["median_min_max"][2] if isinstance(mib, dict) else max(mib)  # (nvidia-smi's samples)
+    beside = [("lora", lora["runs"]["q7_lora"]["all_steps"]["peak_mem_gb"][2], most(lora["files"]["q7_gpu_mem.txt"]))]
+    for v in ("full_ck0", "full_ck1", "lora_ck0", "lora_ck1"):
+        beside.append((v.split("_")[0], fit["runs"][f"fit_1.5b_{v}"]["all_steps"]["peak_mem_gb"][2],
+                       most(fit["files"][f"fit_1.5b_{v}_gpu_mib.txt"])))
+    over = lambda kind: max(round(round(mib * gb, 1) - 0.3 * total_mib * gb - round(peak, 1), 1)
+                            for k, peak, mib in beside if k == kind)
+    cards = [(24, "24 GB"), (40, "40 GB"), (48, "48 GB"), (80, "80 GB"), (total_mib / 1024, "141 GB (H200)")]  # GiB
+    tokens = 16 * 8 * (46 + 128)  # the batch: 128 sequences, prompts ~46 tokens, 128 new tokens
+    out = {}
+    for shape in ("q05", "q15", "q3", "q7"):
+        c = tpb.config(shape)
+        with torch.device("meta"):
+            params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(c).parameters())
+        kv = 2 * c.num_hidden_layers * c.num_key_value_heads * c.hidden_size // c.num_attention_heads * 2  # K, V bf16
+        server = round((2 * params + tokens * kv) / 1e9, 1)
+        out[shape] = {}
+        for v in VARIANTS:
+            peak = fit["files"][f"{shape}.json"]["variants"].get(v, {}).get("peak_gb")
+            if v == "lora_ckpt" and shape == "q7":  # the real colocated run
+                peak = lora["runs"]["q7_lora"]["all_steps"]["peak_mem_gb"][2]
+            need = round(round(peak, 1) + server + over(v.split("_")[0]), 1) if peak else None
+            out[shape][v] = {"need_gb": need, "smallest_gpu": next((label for cap, label in cards
+                                                                    if need and cap * 2**30 / 1e9 >= need), "none")}
+    return out
+
+
 def main():
+    if sys.argv[1:] == ["--table"]:
+        results = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results", "h200")
+        read = lambda f: json.load(open(os.path.join(results, f, "summary.json")))
+        return print(json.dumps(what_fits(read("fit"), read("lora")), indent=1))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", required=True, choices=["q05", "q15", "q3", "q7", "tiny"])
     p.add_argument("--models", default="/tmp/bench_models", help="where the random models are saved")

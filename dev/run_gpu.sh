@@ -7,21 +7,15 @@
 #               (dev/trl_grpo.py: --beta 0, micro-batches of 32), on the same machine
 #   trust       the sync check: a correct run at lr 1e-6, and pushes dropped on purpose after step 10
 #               (dev/negative_control.py): weights dropped with the tag kept; half the tensors dropped
-#   cost        the weight check's cost per push at the 135M, 1.5B and 7B shapes (dev/check_cost.py)
 #   lora        the quick start with --lora_rank 16 beside the quick start itself (full fine-tune)
 #   base_only   a LoRA run whose pushes from step 10 send the base model's weights (negative_control.py --base_only)
 #   q7          LoRA on a Qwen2.5-7B shape (random weights, dev/make_models.py) with its server on the same GPU
-#   syncbench   merged weights vs adapters in SGLang's LoRA slots, per push and per rollout token, at the 135M,
-#               1.5B and 7B shapes (dev/lora_sync_bench.py, against servers started with --enable-lora)
 #   guess, calculator   the README's multi-turn quick start for each built-in task of episodes, then the same model
 #               on the same held-out rows with one reply and no environment (--max_turns 1, evaluated only)
 #   episodes_neg  a calculator run whose pushes from step 6 on are dropped with their tag kept (negative_control.py)
 #   turn_cost   episodes of 4 replies of 16 tokens against one reply of 64 tokens on the server, in lockstep (the
 #               trainer's shape), per group and per episode; where a turn's cost goes; the calculator's and the guess
 #               game's rollout() against one reply per episode of the same tokens (dev/turn_cost.py)
-#   same_tokens the README's multi-turn quick start of each task (calculator, guess; ST_STEPS, 30) against a run of
-#               one reply per episode of as many tokens as that step's episode sampled (dev/same_tokens.py): the
-#               step time of turns against that of their tokens
 #   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
 #   calc_readme the README's calculator command as written (EP_STEPS: shorter)
 #   reload      the same for 40 steps while another client reloads the server's weights from disk after step
@@ -35,7 +29,13 @@
 #               the GPU's use (nvidia-smi every 0.5 s). (Until 8a15aea it ran at --beta 0: the fit_1.5b_* runs of
 #               results/h200/fit, raw files at bf31402)
 #
+#   (cost, syncbench and same_tokens, with their tools check_cost.py, lora_sync_bench.py and same_tokens.py: last
+#   at f93241d; their results are in results/h200/trust, lora and calls_1203b)
+#
 #   M=/path/to/model RES=/tmp/res bash dev/run_gpu.sh [phase ...]      # results in $RES, one log line per phase
+# Whatever a phase leaves in $RES (a run's NAME.log and NAME.metrics.jsonl through run(), a tool's json), copied into
+# results/<folder>/, is summarized by python dev/summarize_gpu.py --at SHA results/<folder>: a new phase needs no
+# code there.
 # (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
 # The server here needs ATTENTION_BACKEND=triton EXTRA_ARGS="--sampling-backend pytorch" (this machine's SGLang has
 # no FA3 or flashinfer kernels); a stock SGLang install needs neither.
@@ -69,12 +69,15 @@ MODELS=${MODELS:-/tmp/models}
 make_model() { [ -f "$MODELS/$1/config.json" ] || python3 dev/make_models.py "$MODELS" --tokenizer "$M" --only "$1" \
   >> "$RES/make_models.log" 2>&1; }
 
-phases=${*:-quickstart trl trust cost}
+phases=${*:-quickstart trl trust}
 { python3 -c "import sglang, torch, transformers, sys
 print('python', sys.version.split()[0], '| sglang', sglang.__version__, '| torch', torch.__version__,
       '| transformers', transformers.__version__)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  changed=$(git status --porcelain 2>/dev/null | grep -q . && echo " (with changes)")
+  echo "commit $(git log -1 --format='%h %cI' 2>/dev/null || echo unknown)$changed"
 } > "$RES/versions.txt" 2>&1
+log "phases: $phases"
 for phase in $phases; do
   case $phase in
   quickstart)
@@ -103,10 +106,6 @@ for phase in $phases; do
       run "$1" "/tmp/runs/$1" 600 torchrun --nproc_per_node 1 dev/negative_control.py "${@:2}" -- "${QUICK[@]}" \
           --eval_every 0 --out_dir "/tmp/runs/$1"
     done ;;
-  cost)
-    log "cost: dev/check_cost.py"
-    timeout 900 python3 dev/check_cost.py --out "$RES/check_cost.json" > "$RES/check_cost.log" 2>&1
-    log "cost: exit $?: $(tail -n 1 "$RES/check_cost.log" | cut -c1-200)" ;;
   lora)
     server
     run smol_full /tmp/runs/smol_full 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" \
@@ -125,22 +124,6 @@ for phase in $phases; do
         --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --grad_checkpointing \
         --lora_rank 16 --lr 1e-4 --steps "${Q7_STEPS:-12}" --eval_every 0 --eval_size 16 --out_dir /tmp/runs/q7_lora
     kill $smi ;;
-  syncbench)
-    bash serve.sh stop > /dev/null; unset SERVED
-    make_model qwen2.5-1.5b-random; make_model qwen2.5-7b-random
-    k=0; for spec in "135m $M 0.15" "1.5b $MODELS/qwen2.5-1.5b-random 0.15" "7b $MODELS/qwen2.5-7b-random 0.3"; do
-      set -- $spec; port=$((30010 + k)); k=$((k + 1))
-      GPU=0 MEM_FRACTION=$3 MODEL=$2 PORT=$port LOG=$RES/serve_lora_$1.log PIDFILE=/tmp/serve_lora_$1.pid \
-        EXTRA_ARGS="$EXTRA_ARGS --enable-lora --max-lora-rank 16 --lora-target-modules all --max-loras-per-batch 2" \
-        bash serve.sh > "$RES/serve_lora_$1.out" 2>&1 &   # the three start side by side
-    done; wait; log "syncbench: servers: $(tail -qn 1 "$RES"/serve_lora_*.out | tr '\n' ' ')"
-    k=0; for spec in "135m $M" "1.5b $MODELS/qwen2.5-1.5b-random" "7b $MODELS/qwen2.5-7b-random"; do
-      set -- $spec; port=$((30010 + k)); k=$((k + 1))
-      timeout 300 python3 dev/lora_sync_bench.py --shape "$1" --model "$2" --url "http://127.0.0.1:$port" \
-          --rank 16 --alpha 32 --out "$RES/syncbench_$1.json" > "$RES/syncbench_$1.log" 2>&1
-      log "syncbench $1: exit $?: $(tail -n 1 "$RES/syncbench_$1.log" | cut -c1-200)"
-      PIDFILE=/tmp/serve_lora_$1.pid bash serve.sh stop > /dev/null
-    done ;;
   guess|calculator)
     server
     [ "$phase" = guess ] && TASK=("${GUESS[@]}") || TASK=("${CALC[@]}")
@@ -158,18 +141,6 @@ for phase in $phases; do
     log "turn_cost: dev/turn_cost.py"
     timeout 400 python3 dev/turn_cost.py --model "$M" --out "$RES/turn_cost.json" > "$RES/turn_cost.log" 2>&1
     log "turn_cost: exit $?: $(tail -n 1 "$RES/turn_cost.log" | cut -c1-300)" ;;
-  same_tokens)
-    server
-    for task in calculator guess; do
-      [ $task = guess ] && TASK=("${GUESS[@]}") || TASK=("${CALC[@]}")
-      for mode in record replay; do
-        [ $mode = replay ] && one=(--max_turns 1) || one=()
-        rm -rf "/tmp/runs/st_${task}_$mode"  # (a second time on one machine: a fresh run, not a resume)
-        run "st_${task}_$mode" "/tmp/runs/st_${task}_$mode" 300 torchrun --nproc_per_node 1 dev/same_tokens.py \
-            "--$mode" "$RES/st_$task.json" -- "${EPISODES[@]}" "${TASK[@]}" --steps "${ST_STEPS:-30}" --eval_every 0 \
-            "${one[@]}" --out_dir "/tmp/runs/st_${task}_$mode"
-      done
-    done ;;
   dapo)
     server
     for ds in 3 0; do

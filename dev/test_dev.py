@@ -92,11 +92,11 @@ def test_the_benchmark_tools_run_the_trainers_step_on_a_tiny_shape(tmp_path):
 # the GPU results: the summaries and the runs behind them
 
 def summaries():
-    """{part of dev/summarize_gpu.py: its summary in the tree}, or a skip where this clone lacks the commits that hold
-    the runs' raw files (a shallow clone; a copy without .git)."""
+    """{folder of results/: its summary.json}, or a skip where this clone lacks the commits that hold the runs' raw
+    files (a shallow clone; a copy without .git)."""
     import summarize_gpu as sg
-    got = {part: sg.summary_in_tree(part) for part in sg.PARTS}
-    lacking = sorted({s.get("raw_files_at", "")[:7] for s in got.values() if s and s.get("raw_files_at")
+    got = {folder: sg.in_tree(folder) for folder in sg.summaries()}
+    lacking = sorted({s["raw_files_at"][:7] for s in got.values() if s.get("raw_files_at")
                       and sg.commit_of(s["raw_files_at"]) is None})
     if lacking:
         pytest.skip(f"the GPU runs' raw files are in git's history, at {', '.join(lacking)}, which this clone lacks "
@@ -106,30 +106,76 @@ def summaries():
 
 @pytest.fixture(scope="module")
 def raw_results(tmp_path_factory):
-    """{part: a results/ folder holding the raw files it reads, out of git at the commit its summary names}."""
+    """{folder: a results/ folder holding the raw files its summary reads, out of git at the commit it names}."""
     import summarize_gpu as sg
-    return {part: sg.raw_files(part, s["raw_files_at"], str(tmp_path_factory.mktemp(part)))
-            for part, s in summaries().items()}
+    return {f: sg.raw_files(s.get("raw_folders") or [f], s["raw_files_at"], str(tmp_path_factory.mktemp("raw")))
+            for f, s in summaries().items()}
 
 
 def test_the_gpu_summaries_are_computed_from_the_runs_files():
     """Every summary.json under results/ (where the GPU numbers of the README and docs come from) is what
     dev/summarize_gpu.py computes from its runs' raw files, read out of git at the commit the summary names
     (raw_files_at, a full hash; the raw files are not in the tree): a summary edited by hand, or left behind when its
-    runs were replaced, fails here; so does one that names no commit, or one that no part of the tool computes."""
+    runs were replaced, fails here; so does one that names no commit."""
     import summarize_gpu as sg
-    on_disk = sorted(os.path.relpath(p, sg.RESULTS) for p in glob.glob(os.path.join(sg.RESULTS, "**", "summary.json"),
-                                                                        recursive=True))
-    assert on_disk == sorted(rel for _, rel, _, _ in sg.PARTS.values()), (
-        f"results/ holds these summaries: {on_disk}; dev/summarize_gpu.py's PARTS compute "
-        f"{sorted(rel for _, rel, _, _ in sg.PARTS.values())}: a new summary needs its part there")
-    for part, there in summaries().items():
+    for folder, there in summaries().items():
         assert re.fullmatch(r"[0-9a-f]{40}", there.get("raw_files_at", "")), (
-            f"results/{sg.PARTS[part][1]} names no commit of its raw files (raw_files_at, a full hash): commit them, "
-            f"git rm them, then python dev/summarize_gpu.py --at HEAD {part} (dev/README.md)")
-        tree, got = sg.recompute(part)
-        assert got == tree, (f"results/{sg.PARTS[part][1]} is not what its raw files give; these keys differ: "
-                             f"{sorted(k for k in set(got) | set(tree) if got.get(k) != tree.get(k))}")
+            f"results/{folder}/summary.json names no commit of its raw files (raw_files_at, a full hash): commit them, "
+            f"git rm them, then python dev/summarize_gpu.py --at HEAD results/{folder} (dev/README.md)")
+        tree, got = sg.recompute(folder)
+        differ = sorted(k for k in set(got["calls"]) | set(tree["calls"]) if got["calls"].get(k) != tree["calls"].get(k))
+        assert got == tree, f"results/{folder}/summary.json is not what its raw files give; these calls differ: {differ}"
+
+
+def test_a_run_gpu_folder_is_summarized_from_its_files(tmp_path):
+    """What dev/run_gpu.sh leaves in $RES (a run's log and metrics.jsonl, pipeline.log, versions.txt, a tool's json,
+    nvidia-smi's samples), made here: the summary has the run's command and exit, medians and ranges of steps 4 on, the
+    sync check over all steps, the means of its first and last steps, its evaluations (per task too), the error it
+    stopped on; the tool's numbers; each value computed here by hand."""
+    import summarize_gpu as sg
+    rows = [{"step": 0, "eval_accuracy": 0.25}] + [
+        {"step": k, "reward_mean": k / 20, "accuracy": k / 40, "time_step": [9.0, 1.0, 1.0, 0.5, 0.7, 0.6][k % 6],
+         "check_mismatch_mean": 0.01 * k, "sampled_from_version": k - 1} for k in range(1, 21)]
+    rows.append({"step": 20, "eval_accuracy": 0.75})
+    (tmp_path / "calc.metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "calc.log").write_text("task: calculator\nstep    1 | reward 0.05\n  sample (reward 1): 'calc: 2 * 3'\n"
+                                       "eval step 20 (--task calculator): accuracy 0.750\n"
+                                       "  traceback : error: weight sync check failed at step 21: the server ...\n")
+    (tmp_path / "pipeline.log").write_text("[10:00:00] calc: torchrun grpo_sglang.py --task calculator\n"
+                                           "[10:01:00] calc: exit 1 after 60 s: step 20 | reward 1.0\n")
+    (tmp_path / "versions.txt").write_text("python 3.12 | sglang 0.5.16\nNVIDIA H100, 580.159, 81559 MiB\n")
+    (tmp_path / "turn_cost.json").write_text(json.dumps({"ratio": 2.123456, "times": list(range(12))}))
+    (tmp_path / "gpu_mib.txt").write_text("100\n300\n200\n")
+    call = sg.summarize(str(tmp_path))["calls"]["."]
+    run = call["runs"]["calc"]
+    assert call["versions"][1] == "NVIDIA H100, 580.159, 81559 MiB"
+    assert run["command"] == "torchrun grpo_sglang.py --task calculator" and run["exit"] == "exit 1 after 60 s"
+    later = [[9.0, 1.0, 1.0, 0.5, 0.7, 0.6][k % 6] for k in range(4, 21)]
+    assert run["steps"] == 20 and run["steps_4_on"]["time_step"] == [sorted(later)[8], 0.5, 9.0]
+    assert run["all_steps"]["check_mismatch_mean"] == [0.105, 0.01, 0.2]
+    assert run["means"]["reward_mean"] == {"1-10": 0.275, "11-20": 0.775, "1-20": 0.525}
+    assert run["totals"]["time_step"] == 40.4  # steps 1-18: 3 x (1 + 1 + 0.5 + 0.7 + 0.6 + 9); 19, 20: 1 + 1
+    assert run["eval"]["accuracy"] == {0: 0.25, 20: 0.75} and run["eval_per_task"] == {"calculator": {20: 0.75}}
+    assert run["stopped"].startswith("error: weight sync check failed at step 21")
+    assert run["samples"] == {"step 1, reward 1": "'calc: 2 * 3'"} and run["header"] == ["task: calculator"]
+    assert call["files"]["turn_cost.json"] == {"ratio": 2.1235, "times": {"n": 12, "median_min_max": [5.5, 0, 11]}}
+    assert call["files"]["gpu_mib.txt"] == [100, 300, 200]
+
+
+def test_the_what_fits_table_is_computed_from_the_summaries():
+    """The README's "what fits my GPU" table (README.md or docs/): each model's row is the smallest GPU that
+    dev/fit_bench.py --table derives from results/h200/fit's and h200/lora's summaries."""
+    import fit_bench
+    read = lambda f: json.load(open(os.path.join(ROOT, "results", "h200", f, "summary.json")))
+    fits = fit_bench.what_fits(read("fit"), read("lora"))
+    docs = [os.path.join(ROOT, "README.md")] + glob.glob(os.path.join(ROOT, "docs", "*.md"))
+    text = "\n".join(open(p).read() for p in docs)
+    for shape, name in (("q05", "0.5B"), ("q15", "1.5B"), ("q3", "3B")):
+        row = re.search(rf"^\| Qwen2\.5-{re.escape(name)} \|(.*)\|$", text, re.M)
+        assert row, f"no row of Qwen2.5-{name} in the README's or docs' table of what fits"
+        said = [c.strip() for c in row.group(1).split("|")]
+        want = [fits[shape][v]["smallest_gpu"].split()[0] for v in ("full", "full_ckpt", "lora", "lora_ckpt")]
+        assert said == want, f"the table's row of Qwen2.5-{name} says {said}; the summaries give {want}"
 
 
 def test_sync_check_replayed_on_the_recorded_gpu_runs(raw_results):
@@ -164,32 +210,32 @@ def test_sync_check_replayed_on_the_recorded_gpu_runs(raw_results):
             return int(m.group(1)) + 1
         m = re.search(r"after the rollout sampled from version (\d+)", log)  # (since: the step that trains on it)
         return int(m.group(1)) + (2 if async_run else 1) if m else None
-    folder = lambda part, *sub: os.path.join(raw_results[part], *sub)  # a folder of runs, at its commit
-    h200 = [p for p in raw_results if p != "x2"]
-    runs = [r for p in h200 for r in glob.glob(folder(p, "h200", p, "*.metrics.jsonl"))] + glob.glob(
-        folder("x2", "x2", "check_async", "*.metrics.jsonl"))
+    folder = lambda f: os.path.join(raw_results[f], f)  # a folder of runs, at its commit
+    h200 = [f for f in raw_results if f.startswith("h200/")]
+    runs = [r for f in h200 for r in glob.glob(os.path.join(folder(f), "*.metrics.jsonl"))] + glob.glob(
+        os.path.join(raw_results["x2"], "x2", "check_async", "*.metrics.jsonl"))
     negative = ("check_v2_", "neg_", "dropped_", "base_only", "episodes_dropped_", "reload")  # the controls, below
     good = [p for p in runs if not os.path.basename(p).startswith(negative) or "check_v2_main" in p]
     assert len(good) >= 26, good  # 300 steps, lr 5e-5 async, the three seeds of the curve, lr 1e-5 and 1e-6, ...
     for path in good:
         assert replay(path) is None, path
-    check = folder("check_v2", "h200", "check_v2")
+    check = folder("h200/check_v2")
     assert replay(os.path.join(check, "check_v2_skip_one.metrics.jsonl")) == 7  # push after step 6 skipped
     assert replay(os.path.join(check, "check_v2_stop_syncing.metrics.jsonl")) == 5  # no push after step 4
     assert replay(os.path.join(check, "check_v2_dropped_tagged.metrics.jsonl")) == 18  # tag kept, weights dropped
     main = [r["mismatch_mean"] for r in map(json.loads, open(os.path.join(check, "check_v2_main.metrics.jsonl"))) if "mismatch_mean" in r]
     assert len(main) == 300 and max(main) < limit / 3  # the limit is over 3x the worst correct step of 300
-    ca = folder("x2", "x2", "check_async")  # async, lr 5e-5: the same controls, and the old rule's false alarm
+    ca = os.path.join(raw_results["x2"], "x2", "check_async")  # async, lr 5e-5: the same controls, and the old rule's false alarm
     assert [replay(os.path.join(ca, f"neg_async_{n}.metrics.jsonl")) for n in ("skip_one", "stop_syncing", "dropped_tagged")] == [7, 5, 6]
     assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl")) is None
     assert replay(os.path.join(ca, "async_lr5e-5.metrics.jsonl"), old_rule=True) == 4
-    lora = folder("lora", "h200", "lora")  # LoRA: the pushes from version 10 on the base's weights
+    lora = folder("h200/lora")  # LoRA: the pushes from version 10 on the base's weights
     assert replay(os.path.join(lora, "base_only.metrics.jsonl")) == 11
-    trust = folder("trust", "h200", "trust")  # the weight hashes: the push after step 11 dropped
+    trust = folder("h200/trust")  # the weight hashes: the push after step 11 dropped
     assert [replay(os.path.join(trust, f"dropped_{n}.metrics.jsonl")) for n in ("tag_kept", "half")] == [12, 12]
-    episodes = folder("episodes", "h200", "episodes")  # episodes: pushes dropped after version 6, tag kept
+    episodes = folder("h200/episodes")  # episodes: pushes dropped after version 6, tag kept
     assert replay(os.path.join(episodes, "episodes_dropped_tag_kept.metrics.jsonl")) == 7
-    reload = folder("rollout_check", "h200", "rollout_check")  # another client reloads from disk after step 10
+    reload = folder("h200/rollout_check")  # another client reloads from disk after step 10
     assert replay(os.path.join(reload, "reload.metrics.jsonl")) == 12  # async: step 12 trains on version 10's rollout
 
 
