@@ -232,18 +232,18 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
     fi
     python3 dev/check_qwen.py "$Q" >> "$RES/qwen_model.log" 2>&1 || { log "qwen: $(tail -n 1 "$RES/qwen_model.log")"; exit 1; }
     log "qwen_model: $Q (sha256 ok): $(tail -n 1 "$RES/qwen_model.log" | cut -c1-200)" ;;
-  qwen)  # Qwen2.5-Coder-0.5B-Instruct ($QWEN) on one GPU with two servers side by side (MEM_FRACTION 0.25 each):
+  qwen)  # Qwen2.5-Coder-0.5B-Instruct ($QWEN) on one GPU with two servers side by side (MEM_FRACTION 0.15 each):
          # --task python on the first (resumed where /tmp/runs/python has a checkpoint), and on the second the quick
          # start's and then the calculator's commands as the README writes them with --model $QWEN (QS_STEPS, CALC_STEPS;
          # each skipped once it is done). Everything ends by QWEN_END seconds (the call's limit, less the copy)
     Q=${QWEN:?set QWEN}; end=$((SECONDS + ${QWEN_END:-540}))
     bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1; unset SERVED
-    GPU=0 MEM_FRACTION=0.25 MODEL=$Q LOG=$RES/serve.log bash serve.sh > "$RES/serve.out" 2>&1 &
-    GPU=0 MEM_FRACTION=0.25 MODEL=$Q PORT=30001 PIDFILE=/tmp/serve2.pid LOG=$RES/serve2.log bash serve.sh \
+    GPU=0 MEM_FRACTION=0.15 MODEL=$Q LOG=$RES/serve.log bash serve.sh > "$RES/serve.out" 2>&1 &
+    GPU=0 MEM_FRACTION=0.15 MODEL=$Q PORT=30001 PIDFILE=/tmp/serve2.pid LOG=$RES/serve2.log bash serve.sh \
         > "$RES/serve2.out" 2>&1 & wait; log "qwen: servers: $(tail -qn 1 "$RES"/serve.out "$RES"/serve2.out | tr '\n' ' ')"
     resume=(); [ -f /tmp/runs/python/latest ] && resume=(--resume)
     PY=(--colocate --model "$Q" --dataset builtin --task python --prompts_per_step 16 --max_new_tokens 640
-        --max_reply_tokens 256 --micro_batch 32 --lr "${PY_LR:-3e-6}" --steps "${PY_STEPS:-200}" --eval_every 20
+        --max_reply_tokens 256 --micro_batch 16 --lr "${PY_LR:-3e-6}" --steps "${PY_STEPS:-200}" --eval_every 20
         --save_every 10 --keep_checkpoints 1 --out_dir /tmp/runs/python)
     run python /tmp/runs/python $((end - SECONDS)) torchrun --nproc_per_node 1 --master_port 29511 grpo_sglang.py \
         "${PY[@]}" "${resume[@]}" &
