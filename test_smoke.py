@@ -1195,6 +1195,16 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])
 """  # a server that answers on its --port at once (fails there if the port is taken)
 
 
+def wait_until(holds, what, timeout=60):
+    """Poll holds() until it is true; after `timeout` seconds fail, naming `what` (a busy machine only waits longer)."""
+    import time
+    end = time.time() + timeout
+    while not holds():
+        if time.time() > end:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
+
+
 def _fake_sglang(tmp_path, server=None):
     """A fake `python` for serve.sh: `-m sglang.launch_server ARGS` appends its CUDA_VISIBLE_DEVICES and ARGS to
     tmp_path/starts, then runs `server` (Python, given ARGS) or, without one, exits 1 at once (a server that dies at
@@ -4034,7 +4044,7 @@ def test_a_second_trainer_in_the_out_dir_of_a_running_one_is_refused_naming_its_
     """Two runs started a second apart in one --out_dir both exited 0, and only the second's files remained. Now the
     first holds a lock on it while it runs: a second one there, fresh or --resume, is refused; the first goes on."""
     import time
-    s = StandIn(tiny_model, slow_generate=10.0)  # the first run's rollout takes 10 s: the others start meanwhile
+    s = StandIn(tiny_model, hold_generate_after=0)  # the first run waits at its first /generate until released
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
     d = tmp_path / "run"
     try:
@@ -4052,6 +4062,7 @@ def test_a_second_trainer_in_the_out_dir_of_a_running_one_is_refused_naming_its_
                                                f"end (or stop it), or use another --out_dir") == 1, out
                 assert "Traceback" not in out
             assert p.poll() is None  # the first run ran all along
+            s.release.set()
             code = p.wait(120)
     finally:
         s.close()
@@ -4924,10 +4935,12 @@ def test_serve_sh_refuses_a_port_another_server_answers(tmp_path, servers):
 
 
 def test_serve_sh_never_takes_another_servers_answer_for_its_own(tmp_path):
-    """Its server loads for 2 s and dies (as SGLang does on a port taken after serve.sh checked it), while another
-    server starts answering on that port at 2.5 s: serve.sh must say its server exited, never 'healthy'."""
+    """Its server loads for 2 s and dies (as SGLang does on a port taken after serve.sh checked it), and then another
+    server starts answering on that port (once the first is gone, not at a fixed time a busy machine might reorder):
+    serve.sh must say its server exited, never 'healthy'."""
+    gone = "import os, time\nparent = os.getppid()\nwhile os.path.exists(f'/proc/{parent}'): time.sleep(0.05)\n"
     _fake_sglang(tmp_path, f"""import subprocess, sys, time
-other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)\\n" + {ANSWERS!r}] + sys.argv[1:])
+other = subprocess.Popen([sys.executable, "-c", {gone!r} + {ANSWERS!r}] + sys.argv[1:])
 open({str(tmp_path / "other.pid")!r}, "w").write(str(other.pid))
 time.sleep(2)
 sys.exit("address already in use")
@@ -4955,10 +4968,10 @@ def test_serve_sh_refuses_a_second_start_while_its_servers_load_and_keeps_their_
     first, env = _run_serve_sh(tmp_path, popen=True, PORT=str(port))
     pidfile = tmp_path / "serve.pid"
     try:
-        for _ in range(200):  # until it has started its server
-            if pidfile.exists() and pidfile.read_text().strip():
-                break
-            time.sleep(0.1)
+        # until it has started its server: its pid written (by serve.sh) and its start recorded (by the server: it
+        # may come later on a busy machine)
+        wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() and len(_starts(tmp_path)) == 1,
+                   "serve.sh's pid file and its server's start")
         pid = pidfile.read_text()
         again, _ = _run_serve_sh(tmp_path, PORT=str(port), TIMEOUT="5")
         said = again.stdout + again.stderr
