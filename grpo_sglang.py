@@ -533,10 +533,9 @@ class Config(GRPOConfig):
     colocate: bool = arg(False, "the server shares rank 0's GPU on purpose (one-GPU machines)")
     request_timeout: float = arg(300.0, "seconds before a request to the server (or an NCCL send) fails", "v > 0")
     request_retries: int = arg(3, "retries (with backoff) for a failed request before stopping", "v >= 0")
-    collective_timeout: float = arg(600.0, "seconds a rank waits in a collective for the other ranks before the run "
-                                           "stops (ranks that disagree: a hack that calls one a different number of "
-                                           "times on each rank); raise it if one rank's rollout can take this much "
-                                           "longer than another's", "v > 0")
+    collective_timeout: float = arg(600.0, "seconds a rank waits in a collective for the others, then the run stops "
+                                           "(a hack that calls one a different number of times on each rank); raise "
+                                           "it if a rank's rollout can take this much longer than another's", "v > 0")
     sync: str = arg("auto", "'tensor' (CUDA IPC: rank 0 sees the server's GPU), 'nccl' (any host) or 'auto'",
                     ("auto", "tensor", "nccl"))
     sync_bucket_mb: float = arg(1024.0, "size (MiB) of one flattened weight bucket sent to the server", "v > 0")
@@ -2897,21 +2896,17 @@ def exit_now(code, message=None):
 
 def collective_timed_out(e):
     """A collective that waited --collective_timeout for ranks that never came -> one line: the step main() was at
-    (its frame's `step`, the loop's 0-based index), what waited and the likely cause. Any other error: None. (gloo
-    raises here; on GPUs NCCL's watchdog ends the process itself, with its own message.)"""
+    (its frame's `step`, the loop's 0-based index), where this rank waited, the likely cause. Else None. (gloo raises
+    here; on GPUs NCCL's watchdog ends the process itself, with its own message.)"""
+    import traceback
     if not isinstance(e, RuntimeError) or "Timed out" not in str(e):
         return None
-    tb, frames = e.__traceback__, []
-    while tb:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    ours = [f for f in frames if f.f_code.co_filename == main.__code__.co_filename and f.f_code.co_name[0] != "<"]
-    at = next((f.f_locals for f in ours if f.f_code is main.__code__), {})
-    cfg, step = at.get("cfg"), at.get("step")
-    waited = f"{cfg.collective_timeout:g} s" if cfg else "the process group's timeout"
-    return (f"{'step %d' % (step + 1) if step is not None else 'before the first step'}: rank "
-            f"{dist.get_rank() if dist.is_initialized() else 0} waited {waited} (--collective_timeout) in a collective "
-            f"({' -> '.join(f.f_code.co_name + '()' for f in ours) or 'torch'}) that another rank never reached. "
+    ours = [f for f, _ in traceback.walk_tb(e.__traceback__) if f.f_code.co_filename == main.__code__.co_filename
+            and f.f_code.co_name[0] != "<"]  # this file's functions, main() first
+    at = next(f.f_locals for f in ours if f.f_code is main.__code__)  # main() raised it: its variables
+    return (f"{'step %d' % (at['step'] + 1) if 'step' in at else 'before the first step'}: rank {dist.get_rank()} "
+            f"waited {at['cfg'].collective_timeout:g} s (--collective_timeout) in a collective "
+            f"({' -> '.join(f.f_code.co_name + '()' for f in ours)}) that another rank never reached. "
             f"Likely cause: a hack that calls a collective (an all-reduce; advantages() with --scale_rewards batch) a "
             f"different number of times on each rank, e.g. once per reply: have every rank call it as often (agree "
             f"on the count first, with one all-reduce of its max). If a rank was only slower (a long rollout), raise "

@@ -72,7 +72,7 @@ M = [  # (name, file, old, new, -k expression)
  ("every RMSNorm fused (Gemma's too)", 'grpo_sglang.py', 'if torch.allclose(m(x).float(), fused(m, x).float(), rtol=1e-4, atol=1e-5):', 'if True:', 'fused_rms'),
  ('fused RMSNorm rounded before the weight', 'grpo_sglang.py', 'torch.nn.functional.rms_norm(x, m.weight.shape, m.weight.to(x.dtype), m.fused_eps)', 'torch.nn.functional.rms_norm(x, m.weight.shape, None, m.fused_eps) * m.weight.to(x.dtype)', 'fused_rms'),
  ('no bf16 cast in recompute', 'grpo_sglang.py', '        m.register_forward_pre_hook(lambda m, args, kwargs: tree_map(to_compute, (args, kwargs)), with_kwargs=True)\n', '', 'recompute_in_bf16'),
- ('default group bound', 'grpo_sglang.py', 'dist.init_process_group("nccl" if use_cuda else "gloo", **alone)', 'dist.init_process_group("nccl" if use_cuda else "gloo", **alone, device_id=device if use_cuda else None)', 'not_bound'),
+ ('default group bound', 'grpo_sglang.py', 'timeout=timedelta(seconds=cfg.collective_timeout),\n                            **alone)', 'timeout=timedelta(seconds=cfg.collective_timeout),\n                            **alone, device_id=device if use_cuda else None)', 'not_bound'),
  ('TIS args swapped at the call site', 'grpo_sglang.py', 'loss = loss * tis_weights(old, x["server_lp"], cfg.tis_cap,', 'loss = loss * tis_weights(x["server_lp"], old, cfg.tis_cap,', 'policy_loss or train_step_is'),
  ('clip_high on both sides', 'grpo_sglang.py', 'torch.clamp(ratio, 1 - cfg.clip_low,', 'torch.clamp(ratio, 1 - cfg.clip_high,', 'policy_loss'),
  ('trainer logprobs at temperature 1', 'grpo_sglang.py', 'b["src"], b["tgt"], temperature)  # (n,)', 'b["src"], b["tgt"], 1.0)  # (n,)', 'train_step_is or async_check_compares'),
