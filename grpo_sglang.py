@@ -2904,8 +2904,9 @@ def collective_timed_out(e):
     ours = [f for f, _ in traceback.walk_tb(e.__traceback__) if f.f_code.co_filename == main.__code__.co_filename
             and f.f_code.co_name[0] != "<"]  # this file's functions, main() first
     at = next(f.f_locals for f in ours if f.f_code is main.__code__)  # main() raised it: its variables
-    return (f"{'step %d' % (at['step'] + 1) if 'step' in at else 'before the first step'}: rank {dist.get_rank()} "
-            f"waited {at['cfg'].collective_timeout:g} s (--collective_timeout) in a collective "
+    where = f"step {at['step'] + 1}" if "step" in at else "before the first step"
+    return (f"{where}: rank {os.environ.get('RANK', 0)} waited {at['cfg'].collective_timeout:g} s "
+            f"(--collective_timeout) in a collective "
             f"({' -> '.join(f.f_code.co_name + '()' for f in ours)}) that another rank never reached. "
             f"Likely cause: a hack that calls a collective (an all-reduce; advantages() with --scale_rewards batch) a "
             f"different number of times on each rank, e.g. once per reply: have every rank call it as often (agree "
