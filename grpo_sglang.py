@@ -426,8 +426,8 @@ def main(cfg):
     my_prompts = lambda step: [[train_rows[i] for i in r] for r in rank_rounds(
         len(train_rows), step, cfg.prompts_per_step, cfg.seed, rt.rank, rt.world,
         1 + cfg.dynamic_sampling)]
-    rollout_of = lambda step, version: server.weights_after(
-        sample_groups(cfg, server, tasks, my_prompts(step), version))
+    rollout_of = lambda rounds, version: server.weights_after(
+        sample_groups(cfg, server, tasks, rounds, version))
 
     t0 = time.time()
     nbytes = server.push(model, start)  # the server starts from our weights (also after a resume)
@@ -439,9 +439,9 @@ def main(cfg):
         # 1. The rollout. On-policy, sample it now from θ_step. With --async it was sampled from
         #    θ_{step-1} during the last step, and now the server samples the next from θ_step.
         #    (fail_together: a user's error on one rank stops every rank, so none waits forever.)
-        batch = next_batch or fail_together(rollout_of, step, step)
-        pending = (POOL.submit(rollout_of, step + 1, step) if cfg.async_ and step + 1 < cfg.steps
-                   else None)
+        batch = next_batch or fail_together(rollout_of, my_prompts(step), step)
+        pending = cfg.async_ and step + 1 < cfg.steps and POOL.submit(
+            rollout_of, my_prompts(step + 1), step)
         check = server.check(batch, step, model, pad)  # the sync check that train() calls
         seqs = sequences(batch, cfg.group_size, rt.device)  # the step's table, a row per sequence
         mbs = micro_batches(seqs, cfg.micro_batch, pad)  # row indices, packed into fewer forwards
@@ -533,6 +533,9 @@ class Config(GRPOConfig):
     colocate: bool = arg(False, "the server shares rank 0's GPU on purpose (one-GPU machines)")
     request_timeout: float = arg(300.0, "seconds before a request to the server (or an NCCL send) fails", "v > 0")
     request_retries: int = arg(3, "retries (with backoff) for a failed request before stopping", "v >= 0")
+    collective_timeout: float = arg(600.0, "seconds a rank waits in a collective for the others, then the run stops "
+                                           "(a hack that calls one a different number of times on each rank); raise "
+                                           "it if a rank's rollout can take this much longer than another's", "v > 0")
     sync: str = arg("auto", "'tensor' (CUDA IPC: rank 0 sees the server's GPU), 'nccl' (any host) or 'auto'",
                     ("auto", "tensor", "nccl"))
     sync_bucket_mb: float = arg(1024.0, "size (MiB) of one flattened weight bucket sent to the server", "v > 0")
@@ -1043,7 +1046,8 @@ def parse_config(argv=None):
 RESUMABLE = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
              "device", "micro_batch", "head_matmul", "grad_checkpointing", "max_nonfinite_steps",
              "server_url", "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync",
-             "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs", "keep_checkpoints"}
+             "sync_bucket_mb", "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs", "keep_checkpoints",
+             "collective_timeout"}
 
 
 # Flags newer than runs that may be resumed, whose default would change what such a run trains: the value it trained
@@ -1217,11 +1221,15 @@ def setup(cfg):
     sync, why = pick_sync(cfg, servers, server_idx, visible)
     if sync == "nccl":  # SGLang's server runs NCCL with cuMem off unless told otherwise: both ends must agree
         os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
+    from datetime import timedelta
+    from torch.distributed.device_mesh import init_device_mesh
     # `python grpo_sglang.py`: a portless store; no device_id, else later NCCL groups split off it and miss the server
     alone = {} if "RANK" in os.environ else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
-    dist.init_process_group("nccl" if use_cuda else "gloo", **alone)
-    from torch.distributed.device_mesh import init_device_mesh
+    # a collective waits at most --collective_timeout for the other ranks (gloo raises, NCCL's watchdog ends the run)
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=cfg.collective_timeout),
+                            **alone)
     torch.manual_seed(cfg.seed + rank)
+    random.seed(cfg.seed + rank)  # a hack's draws with Python's random (the checkpoint keeps its state): per rank
     if use_cuda:  # CUDA-IPC handles then name the GPU by UUID (see the weight sync); CUDA tensors only
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         monkey_patch_torch_reductions()
@@ -2902,11 +2910,35 @@ def exit_now(code, message=None):
     os._exit(code)
 
 
+def collective_timed_out(e):
+    """A collective that waited --collective_timeout for ranks that never came -> one line: the step main() was at
+    (its frame's `step`, the loop's 0-based index), where this rank waited, the likely cause. Else None. (gloo raises
+    here; on GPUs NCCL's watchdog ends the process itself, with its own message.)"""
+    import traceback
+    if not isinstance(e, RuntimeError) or "Timed out" not in str(e):
+        return None
+    ours = [f for f, _ in traceback.walk_tb(e.__traceback__) if f.f_code.co_filename == main.__code__.co_filename
+            and f.f_code.co_name[0] != "<"]  # this file's functions, main() first
+    at = next(f.f_locals for f in ours if f.f_code is main.__code__)  # main() raised it: its variables
+    where = f"step {at['step'] + 1}" if "step" in at else "before the first step"
+    return (f"{where}: rank {os.environ.get('RANK', 0)} waited {at['cfg'].collective_timeout:g} s "
+            f"(--collective_timeout) in a collective "
+            f"({' -> '.join(f.f_code.co_name + '()' for f in ours)}) that another rank never reached. "
+            f"Likely cause: a hack that calls a collective (an all-reduce; advantages() with --scale_rewards batch) a "
+            f"different number of times on each rank, e.g. once per reply: have every rank call it as often (agree "
+            f"on the count first, with one all-reduce of its max). If a rank was only slower (a long rollout), raise "
+            f"--collective_timeout")
+
+
 if __name__ == "__main__":
     try:
         main(parse_config())
     except UserError as e:
         exit_now(1, f"error: {e}")
+    except RuntimeError as e:  # ranks that disagree end here, said once, instead of hanging
+        if collective_timed_out(e) is None:
+            raise
+        exit_now(1, f"error: {collective_timed_out(e)}")
     except KeyboardInterrupt:
         exit_now(130, "interrupted: the last checkpoint in --out_dir is intact; continue with --resume")
     exit_now(0)

@@ -88,6 +88,7 @@ import io
 import json
 import math
 import os
+import random
 import re
 import shutil
 import socket
@@ -583,6 +584,9 @@ reward_fns.TASKS["raising"] = dataclasses.replace(reward_fns.TASKS["talk"], env=
 reward_fns.TASKS["lookup"] = reward_fns.Task("has_number", lambda c, a: "number" in c.split(), rows=lambda: [
     {"question": f"What is the number {k} ?", "answer": str(k)} for _ in range(10) for k in range(8)])
 reward_fns.TASKS["reward_fn_given"] = reward_fns.Task(reward_fns.gsm8k_reward, reward_fns.gsm8k_correct)
+def rank_env(messages, answer):  # rank 1's episodes take up to 3 replies, rank 0's one: the ranks' batches differ
+    return "What is the number ?" if __import__("os").environ.get("RANK") == "1" and len(messages) < 6 else None
+reward_fns.TASKS["rank_turns"] = dataclasses.replace(reward_fns.TASKS["talk"], env=rank_env)
 """
 
 
@@ -1189,6 +1193,16 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.end_headers()
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), H).serve_forever()
 """  # a server that answers on its --port at once (fails there if the port is taken)
+
+
+def wait_until(holds, what, timeout=60):
+    """Poll holds() until it is true; after `timeout` seconds fail, naming `what` (a busy machine only waits longer)."""
+    import time
+    end = time.time() + timeout
+    while not holds():
+        if time.time() > end:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
 
 
 def _fake_sglang(tmp_path, server=None):
@@ -4030,7 +4044,7 @@ def test_a_second_trainer_in_the_out_dir_of_a_running_one_is_refused_naming_its_
     """Two runs started a second apart in one --out_dir both exited 0, and only the second's files remained. Now the
     first holds a lock on it while it runs: a second one there, fresh or --resume, is refused; the first goes on."""
     import time
-    s = StandIn(tiny_model, slow_generate=10.0)  # the first run's rollout takes 10 s: the others start meanwhile
+    s = StandIn(tiny_model, hold_generate_after=0)  # the first run waits at its first /generate until released
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
     d = tmp_path / "run"
     try:
@@ -4048,6 +4062,7 @@ def test_a_second_trainer_in_the_out_dir_of_a_running_one_is_refused_naming_its_
                                                f"end (or stop it), or use another --out_dir") == 1, out
                 assert "Traceback" not in out
             assert p.poll() is None  # the first run ran all along
+            s.release.set()
             code = p.wait(120)
     finally:
         s.close()
@@ -4482,8 +4497,8 @@ def test_the_readmes_recipes_run_as_written(tiny_model, server, tmp_path):
     the edited copy's own functions, each behind its flag); then the dataset recipe's file and command."""
     import importlib.util
     recipes = readme_recipes()
-    assert list(recipes) == ["concise", "filter", "ranks", "loss", "sft", "state", "dataset", "environment",
-                             "selfcheck", "turns", "asks"], list(recipes)
+    assert list(recipes) == ["concise", "filter", "ranks", "loss", "sft", "state", "curriculum", "dataset",
+                             "environment", "selfcheck", "turns", "asks"], list(recipes)
     root = tmp_path / "copy"
     root.mkdir()
     for f in ("grpo_sglang.py", "reward_fns.py"):
@@ -4592,8 +4607,9 @@ def test_the_readmes_sft_term_and_replay_queue_recipes_run_as_written(tiny_model
     """The recipes of a term with its own normaliser and of state kept across steps, applied to a copy as written: the
     SFT term is -0.1 x the mean log-prob of the right answers' tokens, whatever the batch's token count (a step at
     advantage 0, where only that term is left, against the trainer's own log-probs); the replay queue brings back
-    prompts nobody got right, and a run stopped after step 2 and resumed is the run that never stopped (the queue went
-    into the checkpoint)."""
+    prompts nobody got right; the curriculum draws rows with Python's random from a table of their scores; and a run
+    with both, stopped after step 2 and resumed, is the run that never stopped (the queue, the table and random's
+    state went into the checkpoint; random is seeded from --seed: the two runs drew the same rows from step 1)."""
     import importlib.util
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -4602,7 +4618,7 @@ def test_the_readmes_sft_term_and_replay_queue_recipes_run_as_written(tiny_model
     root.mkdir()
     for f in ("grpo_sglang.py", "reward_fns.py"):
         shutil.copy(os.path.join(HERE, f), root / f)
-    apply_recipe(recipes["sft"] + recipes["state"], root)
+    apply_recipe(recipes["sft"] + recipes["state"] + recipes["curriculum"], root)
     spec = importlib.util.spec_from_file_location("grpo_sglang_state", root / "grpo_sglang.py")
     copy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(copy)
@@ -4624,12 +4640,98 @@ def test_the_readmes_sft_term_and_replay_queue_recipes_run_as_written(tiny_model
     assert tokens.sum() == 17 and seqs["mask"].sum() == 42 and got == pytest.approx(want.item(), rel=1e-5)
     (rows, w, s), (rows1, w1, s1) = stopped_and_resumed(  # 23 rows: 16 drawn, one a step replayed
         tiny_model, tmp_path, "--eval_every", "0", "--prompts_per_step", "4", "--builtin_max_operand", "4",
-        "--replay_frac", "0.25", script=str(root / "grpo_sglang.py")).values()
+        "--replay_frac", "0.25", "--curriculum", "0.5", script=str(root / "grpo_sglang.py")).values()
     asked = s.rollouts
     assert len(rows) == 4 and rows == rows1 and asked == s1.rollouts and all(torch.equal(w[k], w1[k]) for k in w)
-    state = torch.load(tmp_path / "resumed" / "step_2" / "trainer_state.pt", weights_only=True)["rng"][0]["state"]
+    rng = torch.load(tmp_path / "resumed" / "step_2" / "trainer_state.pt", weights_only=True)["rng"][0]
     prompts = [tuple(p) for req in asked for p in req[::4]]  # each request: its prompts, 4 copies each
-    assert len(asked) == 4 and len(state["replay"]) >= 1 and len(set(prompts)) < 16  # a missed prompt came back
+    assert len(asked) == 4 and len(rng["state"]["replay"]) >= 1 and len(set(prompts)) < 16  # a missed prompt came back
+    assert len(rng["state"]["wrong"]) >= 4  # the curriculum's table: every row scored so far
+    assert rng["python"] != random.Random(g.Config().seed).getstate()  # it drew with random (seeded: --seed + rank)
+
+
+def recipes_copy(root, names):
+    """The trainer and reward_fns.py copied to root with the guide's recipes `names` applied as written, and
+    root/with_test_rewards.py, which registers the test rewards and tasks in that copy's reward_fns and runs that
+    copy's trainer. -> that script's path."""
+    root.mkdir()
+    for f in ("grpo_sglang.py", "reward_fns.py"):
+        shutil.copy(os.path.join(HERE, f), root / f)
+    recipes = readme_recipes()
+    for name in names:
+        apply_recipe(recipes[name], root)
+    train_cmd(HERE, "", root, rewards=True)  # (writes WITH_REWARDS)
+    text = open(WITH_REWARDS).read().replace(os.path.join(HERE, "grpo_sglang.py"), str(root / "grpo_sglang.py"))
+    (root / "with_test_rewards.py").write_text(text.replace(repr(HERE), repr(str(root))))
+    return str(root / "with_test_rewards.py")
+
+
+def run_copy(script, cmd, timeout):
+    """train_cmd's command with `script` in the trainer's place (1 process or torchrun's) -> (exit code, output)."""
+    return run([script if c in (WITH_REWARDS, os.path.join(HERE, "grpo_sglang.py")) else c for c in cmd], timeout)
+
+
+# every recipe's flag on at once, in episodes of up to 3 replies of 4 tokens
+EVERY_RECIPE = ("--reward", "has_number:1,concise:0.5", "--solved_only", "--adv_estimator", "rank", "--sampler_kl",
+                "0.05", "--sft_coef", "0.1", "--replay_frac", "0.5", "--curriculum", "0.5", "--calc_bonus", "0.1",
+                "--max_new_tokens", "24", "--max_reply_tokens", "4", "--prompts_per_step", "4", "--eval_every", "0")
+
+
+@pytest.mark.parametrize("scale, mode, tasks", [
+    ("batch", "--async", "rank_turns"),
+    ("group", "--no-async", "rank_turns,arithmetic_retry,arithmetic_check,arithmetic_student"),
+    ("none", "--no-async", "rank_turns,arithmetic_retry,arithmetic_check,arithmetic_student")],
+    ids=["batch-async", "group-mixed", "none-mixed"])
+def test_every_recipe_at_once_runs_on_two_ranks_whose_episodes_take_different_numbers_of_replies(
+        tiny_model, tmp_path, monkeypatch, scale, mode, tasks):
+    """Every recipe of docs/hacking.md applied as written, all their flags on, on 2 ranks whose episodes take
+    different numbers of replies (rank_turns: rank 1's up to 3, rank 0's one; beside it, the guide's own tasks of
+    episodes): one run per --scale_rewards, the one with the batch's std (an all-reduce in each call of advantages())
+    --async. The reward per turn, with its K per rank, hung such a run forever; now each trains its 2 steps (a hang
+    would end after --collective_timeout, with a message), and the curriculum's table is one table on both ranks,
+    with every rank's rows."""
+    script = recipes_copy(tmp_path / "copy", readme_recipes())
+    s = StandIn(tiny_model)
+    try:
+        monkeypatch.setenv("ASK_URL", s.url)  # the environment that asks the model asks this one
+        code, out = run_copy(script, train_cmd(tiny_model, s.url, tmp_path / "run", *EVERY_RECIPE, "--task", tasks,
+                                               "--scale_rewards", scale, mode, "--collective_timeout", "60", nproc=2,
+                                               rewards=True), timeout=300)
+    finally:
+        s.close()
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert len(m) == 2 and all(math.isfinite(r["loss"]) for r in m) and max(r["turns_mean"] for r in m) > 1, m
+    ranks = torch.load(tmp_path / "run" / "step_2" / "trainer_state.pt", weights_only=True)["rng"]
+    tables = [r["state"]["wrong"] for r in ranks]
+    assert tables[0] == tables[1] and len(tables[0]) >= 4, tables  # 2 rows a rank at step 1: both ranks' rows
+
+
+def test_ranks_that_call_a_collective_a_different_number_of_times_stop_with_one_message(tiny_model, tmp_path):
+    """The reward per turn as the guide had it (K, the most replies of the rank's episodes, per rank), on 2 ranks
+    whose episodes differ, --scale_rewards batch: rank 1 called advantages(), and so its all-reduces, more often than
+    rank 0, and the run hung until it was killed. Now the wait ends after --collective_timeout (15 s here) with one
+    message that names the step and the likely cause."""
+    import time
+    script = recipes_copy(tmp_path / "copy", ["turns"])
+    src = (tmp_path / "copy" / "grpo_sglang.py").read_text()
+    per_rank = re.sub(r"K = int\(all_reduce_named\(.*?\)\[\"K\"\]\)", "K = max(map(len, calls))", src, flags=re.S)
+    assert per_rank != src
+    (tmp_path / "copy" / "grpo_sglang.py").write_text(per_rank)
+    s, t0 = StandIn(tiny_model), time.time()
+    try:
+        code, out = run_copy(script, train_cmd(tiny_model, s.url, tmp_path / "run", *TALK, "--task", "rank_turns",
+                                               "--max_reply_tokens", "4", "--calc_bonus", "0.1", "--scale_rewards",
+                                               "batch", "--collective_timeout", "15", nproc=2, rewards=True),
+                             timeout=240)
+    finally:
+        s.close()
+    says = re.findall(r"error: step 1: rank [01] waited 15 s \(--collective_timeout\) in a collective \(.*?\) that "
+                      r"another rank never reached\. Likely cause: a hack that calls a collective .* a different "
+                      r"number of times on each rank, e\.g\. once per reply", out)
+    assert code == 1 and len(says) == 1 and out.count("never reached") == 1, out
+    assert says[0] in "\n".join(out.strip().splitlines()[-6:]) and not [r for r in read_metrics(tmp_path / "run") if "loss" in r], out
+    print(f"ended in {time.time() - t0:.0f} s")
 
 
 def test_the_docs_commands_use_only_flags_the_script_has():
@@ -4833,10 +4935,12 @@ def test_serve_sh_refuses_a_port_another_server_answers(tmp_path, servers):
 
 
 def test_serve_sh_never_takes_another_servers_answer_for_its_own(tmp_path):
-    """Its server loads for 2 s and dies (as SGLang does on a port taken after serve.sh checked it), while another
-    server starts answering on that port at 2.5 s: serve.sh must say its server exited, never 'healthy'."""
+    """Its server loads for 2 s and dies (as SGLang does on a port taken after serve.sh checked it), and then another
+    server starts answering on that port (once the first is gone, not at a fixed time a busy machine might reorder):
+    serve.sh must say its server exited, never 'healthy'."""
+    gone = "import os, time\nparent = os.getppid()\nwhile os.path.exists(f'/proc/{parent}'): time.sleep(0.05)\n"
     _fake_sglang(tmp_path, f"""import subprocess, sys, time
-other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.5)\\n" + {ANSWERS!r}] + sys.argv[1:])
+other = subprocess.Popen([sys.executable, "-c", {gone!r} + {ANSWERS!r}] + sys.argv[1:])
 open({str(tmp_path / "other.pid")!r}, "w").write(str(other.pid))
 time.sleep(2)
 sys.exit("address already in use")
@@ -4864,10 +4968,10 @@ def test_serve_sh_refuses_a_second_start_while_its_servers_load_and_keeps_their_
     first, env = _run_serve_sh(tmp_path, popen=True, PORT=str(port))
     pidfile = tmp_path / "serve.pid"
     try:
-        for _ in range(200):  # until it has started its server
-            if pidfile.exists() and pidfile.read_text().strip():
-                break
-            time.sleep(0.1)
+        # until it has started its server: its pid written (by serve.sh) and its start recorded (by the server: it
+        # may come later on a busy machine)
+        wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() and len(_starts(tmp_path)) == 1,
+                   "serve.sh's pid file and its server's start")
         pid = pidfile.read_text()
         again, _ = _run_serve_sh(tmp_path, PORT=str(port), TIMEOUT="5")
         said = again.stdout + again.stderr
@@ -5783,7 +5887,7 @@ def test_the_calculators_call_is_calc_then_an_expression_anywhere_in_the_reply()
 RESUMABLE_FLAGS = {"steps", "resume", "out_dir", "eval_every", "save_every", "sample_every", "wandb", "wandb_project",
                    "device", "micro_batch", "head_matmul", "grad_checkpointing", "max_nonfinite_steps", "server_url",
                    "api_key", "server_gpu", "colocate", "request_timeout", "request_retries", "sync", "sync_bucket_mb",
-                   "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs", "keep_checkpoints"}
+                   "nccl_master_addr", "nccl_port", "mismatch_max", "check_seqs", "keep_checkpoints", "collective_timeout"}
 
 
 def test_a_resume_refuses_every_flag_that_changes_what_the_run_trains_and_takes_the_others(tmp_path):
