@@ -516,7 +516,7 @@ class Config(GRPOConfig):
                                "plain prompts, 'on': in chat ones too (as earlier turns), 'off'", ("auto", "on", "off"))
     builtin_max_operand: int = arg(20, "--task arithmetic, built in: operands of 'a + b' from 0..this", "v >= 1")
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)", "v >= 1")
-    eval_size: int = arg(200, "held-out prompts per eval (no eval split: at most 10% of the train rows)", "v >= 1")
+    eval_size: int = arg(200, "held-out prompts per eval, of each task (no eval split: at most 10% of the train rows)", "v >= 1")
     # the trainer's compute
     micro_batch: int = arg(32, "sequences per forward/backward on one rank at the step's longest length (shorter "
                                "ones share: as many tokens); larger is faster if it fits", "v >= 1")
@@ -1229,8 +1229,9 @@ def setup(cfg):
                            server_idx=server_idx, ckpt=ckpt, lock=lock)
 
 
-def load_splits(cfg, task=None):
-    """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated); built in: the task's."""
+def load_splits(cfg, task=None, names=()):
+    """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated); built in: the task's.
+    Several tasks of one dataset (`names`): {name: those of its rows}, each task's held out by itself (hold_out)."""
     one_file = cfg.dataset.endswith((".json", ".jsonl")) or os.path.isfile(cfg.dataset)
     what = ("the task's own rows" if cfg.dataset == "builtin" else "one file, with no splits" if one_file else
             "a local folder, with no config" if os.path.isdir(cfg.dataset) else None)
@@ -1245,18 +1246,32 @@ def load_splits(cfg, task=None):
         n_eval = min(cfg.eval_size, len(rows) // 4)
         return rows[n_eval:], rows[:n_eval], "held out of the built-in task"  # disjoint rows: never trained on
     if one_file:
-        train, eval_split = read_rows(cfg.dataset), None  # one file: no splits
+        train, eval_split, evals = read_rows(cfg.dataset), None, None  # one file: no splits
     else:
         ds = load_hf_dataset(cfg)  # checks that the splits exist
         train, eval_split = [dict(r) for r in ds[cfg.train_split]], cfg.eval_split
-        if eval_split:
-            return train, [dict(r) for r in ds[eval_split]][: cfg.eval_size], f"its {eval_split!r} split"
+        evals = [dict(r) for r in ds[eval_split]] if eval_split else None
+    if len(names) > 1:  # --eval_size of each task: a split's first rows may all be one task's
+        return {n: hold_out(cfg, t, e, eval_split, n) for n, (t, e) in rows_by_task(cfg, train, evals, names).items()}
+    return hold_out(cfg, train, evals, eval_split)
+
+
+def hold_out(cfg, train, evals, eval_split, name=None):
+    """-> (train rows, eval rows, where they come from): the eval split's first --eval_size rows, or where there is
+    none, 10% of the train rows (at most --eval_size), shuffled by --seed. name: the task these rows are (several)."""
+    of = f" of --task {name}" if name else ""
+    if evals is not None:
+        if not evals:  # (a split of no rows at all is refused where it is loaded)
+            raise UserError(f"--dataset {cfg.dataset}: its {eval_split!r} split holds no row{of}, so it could not be "
+                            f"evaluated: add rows{of} to that split (each naming its task), or --eval_split '' to hold "
+                            f"out 10% of its training rows")
+        return train, evals[: cfg.eval_size], f"its {eval_split!r} split"
     random.Random(cfg.seed).shuffle(train)  # no held-out split: hold out rows of the train split
     n_eval = min(cfg.eval_size, len(train) // 10)
     why = "the file has no splits" if eval_split is None else "--eval_split ''"
     if not n_eval and cfg.eval_size:
-        raise UserError(f"--dataset {cfg.dataset} has {len(train)} row(s): too few to hold any out for evaluation ("
-                        f"{why}; 10% are held out, so it needs at least 10). Add rows, or give it an eval split: "
+        raise UserError(f"--dataset {cfg.dataset} has {len(train)} row(s){of}: too few to hold any out for evaluation "
+                        f"({why}; 10% are held out, so it needs at least 10). Add rows, or give it an eval split: "
                         + ("a folder of train.jsonl and test.jsonl" if eval_split is None else "--eval_split NAME"))
     return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
 
@@ -1342,9 +1357,7 @@ def load_data(cfg, context=None):
     if builtin:
         splits = {name: load_splits(cfg, reward_fns.TASKS[name]) for name in names}
     else:
-        raw_train, raw_eval, held_out = load_splits(cfg)
-        splits = (rows_by_task(cfg, raw_train, raw_eval, held_out, names) if len(names) > 1
-                  else {names[0]: (raw_train, raw_eval, held_out)})
+        splits = load_splits(cfg, names=names) if len(names) > 1 else {names[0]: load_splits(cfg)}
     if "builtin_max_operand" in getattr(cfg, "given", ()) and not (builtin and any(
             reward_fns.TASKS[n].rows is reward_fns.arithmetic_rows for n in names)):
         raise UserError(f"--builtin_max_operand sizes the built-in rows of --task arithmetic only (here --task "
@@ -1361,23 +1374,43 @@ def load_data(cfg, context=None):
     if len(tasks) == 1:
         return tok, train[name], evals, tasks
     mixed = reward_fns.mix_rows(train, dict(zip(tasks, weights.values())), cfg.seed)
-    share = Counter(r["task"] for r in mixed)
-    print0("tasks: " + ", ".join(f"{n} {share[n] / len(mixed):.0%} of the prompts ({len(train[n])} rows)"
-                                 for n in tasks) + f", by --task {cfg.task!r}; each group one task")
+    print0(mix_line(mixed, train, dict(zip(tasks, weights.values())), cfg.task))
     return tok, mixed, evals, tasks
 
 
-def rows_by_task(cfg, raw_train, raw_eval, held_out, names):
-    """Several tasks from one dataset: {name: (its train rows, its eval rows, held_out)} by each row's "task" field,
-    which must name one of them."""
-    for r in raw_train + raw_eval:
+def mix_line(mixed, train, weights, spec):
+    """A mixed run's start line: each task's share of the prompts, never '0%' or '100%' for a share that is neither,
+    and a task whose weight asks for less than one prompt said to get one (reward_fns.mix_rows)."""
+    share, top = Counter(r["task"] for r in mixed), max(weights.values())
+    asked = {n: sum(map(len, train.values())) * (w / top) / sum(v / top for v in weights.values())
+             for n, w in weights.items()}  # the prompts its weight asks for (/ top: no overflow)
+    return "tasks: " + ", ".join(
+        f"{n} {percent(share[n], len(mixed))} of the prompts ({len(train[n])} rows" + (
+            f"; its weight asks for {asked[n]:.2g} of the {len(mixed)} prompts: it gets 1, the fewest a task gets)"
+            if asked[n] < 0.5 else ")") for n in weights) + f", by --task {spec!r}; each group one task"
+
+
+def percent(part, whole):
+    """part / whole as a percentage with as many decimals as it takes to read neither 0% nor 100% when it is neither:
+    1 of 20,132 is '0.005%', not '0%'."""
+    for d in range(12):
+        said = f"{part / whole:.{d}%}"
+        if part in (0, whole) or said not in (f"{0:.{d}%}", f"{1:.{d}%}"):
+            return said
+    return said
+
+
+def rows_by_task(cfg, raw_train, raw_eval, names):
+    """Several tasks from one dataset: {name: (its train rows, its eval rows)} by each row's "task" field, which must
+    name one of them. raw_eval None (no eval split): None each."""
+    for r in raw_train + (raw_eval or []):
         if str(r.get("task")) not in names:
             raise UserError(f"--dataset {cfg.dataset}: a row " + (f"names the task {r['task']!r}, which is not one of "
                             if "task" in r else "has no 'task' field, and each row must name its task, one of ")
                             + f"--task {cfg.task} ({reward_fns.shorten(json.dumps(r, default=str), 100)}): give "
                             f"each row its task, or add that task to --task")
-    pick = lambda rows, n: [r for r in rows if str(r["task"]) == n]
-    return {n: (pick(raw_train, n), pick(raw_eval, n), held_out) for n in names}
+    pick = lambda rows, n: None if rows is None else [r for r in rows if str(r["task"]) == n]
+    return {n: (pick(raw_train, n), pick(raw_eval, n)) for n in names}
 
 
 def load_task(cfg, tok, fmt, name, raw_train, raw_eval, held_out, max_len, why, taken, several):

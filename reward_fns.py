@@ -687,10 +687,12 @@ def task_weights(spec):
 def mix_rows(rows, weights, seed=1234):
     """{task: its rows} -> one list of rows, each with its task's name in "task". Each task's share of the list is its
     share of the weights (1 each: equal shares) of as many rows as all tasks have together, its rows shuffled and
-    repeated as often as that needs (a small task's rows come back more often than a large one's)."""
-    total, out = sum(len(r) for r in rows.values()), []
+    repeated as often as that needs (a small task's rows come back more often than a large one's); a task whose share
+    is less than one row gets one."""
+    total, out, top = sum(len(r) for r in rows.values()), [], max(weights.values())
+    share = {name: w / top for name, w in weights.items()}  # <= 1 each: a sum of weights near 1e308 would overflow
     for name, task_rows in rows.items():
-        n = max(1, round(total * weights[name] / sum(weights.values())))
+        n = max(1, round(total * share[name] / sum(share.values())))  # at least one row, however small its share
         order = list(range(len(task_rows)))
         random.Random(f"{seed}:{name}").shuffle(order)
         out += [{**task_rows[order[i % len(order)]], "task": name} for i in range(n)]

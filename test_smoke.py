@@ -6720,6 +6720,69 @@ def test_rows_naming_no_task_of_the_list_are_one_error_and_the_weights_set_each_
             g.load_data(dataclasses.replace(cfg, dataset=data_file(tmp_path / "e.jsonl", rows + [bad])))
 
 
+def mixed_folder(path, n_arithmetic, n_exact, n_eval=4):
+    """A dataset folder of two tasks' rows, each naming its task: train.jsonl (n_arithmetic and n_exact rows) and
+    test.jsonl (n_eval rows of each task, other questions)."""
+    arithmetic = lambda ks: [{"question": f"What is {k} + 1?", "answer": str(k + 1), "task": "arithmetic"} for k in ks]
+    exact = lambda ks: [{"question": f"Capital {k}?", "answer": f"city{k}", "task": "exact"} for k in ks]
+    path.mkdir()
+    data_file(path / "train.jsonl", arithmetic(range(n_eval, n_eval + n_arithmetic)) +
+              exact(range(n_eval, n_eval + n_exact)))
+    data_file(path / "test.jsonl", arithmetic(range(n_eval)) + exact(range(n_eval)))
+    return str(path)
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("arithmetic:1,exact:0.0001", "tasks: arithmetic 99.7% of the prompts (300 rows), exact 0.3% of the prompts (10 "
+                                  "rows; its weight asks for 0.031 of the 311 prompts: it gets 1, the fewest a task "
+                                  "gets), by --task 'arithmetic:1,exact:0.0001'; each group one task"),
+    ("arithmetic:1e307,exact:1", "tasks: arithmetic 99.7% of the prompts (300 rows), exact 0.3% of the prompts (10 "
+                                 "rows; its weight asks for 3.1e-305 of the 311 prompts: it gets 1, the fewest a task "
+                                 "gets), by --task 'arithmetic:1e307,exact:1'; each group one task"),
+    ("arithmetic:1e308,exact:1e308", "tasks: arithmetic 50% of the prompts (300 rows), exact 50% of the prompts (10 "
+                                     "rows), by --task 'arithmetic:1e308,exact:1e308'; each group one task")])
+def test_a_tasks_share_too_small_to_print_or_weights_that_would_overflow_are_said_as_they_are(tiny_model, tmp_path,
+                                                                                              capsys, spec, says):
+    """A share of one prompt in 311 read '0%' (and the other '100%'); weights whose sum overflows a float (1e307 x 310
+    rows) raised OverflowError. Now the start line says each share with the decimals it needs, and that a task whose
+    weight asks for less than one prompt gets one; the mix holds what the line says."""
+    cfg = g.Config(model=tiny_model, dataset=mixed_folder(tmp_path / "d", 300, 10), task=spec, eval_size=4)
+    _, train, _, _ = g.load_data(cfg)
+    assert capsys.readouterr().out.count(says) == 1
+    n = collections.Counter(r["task"] for r in train)
+    assert (n["arithmetic"], n["exact"]) == ((310, 1) if "exact:1e308" not in spec else (155, 155))
+
+
+def test_each_task_of_a_mixed_run_is_held_out_by_itself_and_a_task_left_without_eval_rows_says_why(tiny_model,
+                                                                                                      tmp_path):
+    """--eval_size 4 of an eval split whose first rows are all arithmetic's left exact without any, and the error said
+    only 'no usable rows left for evaluation (--task exact) (skipped: {})'. Now each task's rows are held out by
+    themselves (--eval_size of each); a split that holds no row of a task, or a file too small to hold any of a task's
+    rows out, is one error that names the task and the fix."""
+    cfg = g.Config(model=tiny_model, dataset=mixed_folder(tmp_path / "d", 30, 20, n_eval=6), task="arithmetic,exact",
+                   eval_size=4)
+    _, train, evals, _ = g.load_data(cfg)
+    assert collections.Counter(r["task"] for r in evals) == {"arithmetic": 4, "exact": 4}
+    assert [r["question"] for r in evals] == [f"What is {k} + 1?" for k in range(4)] + [f"Capital {k}?" for k in range(4)]
+    data_file(tmp_path / "d" / "test.jsonl", [{"question": "What is 0 + 1?", "answer": "1", "task": "arithmetic"}])
+    with pytest.raises(g.UserError, match=re.escape(f"--dataset {cfg.dataset}: its 'test' split holds no row of --task "
+                                                    f"exact, so it could not be evaluated: add rows of --task exact to "
+                                                    f"that split (each naming its task), or --eval_split '' to hold out "
+                                                    f"10% of its training rows")):
+        g.load_data(cfg)
+    rows = ([{"question": f"What is {k} + 1?", "answer": str(k + 1), "task": "arithmetic"} for k in range(40)]
+            + [{"question": f"Capital {k}?", "answer": f"city{k}", "task": "exact"} for k in range(9)])
+    one_file = data_file(tmp_path / "one.jsonl", rows)  # no splits: 10% of each task's rows, and exact has 9
+    with pytest.raises(g.UserError, match=re.escape(f"--dataset {one_file} has 9 row(s) of --task exact: too few to "
+                                                    f"hold any out for evaluation (the file has no splits; 10% are held "
+                                                    f"out, so it needs at least 10)")):
+        g.load_data(dataclasses.replace(cfg, dataset=one_file))
+    data_file(tmp_path / "one.jsonl", rows + [{"question": "Capital 9?", "answer": "city9", "task": "exact"}])
+    _, train, evals, _ = g.load_data(dataclasses.replace(cfg, dataset=one_file))
+    assert collections.Counter(r["task"] for r in evals) == {"arithmetic": 4, "exact": 1}  # min(4, 10%) of each
+    assert collections.Counter(r["task"] for r in train) == {"arithmetic": 22, "exact": 22}  # 36 and 9: equal halves of 45
+
+
 def test_a_mixed_run_logs_each_tasks_metrics_and_resumed_equals_one_that_never_stopped(tiny_model, tmp_path):
     """--task arithmetic,talk (one reply; episodes of the test's 'talk') against the stand-in: every step logs
     reward_, accuracy_ and turns_ of each task (turns_arithmetic 1, turns_talk 1 to 2 where drawn: a reply may use up
