@@ -1321,6 +1321,27 @@ def shown_example(cfg, fmt, task, instruction):
     return [{"role": "user", "content": f"{q.strip()}\n{instruction}".strip()}] + [dict(m) for m in task.example[1:]]
 
 
+def check_shown_example(cfg, name, shown, max_turns, stop):
+    """The worked example put before each question (`shown`) must be an episode this run's limits allow: at most
+    max_turns replies, none holding a string that ends a reply (plain prompts of episodes end one at a newline). Else
+    the model learns from replies it could never write: one error with the fix."""
+    replies = [m["content"] for m in shown or [] if m["role"] == "assistant"]
+    if len(replies) > max_turns:
+        raise UserError(f"--max_turns {max_turns}: the worked example of --task {name}, before each question (--example "
+                        f"{cfg.example}), takes {len(replies)} replies, and this run's episodes at most {max_turns}: "
+                        f"raise --max_turns to {len(replies)} or more, or --example off")
+    cut = next(((r, s) for r in replies for s in stop if s in r), None)
+    if cut:
+        auto = cfg.stop == "auto"
+        raise UserError(f"--task {name}'s worked example, before each question (--example {cfg.example}), has the reply "
+                        f"{reward_fns.shorten(repr(cut[0]))}, which holds {cut[1]!r}, where a reply ends (--stop "
+                        + ("auto: plain prompts of episodes end a reply at a newline" if auto else cfg.stop) + "): the "
+                        "model would learn from replies it cannot write. " + (
+                            "Write each reply of its Task.example on one line (reward_fns.py)" if auto else
+                            f"Drop {cut[1]!r} from --stop, write the example's replies without it (reward_fns.py)")
+                        + ", or --example off")
+
+
 def load_data(cfg, context=None):
     """-> tokenizer, train and eval prompts (tokenized, each with its task's name in "task"), and the tasks {name:
     task} (reward_fns.TASKS', --task): reward_fn(sample, warnings), correct(text, answer), stop (the strings that end a
@@ -1438,6 +1459,7 @@ def load_task(cfg, tok, fmt, name, raw_train, raw_eval, held_out, max_len, why, 
     if cfg.example == "on" and not t.example and not several:
         raise UserError(f"--example on: --task {name} has no worked example to show: give its Task one (example=, "
                         f"reward_fns.py), or drop --example")
+    check_shown_example(cfg, name, shown_example(cfg, fmt, t, instruction), max_turns, task.stop)
     skipped = Counter()
     evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, t, max_len, (), name)
     answers = defaultdict(set)  # a question asked with several answers hides its answer (a game's secret): no leak

@@ -6255,6 +6255,45 @@ def test_a_tasks_worked_example_that_is_no_episode_is_one_clear_error_at_start(t
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("base, reply, flags, says", [
+    (True, None, {"max_turns": 1}, "--max_turns 1: the worked example of --task mine, before each question (--example "
+                                   "auto), takes 2 replies, and this run's episodes at most 1: raise --max_turns to 2 "
+                                   "or more, or --example off"),
+    (False, None, {"max_turns": 1, "example": "on"}, "--max_turns 1: the worked example of --task mine, before each "
+                                                     "question (--example on), takes 2 replies"),
+    (True, "347 * 29\n= 10063", {}, "--task mine's worked example, before each question (--example auto), has the "
+                                    "reply '347 * 29\\n= 10063', which holds '\\n', where a reply ends (--stop auto: "
+                                    "plain prompts of episodes end a reply at a newline): the model would learn from "
+                                    "replies it cannot write. Write each reply of its Task.example on one line "
+                                    "(reward_fns.py), or --example off"),
+    (False, None, {"stop": "*", "example": "on"}, "--task mine's worked example, before each question (--example on), "
+                                                  "has the reply 'calc: 347 * 29', which holds '*', where a reply ends "
+                                                  "(--stop *): the model would learn from replies it cannot write. "
+                                                  "Drop '*' from --stop, write the example's replies without it "
+                                                  "(reward_fns.py), or --example off"),
+    (True, None, {"max_turns": 2}, None), (False, "347 * 29\n= 10063", {}, None),  # fits; a chat prompt: no example
+    (True, "347 * 29\n= 10063", {"example": "off"}, None), (False, "347 * 29\n= 10063", {"example": "on"}, None)])
+def test_a_worked_example_this_runs_limits_cannot_follow_is_one_clear_error(tmp_path, base, reply, flags, says):
+    """The example before each question is an episode the model learns the protocol from: one of more replies than
+    --max_turns allows, or with a reply that holds a string where replies end (plain prompts of episodes end one at a
+    newline: 'write each reply on one line' was checked nowhere), taught replies the run cannot sample. Each is one
+    error; an example not shown (a chat prompt, --example off) or that fits is fine."""
+    model = build_tiny(str(tmp_path / "m"), chat_template=not base)
+    calc = reward_fns.TASKS["calculator"]
+    example = reward_fns.episode("What is 347 * 29?", "calc: 347 * 29", "10063", reply or "347 * 29 = 10063")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(reward_fns.TASKS, "mine", dataclasses.replace(calc, example=example,
+                                                                 rows=lambda: reward_fns.calculator_rows(n=40)))
+        load = lambda: g.load_data(g.Config(model=model, dataset="builtin", task="mine", max_prompt_tokens=1024,
+                                            **flags))
+        if says is None:
+            assert load()[3]["mine"].max_turns == flags.get("max_turns", 3)
+        else:
+            with pytest.raises(g.UserError) as e:
+                load()
+            assert str(e.value) == says or str(e.value).startswith(says), str(e.value)
+
+
 def test_a_base_model_trains_the_calculator_with_its_worked_example_in_every_prompt_the_server_gets(tmp_path):
     """--task calculator on a base model, end to end: the server's every request of the step starts with the ids of
     the worked example and the question as text (computed here from the text), and the step trains."""
