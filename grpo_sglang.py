@@ -1567,6 +1567,13 @@ def stop_strings(flag, fmt, max_turns):
         raise UserError(f"--stop {flag!r}: {e.reason} in an escape: write a newline as \\n") from None
     if "" in got:
         raise UserError(f"--stop {flag!r} has an empty string: strings separated by commas, 'none' or 'auto'")
+    task = lambda s: ":" in s and s.partition(":")[0].strip() in reward_fns.TASKS  # 'calculator:\n'
+    if any(map(task, got)):  # a task's own stop string, as the user meant it, would stop only at that text
+        named = next(filter(task, got))
+        alone = ",".join(s.partition(":")[2].lstrip(" ") if task(s) else s for s in flag.split(","))
+        raise UserError(f"--stop '{flag}': {named!r} reads as a stop string of --task {named.partition(':')[0].strip()}"
+                        f", but --stop is one list for every task, and would end a reply at the text {named!r}: give "
+                        f"the strings alone, for all tasks (--stop '{alone}'), or --stop auto: each task's own")
     return got
 
 

@@ -6413,6 +6413,22 @@ def test_stop_strings_keep_any_character_as_written_and_read_only_escapes():
     assert g.stop_strings("終わり", "plain", 3) == ["終わり"]
 
 
+@pytest.mark.parametrize("flag, says", [
+    ("calculator:\\n", "--stop 'calculator:\\n': 'calculator:\\n' reads as a stop string of --task calculator, but "
+                        "--stop is one list for every task, and would end a reply at the text 'calculator:\\n': give "
+                        "the strings alone, for all tasks (--stop '\\n'), or --stop auto: each task's own"),
+    ("\\n\\n,arithmetic: ###", "'arithmetic: ###' reads as a stop string of --task arithmetic, but --stop is one list "
+                              "for every task, and would end a reply at the text 'arithmetic: ###': give the strings "
+                              "alone, for all tasks (--stop '\\n\\n,###'), or --stop auto: each task's own")])
+def test_a_stop_string_spelled_per_task_is_one_clear_error_and_a_colon_elsewhere_is_a_string(flag, says):
+    """--stop has one form for all tasks; 'calculator:\\n' (as if per task) was taken as the literal text
+    'calculator:' and a newline, which no reply ends with, without a word."""
+    with pytest.raises(g.UserError) as e:
+        g.stop_strings(flag, "plain", 3)
+    assert str(e.value).endswith(says), str(e.value)
+    assert g.stop_strings("calc:,Answer: ,a:b", "plain", 3) == ["calc:", "Answer: ", "a:b"]  # no task's name
+
+
 def test_a_stop_string_the_answers_hold_is_warned_at_start_naming_the_flag(tiny_model, tmp_path, capsys):
     """--stop 0 where the answers are 10, 20, ...: a reply would stop before its answer; the start says so, naming
     --stop. A stop string no answer holds says nothing; a numeric task looks at the answers' numbers only."""
