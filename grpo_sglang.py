@@ -1185,10 +1185,45 @@ def parse_servers(cfg):
     return [(u, [int(x) for x in g.split("+")]) for u, g in zip(urls, gpus)]
 
 
+def expand_paths(cfg):
+    """--model, --dataset and --out_dir as a shell reads a path: '~/x' and '$HOME/x' reach the trainer as written when
+    quoted or after '=' (--out_dir=~/x), and were taken literally (a folder named '~' here). Expanded, and said; a
+    variable that is not set, or a user that does not exist (~nobody/x), is one error."""
+    for k in ("model", "dataset", "out_dir"):
+        v = getattr(cfg, k)
+        if not (v.startswith("~") or "$" in v):
+            continue
+        got = os.path.expandvars(os.path.expanduser(v))
+        unset = re.findall(r"\$\{?\w+\}?", got) or (got[:1] == "~" and [got.split("/")[0]])
+        if unset:
+            raise UserError(f"--{k} {v!r}: " + (f"{unset[0]} is no user here (a shell reads ~name as that user's "
+                            f"home): give the path in full" if unset[0][0] == "~" else f"{unset[0]} is not set (a shell "
+                            f"reads it as a variable): set it, or give the path in full"))
+        print0(f"--{k} {v!r} is read as {got}, as a shell reads a path (it reached the trainer quoted, or after '=')")
+        setattr(cfg, k, got)
+
+
+def check_not_a_checkpoint(cfg):
+    """--out_dir is a run's folder: one that is a checkpoint of a run (runs/grpo/step_100) is one error that names the
+    run's folder, with or without --resume (which continues the run from the checkpoint its `latest` names)."""
+    d = os.path.normpath(cfg.out_dir)
+    run, step = os.path.dirname(d) or ".", os.path.basename(d)
+    if not (os.path.exists(os.path.join(d, "trainer_state.pt")) and run_files(run)):
+        return
+    latest = (latest_checkpoint(run) or "").rstrip("/")
+    pick = "" if os.path.basename(latest) == step else f" (from this checkpoint: first echo {step} > {run}/latest)"
+    raise UserError(f"--out_dir {cfg.out_dir} is a checkpoint of the run in {run}, not a run's folder: " + (
+        f"--resume continues a run from its folder, at the checkpoint its latest names: --out_dir {run} --resume{pick}"
+        if cfg.resume else f"to train on from these weights in a new run, --model {cfg.out_dir} --out_dir "
+                           f"<another folder>; to continue that run, --out_dir {run} --resume{pick}"))
+
+
 def setup(cfg):
     """Flags, ranks, GPU layout and process group, all checked before anything heavy. -> rt (SimpleNamespace)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    expand_paths(cfg)
+    check_not_a_checkpoint(cfg)
     model = os.path.realpath(cfg.out_dir) == os.path.realpath(cfg.model)
     if model or run_files(cfg.out_dir) == ["config.json"]:  # a run never overwrites files it did not write
         raise UserError(f"--out_dir {cfg.out_dir} " + ("is --model's folder" if model else "holds a config.json that "

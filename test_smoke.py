@@ -4011,6 +4011,41 @@ def test_a_run_stopped_before_its_first_checkpoint_is_started_again_by_resume(ti
     assert g.checkpoint_to_resume(str(gone)) is None  # none was due yet
 
 
+def test_a_path_a_shell_would_have_expanded_is_read_as_one_and_a_checkpoint_as_out_dir_names_the_runs_folder(
+        two_step_run, tiny_model, tmp_path, monkeypatch, capsys):
+    """--out_dir '~/runs/x' (quoted, or after '=': no shell expands it) made a folder named '~' where the run started;
+    '$HOME/x' one named '$HOME'. Now such a path is read as a shell reads it, and said; an unset variable is one error.
+    --out_dir at a checkpoint inside a run (with or without --resume) was refused as 'a model's folder?' without a
+    word of the run's folder: now the error names it, and how to resume from that checkpoint."""
+    home = tmp_path / "home"
+    run = home / "run"
+    shutil.copytree(two_step_run, run)
+    shutil.copytree(run / "step_2", run / "step_1")
+    before = files_of(run)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RUNS", str(home))
+    monkeypatch.delenv("NOPE", raising=False)
+    monkeypatch.chdir(tmp_path)  # a path taken literally ('~', '$RUNS') would be made here
+    at = f"--out_dir {run}/step_2 is a checkpoint of the run in {run}, not a run's folder: "
+    for out_dir, resume, says in [
+            ("~/run/step_2", True, at + f"--resume continues a run from its folder, at the checkpoint its latest "
+                                        f"names: --out_dir {run} --resume"),
+            ("$RUNS/run/step_1", True, at.replace("step_2", "step_1") + f"--resume continues a run from its folder, at "
+                                       f"the checkpoint its latest names: --out_dir {run} --resume (from this "
+                                       f"checkpoint: first echo step_1 > {run}/latest)"),
+            ("${RUNS}/run/step_2", False, at + f"to train on from these weights in a new run, --model {run}/step_2 "
+                                               f"--out_dir <another folder>; to continue that run, --out_dir {run} "
+                                               f"--resume"),
+            ("$NOPE/run", False, "--out_dir '$NOPE/run': $NOPE is not set (a shell reads it as a variable): set it, "
+                                 "or give the path in full")]:
+        with pytest.raises(g.UserError) as e:
+            g.setup(g.Config(model=tiny_model, out_dir=out_dir, resume=resume, device="cpu"))
+        assert str(e.value) == says
+        read_as = f"--out_dir {out_dir!r} is read as {run}/step_{out_dir[-1]}, as a shell reads a path"
+        assert capsys.readouterr().out.count(read_as) == ("NOPE" not in out_dir), out_dir
+    assert files_of(run) == before and os.listdir(tmp_path) == ["home"]  # nothing written, no folder '~' or '$RUNS'
+
+
 @pytest.mark.parametrize("whose, resume", [("--model's", False), ("--model's", True), ("another model's", False),
                                            ("another model's", True)])
 def test_a_run_never_writes_over_a_models_folder(tiny_model, tmp_path, whose, resume):
