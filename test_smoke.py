@@ -1322,7 +1322,7 @@ exec {sys.executable} "$@"
                 port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("GPU", "TP", "SERVERS", "MEM_FRACTION", "EXTRA_ARGS")}
     env.update(PYTHON=str(fake), PORT=str(port), LOG=str(tmp_path / "serve.log"), PIDFILE=str(tmp_path / "serve.pid"),
-               TIMEOUT="30", **settings)
+               **{"TIMEOUT": "30", **settings})
     return subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True,
                           timeout=90), env
 
@@ -4827,6 +4827,7 @@ def test_serve_sh_reports_a_server_that_dies_at_start(tmp_path):
     ({"TIMEOUT": "15m"}, "TIMEOUT=15m is not a whole number of seconds (1 or more): write e.g. TIMEOUT=900"),
     ({"TIMEOUT": "2h"}, "TIMEOUT=2h is not a whole number of seconds (1 or more): write e.g. TIMEOUT=7200"),
     ({"TIMEOUT": "0"}, "TIMEOUT=0 is not a whole number of seconds (1 or more): write e.g. TIMEOUT=900"),
+    ({"TIMEOUT": "1.5h"}, "TIMEOUT=1.5h is not a whole number of seconds (1 or more): write e.g. TIMEOUT=5400"),
     ({"FP32_LM_HEAD": "true"}, "FP32_LM_HEAD=true is not 0 or 1: write FP32_LM_HEAD=1 (fp32 logits) or 0"),
     ({"PYTHON": "no-such-python"}, "PYTHON=no-such-python is not a command: set PYTHON to the Python that has SGLang"),
 ])
@@ -5025,6 +5026,8 @@ def test_serve_sh_flags_are_sglangs_own():
     ({"GPU": "0,1,2", "SERVERS": "4"}, "GPU=0,1,2 TP=1 SERVERS=4 would not share GPUs evenly: servers 0,3 on GPU 0;"),
     ({"GPU": "1", "SERVERS": "2", "MEM_FRACTION": "0.85"}, "2 servers share each GPU at MEM_FRACTION=0.85, 2 x 0.85 of "
      "its memory: more than 0.9. Set MEM_FRACTION=0.45 or lower"),
+    ({"GPU": "1", "SERVERS": "100", "MEM_FRACTION": "0.5"}, "100 servers share each GPU at MEM_FRACTION=0.5, 100 x 0.5 "
+     "of its memory: more than 0.9. Set MEM_FRACTION=0.009 or lower"),  # (0.00 was no fraction at all)
     ({"MEM_FRACTION": "0,4"}, "MEM_FRACTION=0,4 is not a number between 0 and 1"),
     ({"MEM_FRACTION": "1"}, "MEM_FRACTION=1 is not a number between 0 and 1"),
 ])
@@ -5037,6 +5040,25 @@ def test_serve_sh_refuses_a_layout_it_would_misread_before_starting_anything(tmp
         assert p.returncode == 1 and (p.stdout + p.stderr).count(says) == 1, p.stdout + p.stderr
         assert (p.stdout + p.stderr).count("[serve.sh]") == 1, p.stdout + p.stderr
         assert not (tmp_path / "argv").exists() and not (tmp_path / "serve.pid").exists()
+    finally:
+        _serve_sh_stop(env)
+
+
+@pytest.mark.parametrize("settings, fix", [
+    ({"GPU": "2 3"}, {"GPU": "2,3"}),  # (it said GPU=23)
+    ({"GPU": "2, 2"}, {"GPU": "2"}),  # (it said GPU=2,2, then refused as GPU 2 twice)
+    ({"GPU": "0,1,2", "SERVERS": "4", "MEM_FRACTION": "0.5"}, {"GPU": "0,1", "MEM_FRACTION": "0.45"}),  # (2 x 0.5)
+    ({"GPU": "1", "SERVERS": "2", "MEM_FRACTION": "0.85"}, {"MEM_FRACTION": "0.45"}),
+    ({"TIMEOUT": "1.5h"}, {"TIMEOUT": "5400"})])  # (it said 900)
+def test_serve_sh_suggests_a_fix_that_itself_starts_the_servers(tmp_path, settings, fix):
+    """A fix serve.sh suggests must itself be right: its refusal names these settings, and serve.sh given them starts
+    the servers (here against the fake python), with no second refusal."""
+    p, env = _serve_sh(tmp_path, **settings)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and all(re.search(rf"\b{k}={re.escape(v)}(?![\w.,])", out) for k, v in fix.items()), out
+    p, env = _serve_sh(tmp_path, **{**settings, **fix})
+    try:
+        assert p.returncode == 0 and "healthy after" in p.stdout, p.stdout + p.stderr
     finally:
         _serve_sh_stop(env)
 
