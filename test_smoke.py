@@ -6555,6 +6555,15 @@ def test_a_reward_part_named_like_a_trainer_metric_is_namespaced_or_refused(tiny
     with pytest.raises(g.UserError, match=r"--reward: 'mean': its part would be logged as reward_mean, which the "
                                           r"trainer logs itself"):
         g.load_data(g.Config(model=tiny_model, dataset="builtin", reward="arithmetic:1,mean:1"))
+    # a part named like another term of the mix, in a run of one task (a mixed run renames it for the task names):
+    # its entry overwrote that term's logged value (0.25 for arithmetic's 0.0 here), whichever came first
+    monkeypatch.setitem(reward_fns.REWARD_FNS, "halves", lambda c, a: {"arithmetic": 0.25, "other": 0.5})
+    for spec in ("arithmetic:1,halves:1", "halves:1,arithmetic:1"):
+        m = g.Metrics()
+        g.score(seqs, task_of(reward_fns.combine(spec, "arithmetic", g.TAKEN_PARTS)), 2, m)
+        assert seqs["reward"].tolist() == [0.75, 0.75]
+        got = {k: m.sums[k] / m.sums[k + "#n"] for k in m.sums if k.startswith("reward_") and k + "#n" in m.sums}
+        assert got == {"reward_arithmetic": 0.0, "reward_halves.arithmetic": 0.25, "reward_other": 0.5}, spec
 
 
 def test_flags_that_would_be_ignored_are_refused_naming_the_flag(tiny_model, tmp_path):
