@@ -6904,6 +6904,50 @@ def test_each_task_of_a_mixed_run_is_held_out_by_itself_and_a_task_left_without_
     assert collections.Counter(r["task"] for r in train) == {"arithmetic": 22, "exact": 22}  # 36 and 9: equal halves of 45
 
 
+EPISODE_FLAGS = [{}, {"max_turns": 5}, {"max_turns": 2, "stop": "X,\\n"}, {"max_reply_tokens": 6},
+                 {"example": "on"}, {"example": "off"}, {"max_turns": 4, "example": "on", "stop": "none"}]
+
+
+@pytest.mark.parametrize("flags", EPISODE_FLAGS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "none")
+@pytest.mark.parametrize("base", [True, False], ids=["plain", "chat"])
+def test_a_mixed_runs_episode_flags_act_on_each_task_as_on_the_task_alone(tmp_path_factory, flags, base):
+    """--task arithmetic,calculator with each run-wide episode flag (--max_turns, --max_reply_tokens, --stop,
+    --example): each task gets what it would get alone -- its turns, stop strings and prompts (ids, question by
+    question), and in the rollout each reply's token budget and stop strings. A flag that means nothing to a task is
+    its default there, not a refusal: --max_turns for arithmetic (no environment; applied to every task it refused
+    --max_turns 5), --example on for arithmetic (no worked example)."""
+    d = tmp_path_factory.mktemp("flags")
+    model = build_tiny(str(d / "m"), chat_template=not base)
+    arithmetic = [{"question": f"What is {k} + 1?", "answer": str(k + 1), "task": "arithmetic"} for k in range(20)]
+    calculator = [{"question": f"What is {k} * 3?", "answer": str(3 * k), "task": "calculator"} for k in range(20)]
+    cfg = lambda data, task, **kw: g.Config(model=model, dataset=data_file(d / f"{task}.jsonl", data), task=task,
+                                            eval_size=2, max_prompt_tokens=1024, max_new_tokens=12, **kw)
+    mixed = g.load_data(cfg(arithmetic + calculator, "arithmetic,calculator", **flags))
+    means = {"arithmetic": {k: v for k, v in flags.items() if k != "max_turns" and (k, v) != ("example", "on")},
+             "calculator": flags}  # the flags that mean something to the task
+    view = lambda loaded, name: (loaded[3][name].max_turns, loaded[3][name].stop,
+                                 {r["question"]: r["ids"] for r in loaded[1] + loaded[2] if r["task"] == name})
+    for name, rows in (("arithmetic", arithmetic), ("calculator", calculator)):
+        alone = g.load_data(cfg(rows, name, **means[name]))
+        assert view(mixed, name) == view(alone, name), name
+    tasks = mixed[3]
+    assert tasks["arithmetic"].max_turns == 1 and tasks["calculator"].max_turns == flags.get("max_turns", 3)
+    stop = {"X,\\n": ["X", "\n"], "none": []}.get(flags.get("stop"))
+    assert [tasks[n].stop for n in tasks] == ([stop, stop] if stop is not None else [["\n\n"], ["\n"]] if base
+                                              else [[], []])
+    without = view(g.load_data(cfg(calculator, "calculator", example="off")), "calculator")[2]  # its prompts bare
+    shown = all(len(ids) > len(without[q]) for q, ids in view(mixed, "calculator")[2].items())
+    assert shown == (flags.get("example") == "on" or base and "example" not in flags)  # auto: in plain prompts
+    # the rollout: one row of each task, one episode each; both replies end the episode (no 'calc:')
+    tok, run_cfg = mixed[0], cfg(arithmetic + calculator, "arithmetic,calculator", group_size=1, **flags)
+    rows = [next(r for r in mixed[1] if r["task"] == n) for n in ("arithmetic", "calculator")]
+    server = Scripted([[(tok("5", add_special_tokens=False)["input_ids"], "stop")] * 2])
+    batch = g.rollout(run_cfg, server, tasks, rows, 0)
+    assert server.asked[0][1] == [flags.get("max_reply_tokens", run_cfg.max_new_tokens)] * 2  # each reply's budget
+    assert server.stops[0] == [tasks["arithmetic"].stop, tasks["calculator"].stop]
+    assert [e["turns"] for e in batch["episodes"]] == [1, 1]
+
+
 def test_a_mixed_run_logs_each_tasks_metrics_and_resumed_equals_one_that_never_stopped(tiny_model, tmp_path):
     """--task arithmetic,talk (one reply; episodes of the test's 'talk') against the stand-in: every step logs
     reward_, accuracy_ and turns_ of each task (turns_arithmetic 1, turns_talk 1 to 2 where drawn: a reply may use up
