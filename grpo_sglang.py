@@ -516,7 +516,8 @@ class Config(GRPOConfig):
                                "plain prompts, 'on': in chat ones too (as earlier turns), 'off'", ("auto", "on", "off"))
     builtin_max_operand: int = arg(20, "--task arithmetic, built in: operands of 'a + b' from 0..this", "v >= 1")
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)", "v >= 1")
-    eval_size: int = arg(200, "held-out prompts per eval, of each task (no eval split: at most 10% of the train rows)", "v >= 1")
+    eval_size: int = arg(200, "held-out prompts per eval, of each task (no eval split: at most 10% of the train rows)",
+                         "v >= 1")
     # the trainer's compute
     micro_batch: int = arg(32, "sequences per forward/backward on one rank at the step's longest length (shorter "
                                "ones share: as many tokens); larger is faster if it fits", "v >= 1")
@@ -1196,9 +1197,10 @@ def expand_paths(cfg):
         got = os.path.expandvars(os.path.expanduser(v))
         unset = re.findall(r"\$\{?\w+\}?", got) or (got[:1] == "~" and [got.split("/")[0]])
         if unset:
-            raise UserError(f"--{k} {v!r}: " + (f"{unset[0]} is no user here (a shell reads ~name as that user's "
-                            f"home): give the path in full" if unset[0][0] == "~" else f"{unset[0]} is not set (a shell "
-                            f"reads it as a variable): set it, or give the path in full"))
+            raise UserError(f"--{k} {v!r}: " + (
+                f"{unset[0]} is no user here (a shell reads ~name as that user's home): give the path in full"
+                if unset[0][0] == "~" else
+                f"{unset[0]} is not set (a shell reads it as a variable): set it, or give the path in full"))
         print0(f"--{k} {v!r} is read as {got}, as a shell reads a path (it reached the trainer quoted, or after '=')")
         setattr(cfg, k, got)
 
@@ -1362,14 +1364,14 @@ def check_shown_example(cfg, name, shown, max_turns, stop):
     the model learns from replies it could never write: one error with the fix."""
     replies = [m["content"] for m in shown or [] if m["role"] == "assistant"]
     if len(replies) > max_turns:
-        raise UserError(f"--max_turns {max_turns}: the worked example of --task {name}, before each question (--example "
-                        f"{cfg.example}), takes {len(replies)} replies, and this run's episodes at most {max_turns}: "
-                        f"raise --max_turns to {len(replies)} or more, or --example off")
+        raise UserError(f"--max_turns {max_turns}: the worked example of --task {name}, before each question "
+                        f"(--example {cfg.example}), takes {len(replies)} replies, and this run's episodes at most "
+                        f"{max_turns}: raise --max_turns to {len(replies)} or more, or --example off")
     cut = next(((r, s) for r in replies for s in stop if s in r), None)
     if cut:
         auto = cfg.stop == "auto"
-        raise UserError(f"--task {name}'s worked example, before each question (--example {cfg.example}), has the reply "
-                        f"{reward_fns.shorten(repr(cut[0]))}, which holds {cut[1]!r}, where a reply ends (--stop "
+        raise UserError(f"--task {name}'s worked example, before each question (--example {cfg.example}), has the "
+                        f"reply {reward_fns.shorten(repr(cut[0]))}, which holds {cut[1]!r}, where a reply ends (--stop "
                         + ("auto: plain prompts of episodes end a reply at a newline" if auto else cfg.stop) + "): the "
                         "model would learn from replies it cannot write. " + (
                             "Write each reply of its Task.example on one line (reward_fns.py)" if auto else
