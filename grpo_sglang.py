@@ -516,7 +516,8 @@ class Config(GRPOConfig):
                                "plain prompts, 'on': in chat ones too (as earlier turns), 'off'", ("auto", "on", "off"))
     builtin_max_operand: int = arg(20, "--task arithmetic, built in: operands of 'a + b' from 0..this", "v >= 1")
     max_prompt_tokens: int = arg(256, "longer prompts are skipped (and counted)", "v >= 1")
-    eval_size: int = arg(200, "held-out prompts per eval (no eval split: at most 10% of the train rows)", "v >= 1")
+    eval_size: int = arg(200, "held-out prompts per eval, of each task (no eval split: at most 10% of the train rows)",
+                         "v >= 1")
     # the trainer's compute
     micro_batch: int = arg(32, "sequences per forward/backward on one rank at the step's longest length (shorter "
                                "ones share: as many tokens); larger is faster if it fits", "v >= 1")
@@ -1190,10 +1191,46 @@ def parse_servers(cfg):
     return [(u, [int(x) for x in g.split("+")]) for u, g in zip(urls, gpus)]
 
 
+def expand_paths(cfg):
+    """--model, --dataset and --out_dir as a shell reads a path: '~/x' and '$HOME/x' reach the trainer as written when
+    quoted or after '=' (--out_dir=~/x), and were taken literally (a folder named '~' here). Expanded, and said; a
+    variable that is not set, or a user that does not exist (~nobody/x), is one error."""
+    for k in ("model", "dataset", "out_dir"):
+        v = getattr(cfg, k)
+        if not (v.startswith("~") or "$" in v):
+            continue
+        got = os.path.expandvars(os.path.expanduser(v))
+        unset = re.findall(r"\$\{?\w+\}?", got) or (got[:1] == "~" and [got.split("/")[0]])
+        if unset:
+            raise UserError(f"--{k} {v!r}: " + (
+                f"{unset[0]} is no user here (a shell reads ~name as that user's home): give the path in full"
+                if unset[0][0] == "~" else
+                f"{unset[0]} is not set (a shell reads it as a variable): set it, or give the path in full"))
+        print0(f"--{k} {v!r} is read as {got}, as a shell reads a path (it reached the trainer quoted, or after '=')")
+        setattr(cfg, k, got)
+
+
+def check_not_a_checkpoint(cfg):
+    """--out_dir is a run's folder: one that is a checkpoint of a run (runs/grpo/step_100) is one error that names the
+    run's folder, with or without --resume (which continues the run from the checkpoint its `latest` names)."""
+    d = os.path.normpath(cfg.out_dir)
+    run, step = os.path.dirname(d) or ".", os.path.basename(d)
+    if not (os.path.exists(os.path.join(d, "trainer_state.pt")) and run_files(run)):
+        return
+    latest = (latest_checkpoint(run) or "").rstrip("/")
+    pick = "" if os.path.basename(latest) == step else f" (from this checkpoint: first echo {step} > {run}/latest)"
+    raise UserError(f"--out_dir {cfg.out_dir} is a checkpoint of the run in {run}, not a run's folder: " + (
+        f"--resume continues a run from its folder, at the checkpoint its latest names: --out_dir {run} --resume{pick}"
+        if cfg.resume else f"to train on from these weights in a new run, --model {cfg.out_dir} --out_dir "
+                           f"<another folder>; to continue that run, --out_dir {run} --resume{pick}"))
+
+
 def setup(cfg):
     """Flags, ranks, GPU layout and process group, all checked before anything heavy. -> rt (SimpleNamespace)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    expand_paths(cfg)
+    check_not_a_checkpoint(cfg)
     model = os.path.realpath(cfg.out_dir) == os.path.realpath(cfg.model)
     if model or run_files(cfg.out_dir) == ["config.json"]:  # a run never overwrites files it did not write
         raise UserError(f"--out_dir {cfg.out_dir} " + ("is --model's folder" if model else "holds a config.json that "
@@ -1238,8 +1275,9 @@ def setup(cfg):
                            server_idx=server_idx, ckpt=ckpt, lock=lock)
 
 
-def load_splits(cfg, task=None):
-    """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated); built in: the task's."""
+def load_splits(cfg, task=None, names=()):
+    """-> (train rows, eval rows, where the eval rows come from), rows as dicts (unvalidated); built in: the task's.
+    Several tasks of one dataset (`names`): {name: those of its rows}, each task's held out by itself (hold_out)."""
     one_file = cfg.dataset.endswith((".json", ".jsonl")) or os.path.isfile(cfg.dataset)
     what = ("the task's own rows" if cfg.dataset == "builtin" else "one file, with no splits" if one_file else
             "a local folder, with no config" if os.path.isdir(cfg.dataset) else None)
@@ -1254,18 +1292,32 @@ def load_splits(cfg, task=None):
         n_eval = min(cfg.eval_size, len(rows) // 4)
         return rows[n_eval:], rows[:n_eval], "held out of the built-in task"  # disjoint rows: never trained on
     if one_file:
-        train, eval_split = read_rows(cfg.dataset), None  # one file: no splits
+        train, eval_split, evals = read_rows(cfg.dataset), None, None  # one file: no splits
     else:
         ds = load_hf_dataset(cfg)  # checks that the splits exist
         train, eval_split = [dict(r) for r in ds[cfg.train_split]], cfg.eval_split
-        if eval_split:
-            return train, [dict(r) for r in ds[eval_split]][: cfg.eval_size], f"its {eval_split!r} split"
+        evals = [dict(r) for r in ds[eval_split]] if eval_split else None
+    if len(names) > 1:  # --eval_size of each task: a split's first rows may all be one task's
+        return {n: hold_out(cfg, t, e, eval_split, n) for n, (t, e) in rows_by_task(cfg, train, evals, names).items()}
+    return hold_out(cfg, train, evals, eval_split)
+
+
+def hold_out(cfg, train, evals, eval_split, name=None):
+    """-> (train rows, eval rows, where they come from): the eval split's first --eval_size rows, or where there is
+    none, 10% of the train rows (at most --eval_size), shuffled by --seed. name: the task these rows are (several)."""
+    of = f" of --task {name}" if name else ""
+    if evals is not None:
+        if not evals:  # (a split of no rows at all is refused where it is loaded)
+            raise UserError(f"--dataset {cfg.dataset}: its {eval_split!r} split holds no row{of}, so it could not be "
+                            f"evaluated: add rows{of} to that split (each naming its task), or --eval_split '' to hold "
+                            f"out 10% of its training rows")
+        return train, evals[: cfg.eval_size], f"its {eval_split!r} split"
     random.Random(cfg.seed).shuffle(train)  # no held-out split: hold out rows of the train split
     n_eval = min(cfg.eval_size, len(train) // 10)
     why = "the file has no splits" if eval_split is None else "--eval_split ''"
     if not n_eval and cfg.eval_size:
-        raise UserError(f"--dataset {cfg.dataset} has {len(train)} row(s): too few to hold any out for evaluation ("
-                        f"{why}; 10% are held out, so it needs at least 10). Add rows, or give it an eval split: "
+        raise UserError(f"--dataset {cfg.dataset} has {len(train)} row(s){of}: too few to hold any out for evaluation "
+                        f"({why}; 10% are held out, so it needs at least 10). Add rows, or give it an eval split: "
                         + ("a folder of train.jsonl and test.jsonl" if eval_split is None else "--eval_split NAME"))
     return train[n_eval:], train[:n_eval], f"held out of the training rows ({why}; at most 10%)"
 
@@ -1315,6 +1367,27 @@ def shown_example(cfg, fmt, task, instruction):
     return [{"role": "user", "content": f"{q.strip()}\n{instruction}".strip()}] + [dict(m) for m in task.example[1:]]
 
 
+def check_shown_example(cfg, name, shown, max_turns, stop):
+    """The worked example put before each question (`shown`) must be an episode this run's limits allow: at most
+    max_turns replies, none holding a string that ends a reply (plain prompts of episodes end one at a newline). Else
+    the model learns from replies it could never write: one error with the fix."""
+    replies = [m["content"] for m in shown or [] if m["role"] == "assistant"]
+    if len(replies) > max_turns:
+        raise UserError(f"--max_turns {max_turns}: the worked example of --task {name}, before each question "
+                        f"(--example {cfg.example}), takes {len(replies)} replies, and this run's episodes at most "
+                        f"{max_turns}: raise --max_turns to {len(replies)} or more, or --example off")
+    cut = next(((r, s) for r in replies for s in stop if s in r), None)
+    if cut:
+        auto = cfg.stop == "auto"
+        raise UserError(f"--task {name}'s worked example, before each question (--example {cfg.example}), has the "
+                        f"reply {reward_fns.shorten(repr(cut[0]))}, which holds {cut[1]!r}, where a reply ends (--stop "
+                        + ("auto: plain prompts of episodes end a reply at a newline" if auto else cfg.stop) + "): the "
+                        "model would learn from replies it cannot write. " + (
+                            "Write each reply of its Task.example on one line (reward_fns.py)" if auto else
+                            f"Drop {cut[1]!r} from --stop, write the example's replies without it (reward_fns.py)")
+                        + ", or --example off")
+
+
 def load_data(cfg, context=None):
     """-> tokenizer, train and eval prompts (tokenized, each with its task's name in "task"), and the tasks {name:
     task} (reward_fns.TASKS', --task): reward_fn(sample, warnings), correct(text, answer), stop (the strings that end a
@@ -1351,9 +1424,7 @@ def load_data(cfg, context=None):
     if builtin:
         splits = {name: load_splits(cfg, reward_fns.TASKS[name]) for name in names}
     else:
-        raw_train, raw_eval, held_out = load_splits(cfg)
-        splits = (rows_by_task(cfg, raw_train, raw_eval, held_out, names) if len(names) > 1
-                  else {names[0]: (raw_train, raw_eval, held_out)})
+        splits = load_splits(cfg, names=names) if len(names) > 1 else {names[0]: load_splits(cfg)}
     if "builtin_max_operand" in getattr(cfg, "given", ()) and not (builtin and any(
             reward_fns.TASKS[n].rows is reward_fns.arithmetic_rows for n in names)):
         raise UserError(f"--builtin_max_operand sizes the built-in rows of --task arithmetic only (here --task "
@@ -1370,23 +1441,43 @@ def load_data(cfg, context=None):
     if len(tasks) == 1:
         return tok, train[name], evals, tasks
     mixed = reward_fns.mix_rows(train, dict(zip(tasks, weights.values())), cfg.seed)
-    share = Counter(r["task"] for r in mixed)
-    print0("tasks: " + ", ".join(f"{n} {share[n] / len(mixed):.0%} of the prompts ({len(train[n])} rows)"
-                                 for n in tasks) + f", by --task {cfg.task!r}; each group one task")
+    print0(mix_line(mixed, train, dict(zip(tasks, weights.values())), cfg.task))
     return tok, mixed, evals, tasks
 
 
-def rows_by_task(cfg, raw_train, raw_eval, held_out, names):
-    """Several tasks from one dataset: {name: (its train rows, its eval rows, held_out)} by each row's "task" field,
-    which must name one of them."""
-    for r in raw_train + raw_eval:
+def mix_line(mixed, train, weights, spec):
+    """A mixed run's start line: each task's share of the prompts, never '0%' or '100%' for a share that is neither,
+    and a task whose weight asks for less than one prompt said to get one (reward_fns.mix_rows)."""
+    share, top = Counter(r["task"] for r in mixed), max(weights.values())
+    asked = {n: sum(map(len, train.values())) * (w / top) / sum(v / top for v in weights.values())
+             for n, w in weights.items()}  # the prompts its weight asks for (/ top: no overflow)
+    return "tasks: " + ", ".join(
+        f"{n} {percent(share[n], len(mixed))} of the prompts ({len(train[n])} rows" + (
+            f"; its weight asks for {asked[n]:.2g} of the {len(mixed)} prompts: it gets 1, the fewest a task gets)"
+            if asked[n] < 0.5 else ")") for n in weights) + f", by --task {spec!r}; each group one task"
+
+
+def percent(part, whole):
+    """part / whole as a percentage with as many decimals as it takes to read neither 0% nor 100% when it is neither:
+    1 of 20,132 is '0.005%', not '0%'."""
+    for d in range(12):
+        said = f"{part / whole:.{d}%}"
+        if part in (0, whole) or said not in (f"{0:.{d}%}", f"{1:.{d}%}"):
+            return said
+    return said
+
+
+def rows_by_task(cfg, raw_train, raw_eval, names):
+    """Several tasks from one dataset: {name: (its train rows, its eval rows)} by each row's "task" field, which must
+    name one of them. raw_eval None (no eval split): None each."""
+    for r in raw_train + (raw_eval or []):
         if str(r.get("task")) not in names:
             raise UserError(f"--dataset {cfg.dataset}: a row " + (f"names the task {r['task']!r}, which is not one of "
                             if "task" in r else "has no 'task' field, and each row must name its task, one of ")
                             + f"--task {cfg.task} ({reward_fns.shorten(json.dumps(r, default=str), 100)}): give "
                             f"each row its task, or add that task to --task")
-    pick = lambda rows, n: [r for r in rows if str(r["task"]) == n]
-    return {n: (pick(raw_train, n), pick(raw_eval, n), held_out) for n in names}
+    pick = lambda rows, n: None if rows is None else [r for r in rows if str(r["task"]) == n]
+    return {n: (pick(raw_train, n), pick(raw_eval, n)) for n in names}
 
 
 def load_task(cfg, tok, fmt, name, raw_train, raw_eval, held_out, max_len, why, taken, several):
@@ -1414,6 +1505,7 @@ def load_task(cfg, tok, fmt, name, raw_train, raw_eval, held_out, max_len, why, 
     if cfg.example == "on" and not t.example and not several:
         raise UserError(f"--example on: --task {name} has no worked example to show: give its Task one (example=, "
                         f"reward_fns.py), or drop --example")
+    check_shown_example(cfg, name, shown_example(cfg, fmt, t, instruction), max_turns, task.stop)
     skipped = Counter()
     evals = tokenize_rows(raw_eval, tok, cfg, instruction, fmt, skipped, t, max_len, (), name)
     answers = defaultdict(set)  # a question asked with several answers hides its answer (a game's secret): no leak
@@ -1521,6 +1613,13 @@ def stop_strings(flag, fmt, max_turns):
         raise UserError(f"--stop {flag!r}: {e.reason} in an escape: write a newline as \\n") from None
     if "" in got:
         raise UserError(f"--stop {flag!r} has an empty string: strings separated by commas, 'none' or 'auto'")
+    task = lambda s: ":" in s and s.partition(":")[0].strip() in reward_fns.TASKS  # 'calculator:\n'
+    if any(map(task, got)):  # a task's own stop string, as the user meant it, would stop only at that text
+        named = next(filter(task, got))
+        alone = ",".join(s.partition(":")[2].lstrip(" ") if task(s) else s for s in flag.split(","))
+        raise UserError(f"--stop '{flag}': {named!r} reads as a stop string of --task {named.partition(':')[0].strip()}"
+                        f", but --stop is one list for every task, and would end a reply at the text {named!r}: give "
+                        f"the strings alone, for all tasks (--stop '{alone}'), or --stop auto: each task's own")
     return got
 
 

@@ -337,7 +337,7 @@ def combine(spec, task, taken=()):
     REWARD_FNS, or a weighted mix 'name:weight,name:weight' (TRL's reward_funcs + reward_weights): the reward is the
     weighted sum, and each function's value is logged unweighted as a part (a dict's entries, each as its own).
     taken: names a part may not have (the trainer logs reward_<part>, and has terms of its own): a term so named is an
-    error, a dict's entry so named is logged as <term>.<entry>."""
+    error, a dict's entry so named is logged as <term>.<entry>, as is one named like another term of the mix."""
     terms = reward_terms(spec, task)
     clash = [n for n, _, _ in terms if n in taken and len(terms) > 1]
     if clash:
@@ -352,12 +352,16 @@ def combine(spec, task, taken=()):
     label = {name: f"{TASKS[task].reward if name == 'auto' else name} (--task {task})" if task in TASKS else name
              for name, _, _ in terms}
 
+    # a dict's entry named like a name taken, or like another term (whose part it would overwrite): <term>.<entry>
+    kept = {name: set(taken) | ({n for n, _, _ in terms if n != name} if len(terms) > 1 else set())
+            for name, _, _ in terms}
+
     def reward(sample, warnings):
         total, parts = 0.0, {}
         for name, fn, weight in terms:
             r = safe_reward(fn, sample["text"], sample["answer"], warnings, sample, label[name])
             if isinstance(r, dict):
-                parts.update({f"{name}.{k}" if k in taken else k: v for k, v in r.items()})
+                parts.update({f"{name}.{k}" if k in kept[name] else k: v for k, v in r.items()})
                 r = sum(r.values())
             elif len(terms) > 1:
                 parts[name] = r
@@ -988,10 +992,12 @@ def task_weights(spec):
 def mix_rows(rows, weights, seed=1234):
     """{task: its rows} -> one list of rows, each with its task's name in "task". Each task's share of the list is its
     share of the weights (1 each: equal shares) of as many rows as all tasks have together, its rows shuffled and
-    repeated as often as that needs (a small task's rows come back more often than a large one's)."""
-    total, out = sum(len(r) for r in rows.values()), []
+    repeated as often as that needs (a small task's rows come back more often than a large one's); a task whose share
+    is less than one row gets one."""
+    total, out, top = sum(len(r) for r in rows.values()), [], max(weights.values())
+    share = {name: w / top for name, w in weights.items()}  # <= 1 each: a sum of weights near 1e308 would overflow
     for name, task_rows in rows.items():
-        n = max(1, round(total * weights[name] / sum(weights.values())))
+        n = max(1, round(total * share[name] / sum(share.values())))  # at least one row, however small its share
         order = list(range(len(task_rows)))
         random.Random(f"{seed}:{name}").shuffle(order)
         out += [{**task_rows[order[i % len(order)]], "task": name} for i in range(n)]

@@ -94,8 +94,9 @@ TP=$((10#$TP)) SERVERS=$((10#$SERVERS))  # TP=08 is 8, not an octal error
 [ $((PORT + SERVERS - 1)) -le 65535 ] || die "PORT=$PORT SERVERS=$SERVERS needs ports up to $((PORT + SERVERS - 1))," \
   "past 65535: write PORT=$((65536 - SERVERS)) or lower"
 if ! [[ $TIMEOUT =~ ^0*[1-9][0-9]*$ ]]; then  # else [ -ge ] fails every 3 s and the wait never ends
-  fix=900; [[ $TIMEOUT =~ ^0*([1-9][0-9]*)([smh])$ ]] && u=${BASH_REMATCH[2]/s/1} && u=${u/m/60} &&
-    fix=$((BASH_REMATCH[1] * ${u/h/3600}))  # 15m: 900
+  fix=$(awk -v t="$TIMEOUT" 'BEGIN { u = substr(t, length(t)); n = (u ~ /[smh]/) ? substr(t, 1, length(t) - 1) : t
+    v = n * (u == "m" ? 60 : u == "h" ? 3600 : 1)  # 15m: 900, 1.5h: 5400, 2.5: 3 (whole seconds, rounded up)
+    print (n ~ /^[0-9]*\.?[0-9]+$/ && v > 0) ? (v == int(v) ? v : int(v) + 1) : 900 }')
   die "TIMEOUT=$TIMEOUT is not a whole number of seconds (1 or more): write e.g. TIMEOUT=$fix"
 fi
 command -v "$PYTHON" > /dev/null || die "PYTHON=$PYTHON is not a command: set PYTHON to the Python that has SGLang"
@@ -106,7 +107,7 @@ if ! [[ $GPU =~ ^[0-9]+(,[0-9]+)*$ ]]; then  # else GPU='2, 3' would start on CU
     ,*|*,|*,,*) what="has an empty entry";;
     *) what="has something other than GPU numbers and commas";;
   esac
-  fix=$(tr -d '[:space:]' <<< "$GPU" | tr -s , | sed 's/^,//; s/,$//')
+  fix=$(grep -o '[0-9]\+' <<< "$GPU" | awk '!seen[$0 + 0]++' | paste -sd, -) || true  # its numbers, each once: 2,3
   [[ $fix =~ ^[0-9]+(,[0-9]+)*$ ]] || fix=2,3
   echo "[serve.sh] GPU='$GPU' $what: write GPU numbers separated by single commas, e.g. GPU=$fix" >&2
   exit 1
@@ -126,6 +127,9 @@ if [ "$n" -lt "$TP" ]; then
   echo "[serve.sh] TP=$TP needs at least $TP GPUs in GPU=$GPU" >&2
   exit 1
 fi
+# the largest MEM_FRACTION for k servers on a GPU (k x it <= 0.9), with the decimals it needs not to read 0
+mem_fit() { awk -v k="$1" 'BEGIN { d = 100; while (int(0.9 / k * d + 1e-6) == 0) d *= 10
+                                     printf "%g", int(0.9 / k * d + 1e-6) / d }'; }
 if [ $((SERVERS * TP)) -gt "$n" ] && { [ $((n % TP)) -ne 0 ] || [ $((SERVERS * TP % n)) -ne 0 ]; }; then
   on=() across=  # the servers on each position of the list; the first server across the end of the list
   for k in $(seq 0 $((SERVERS - 1))); do
@@ -139,10 +143,13 @@ if [ $((SERVERS * TP)) -gt "$n" ] && { [ $((n % TP)) -ne 0 ] || [ $((SERVERS * T
     [[ ${on[p]:-} == *,* ]] && shared="${shared:+$shared, }servers ${on[p]} on GPU ${GPUS[p]}"
   done
   m=$n; while [ $((m % TP)) -ne 0 ] || [ $((SERVERS * TP % m)) -ne 0 ]; do m=$((m - 1)); done  # m = TP fits
+  k=$((SERVERS * TP / m)) mem=  # a MEM_FRACTION set for fewer servers a GPU must shrink with the wrap
+  [ -n "$MEM_SET" ] && awk -v v="$MEM_FRACTION" -v k="$k" 'BEGIN { exit !(v ~ /^[0-9]*\.?[0-9]+$/ && k * v > 0.9) }' &&
+    mem=" at MEM_FRACTION=$(mem_fit "$k") or lower"
   echo "[serve.sh] GPU=$GPU TP=$TP SERVERS=$SERVERS would not share GPUs evenly: $shared$across; server k takes" \
        "TP GPUs from position k*TP of GPU, wrapping. Give each server its own GPUs (SERVERS=$((n / TP)), or" \
        "$((SERVERS * TP)) GPUs in GPU), or wrap evenly: GPU=$(IFS=,; echo "${GPUS[*]:0:m}") puts" \
-       "$((SERVERS * TP / m)) servers on each GPU" >&2
+       "$k servers on each GPU$mem" >&2
   exit 1
 fi
 per=$(( SERVERS * TP > n ? SERVERS * TP / n : 1 ))  # servers on each GPU
@@ -156,7 +163,7 @@ if [ "$per" -gt 1 ] && [ -z "$MEM_SET" ]; then
   echo "[serve.sh] $per servers share each GPU: MEM_FRACTION $MEM_FRACTION each (0.85 split;" \
        "set MEM_FRACTION to choose)"
 elif [ "$per" -gt 1 ] && awk -v v="$MEM_FRACTION" -v k="$per" 'BEGIN { exit !(k * v > 0.9 + 1e-9) }'; then
-  fit=$(awk -v k="$per" 'BEGIN { printf "%.2f", int(0.9 / k * 100 + 1e-6) / 100 }')
+  fit=$(mem_fit "$per")
   echo "[serve.sh] $per servers share each GPU at MEM_FRACTION=$MEM_FRACTION, $per x $MEM_FRACTION of its memory:" \
        "more than 0.9. Set MEM_FRACTION=$fit or lower (or leave it unset: 0.85 is then split among them)" >&2
   exit 1

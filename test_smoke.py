@@ -1336,7 +1336,7 @@ exec {sys.executable} "$@"
                 port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("GPU", "TP", "SERVERS", "MEM_FRACTION", "EXTRA_ARGS")}
     env.update(PYTHON=str(fake), PORT=str(port), LOG=str(tmp_path / "serve.log"), PIDFILE=str(tmp_path / "serve.pid"),
-               TIMEOUT="30", **settings)
+               **{"TIMEOUT": "30", **settings})
     return subprocess.run(["bash", os.path.join(HERE, "serve.sh")], env=env, capture_output=True, text=True,
                           timeout=90), env
 
@@ -4025,6 +4025,41 @@ def test_a_run_stopped_before_its_first_checkpoint_is_started_again_by_resume(ti
     assert g.checkpoint_to_resume(str(gone)) is None  # none was due yet
 
 
+def test_a_path_a_shell_would_have_expanded_is_read_as_one_and_a_checkpoint_as_out_dir_names_the_runs_folder(
+        two_step_run, tiny_model, tmp_path, monkeypatch, capsys):
+    """--out_dir '~/runs/x' (quoted, or after '=': no shell expands it) made a folder named '~' where the run started;
+    '$HOME/x' one named '$HOME'. Now such a path is read as a shell reads it, and said; an unset variable is one error.
+    --out_dir at a checkpoint inside a run (with or without --resume) was refused as 'a model's folder?' without a
+    word of the run's folder: now the error names it, and how to resume from that checkpoint."""
+    home = tmp_path / "home"
+    run = home / "run"
+    shutil.copytree(two_step_run, run)
+    shutil.copytree(run / "step_2", run / "step_1")
+    before = files_of(run)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RUNS", str(home))
+    monkeypatch.delenv("NOPE", raising=False)
+    monkeypatch.chdir(tmp_path)  # a path taken literally ('~', '$RUNS') would be made here
+    at = f"--out_dir {run}/step_2 is a checkpoint of the run in {run}, not a run's folder: "
+    for out_dir, resume, says in [
+            ("~/run/step_2", True, at + f"--resume continues a run from its folder, at the checkpoint its latest "
+                                        f"names: --out_dir {run} --resume"),
+            ("$RUNS/run/step_1", True, at.replace("step_2", "step_1") + f"--resume continues a run from its folder, at "
+                                       f"the checkpoint its latest names: --out_dir {run} --resume (from this "
+                                       f"checkpoint: first echo step_1 > {run}/latest)"),
+            ("${RUNS}/run/step_2", False, at + f"to train on from these weights in a new run, --model {run}/step_2 "
+                                               f"--out_dir <another folder>; to continue that run, --out_dir {run} "
+                                               f"--resume"),
+            ("$NOPE/run", False, "--out_dir '$NOPE/run': $NOPE is not set (a shell reads it as a variable): set it, "
+                                 "or give the path in full")]:
+        with pytest.raises(g.UserError) as e:
+            g.setup(g.Config(model=tiny_model, out_dir=out_dir, resume=resume, device="cpu"))
+        assert str(e.value) == says
+        read_as = f"--out_dir {out_dir!r} is read as {run}/step_{out_dir[-1]}, as a shell reads a path"
+        assert capsys.readouterr().out.count(read_as) == ("NOPE" not in out_dir), out_dir
+    assert files_of(run) == before and os.listdir(tmp_path) == ["home"]  # nothing written, no folder '~' or '$RUNS'
+
+
 @pytest.mark.parametrize("whose, resume", [("--model's", False), ("--model's", True), ("another model's", False),
                                            ("another model's", True)])
 def test_a_run_never_writes_over_a_models_folder(tiny_model, tmp_path, whose, resume):
@@ -4894,6 +4929,7 @@ def test_serve_sh_reports_a_server_that_dies_at_start(tmp_path):
     ({"TIMEOUT": "15m"}, "TIMEOUT=15m is not a whole number of seconds (1 or more): write e.g. TIMEOUT=900"),
     ({"TIMEOUT": "2h"}, "TIMEOUT=2h is not a whole number of seconds (1 or more): write e.g. TIMEOUT=7200"),
     ({"TIMEOUT": "0"}, "TIMEOUT=0 is not a whole number of seconds (1 or more): write e.g. TIMEOUT=900"),
+    ({"TIMEOUT": "1.5h"}, "TIMEOUT=1.5h is not a whole number of seconds (1 or more): write e.g. TIMEOUT=5400"),
     ({"FP32_LM_HEAD": "true"}, "FP32_LM_HEAD=true is not 0 or 1: write FP32_LM_HEAD=1 (fp32 logits) or 0"),
     ({"PYTHON": "no-such-python"}, "PYTHON=no-such-python is not a command: set PYTHON to the Python that has SGLang"),
 ])
@@ -5094,6 +5130,8 @@ def test_serve_sh_flags_are_sglangs_own():
     ({"GPU": "0,1,2", "SERVERS": "4"}, "GPU=0,1,2 TP=1 SERVERS=4 would not share GPUs evenly: servers 0,3 on GPU 0;"),
     ({"GPU": "1", "SERVERS": "2", "MEM_FRACTION": "0.85"}, "2 servers share each GPU at MEM_FRACTION=0.85, 2 x 0.85 of "
      "its memory: more than 0.9. Set MEM_FRACTION=0.45 or lower"),
+    ({"GPU": "1", "SERVERS": "100", "MEM_FRACTION": "0.5"}, "100 servers share each GPU at MEM_FRACTION=0.5, 100 x 0.5 "
+     "of its memory: more than 0.9. Set MEM_FRACTION=0.009 or lower"),  # (0.00 was no fraction at all)
     ({"MEM_FRACTION": "0,4"}, "MEM_FRACTION=0,4 is not a number between 0 and 1"),
     ({"MEM_FRACTION": "1"}, "MEM_FRACTION=1 is not a number between 0 and 1"),
 ])
@@ -5106,6 +5144,25 @@ def test_serve_sh_refuses_a_layout_it_would_misread_before_starting_anything(tmp
         assert p.returncode == 1 and (p.stdout + p.stderr).count(says) == 1, p.stdout + p.stderr
         assert (p.stdout + p.stderr).count("[serve.sh]") == 1, p.stdout + p.stderr
         assert not (tmp_path / "argv").exists() and not (tmp_path / "serve.pid").exists()
+    finally:
+        _serve_sh_stop(env)
+
+
+@pytest.mark.parametrize("settings, fix", [
+    ({"GPU": "2 3"}, {"GPU": "2,3"}),  # (it said GPU=23)
+    ({"GPU": "2, 2"}, {"GPU": "2"}),  # (it said GPU=2,2, then refused as GPU 2 twice)
+    ({"GPU": "0,1,2", "SERVERS": "4", "MEM_FRACTION": "0.5"}, {"GPU": "0,1", "MEM_FRACTION": "0.45"}),  # (2 x 0.5)
+    ({"GPU": "1", "SERVERS": "2", "MEM_FRACTION": "0.85"}, {"MEM_FRACTION": "0.45"}),
+    ({"TIMEOUT": "1.5h"}, {"TIMEOUT": "5400"})])  # (it said 900)
+def test_serve_sh_suggests_a_fix_that_itself_starts_the_servers(tmp_path, settings, fix):
+    """A fix serve.sh suggests must itself be right: its refusal names these settings, and serve.sh given them starts
+    the servers (here against the fake python), with no second refusal."""
+    p, env = _serve_sh(tmp_path, **settings)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and all(re.search(rf"\b{k}={re.escape(v)}(?![\w.,])", out) for k, v in fix.items()), out
+    p, env = _serve_sh(tmp_path, **{**settings, **fix})
+    try:
+        assert p.returncode == 0 and "healthy after" in p.stdout, p.stdout + p.stderr
     finally:
         _serve_sh_stop(env)
 
@@ -6558,6 +6615,45 @@ def test_a_tasks_worked_example_that_is_no_episode_is_one_clear_error_at_start(t
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("base, reply, flags, says", [
+    (True, None, {"max_turns": 1}, "--max_turns 1: the worked example of --task mine, before each question (--example "
+                                   "auto), takes 2 replies, and this run's episodes at most 1: raise --max_turns to 2 "
+                                   "or more, or --example off"),
+    (False, None, {"max_turns": 1, "example": "on"}, "--max_turns 1: the worked example of --task mine, before each "
+                                                     "question (--example on), takes 2 replies"),
+    (True, "347 * 29\n= 10063", {}, "--task mine's worked example, before each question (--example auto), has the "
+                                    "reply '347 * 29\\n= 10063', which holds '\\n', where a reply ends (--stop auto: "
+                                    "plain prompts of episodes end a reply at a newline): the model would learn from "
+                                    "replies it cannot write. Write each reply of its Task.example on one line "
+                                    "(reward_fns.py), or --example off"),
+    (False, None, {"stop": "*", "example": "on"}, "--task mine's worked example, before each question (--example on), "
+                                                  "has the reply 'calc: 347 * 29', which holds '*', where a reply ends "
+                                                  "(--stop *): the model would learn from replies it cannot write. "
+                                                  "Drop '*' from --stop, write the example's replies without it "
+                                                  "(reward_fns.py), or --example off"),
+    (True, None, {"max_turns": 2}, None), (False, "347 * 29\n= 10063", {}, None),  # fits; a chat prompt: no example
+    (True, "347 * 29\n= 10063", {"example": "off"}, None), (False, "347 * 29\n= 10063", {"example": "on"}, None)])
+def test_a_worked_example_this_runs_limits_cannot_follow_is_one_clear_error(tmp_path, base, reply, flags, says):
+    """The example before each question is an episode the model learns the protocol from: one of more replies than
+    --max_turns allows, or with a reply that holds a string where replies end (plain prompts of episodes end one at a
+    newline: 'write each reply on one line' was checked nowhere), taught replies the run cannot sample. Each is one
+    error; an example not shown (a chat prompt, --example off) or that fits is fine."""
+    model = build_tiny(str(tmp_path / "m"), chat_template=not base)
+    calc = reward_fns.TASKS["calculator"]
+    example = reward_fns.episode("What is 347 * 29?", "calc: 347 * 29", "10063", reply or "347 * 29 = 10063")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(reward_fns.TASKS, "mine", dataclasses.replace(calc, example=example,
+                                                                 rows=lambda: reward_fns.calculator_rows(n=40)))
+        load = lambda: g.load_data(g.Config(model=model, dataset="builtin", task="mine", max_prompt_tokens=1024,
+                                            **flags))
+        if says is None:
+            assert load()[3]["mine"].max_turns == flags.get("max_turns", 3)
+        else:
+            with pytest.raises(g.UserError) as e:
+                load()
+            assert str(e.value) == says or str(e.value).startswith(says), str(e.value)
+
+
 def test_a_base_model_trains_the_calculator_with_its_worked_example_in_every_prompt_the_server_gets(tmp_path):
     """--task calculator on a base model, end to end: the server's every request of the step starts with the ids of
     the worked example and the question as text (computed here from the text), and the step trains."""
@@ -6677,6 +6773,22 @@ def test_stop_strings_keep_any_character_as_written_and_read_only_escapes():
     assert g.stop_strings("終わり", "plain", 3) == ["終わり"]
 
 
+@pytest.mark.parametrize("flag, says", [
+    ("calculator:\\n", "--stop 'calculator:\\n': 'calculator:\\n' reads as a stop string of --task calculator, but "
+                        "--stop is one list for every task, and would end a reply at the text 'calculator:\\n': give "
+                        "the strings alone, for all tasks (--stop '\\n'), or --stop auto: each task's own"),
+    ("\\n\\n,arithmetic: ###", "'arithmetic: ###' reads as a stop string of --task arithmetic, but --stop is one list "
+                              "for every task, and would end a reply at the text 'arithmetic: ###': give the strings "
+                              "alone, for all tasks (--stop '\\n\\n,###'), or --stop auto: each task's own")])
+def test_a_stop_string_spelled_per_task_is_one_clear_error_and_a_colon_elsewhere_is_a_string(flag, says):
+    """--stop has one form for all tasks; 'calculator:\\n' (as if per task) was taken as the literal text
+    'calculator:' and a newline, which no reply ends with, without a word."""
+    with pytest.raises(g.UserError) as e:
+        g.stop_strings(flag, "plain", 3)
+    assert str(e.value).endswith(says), str(e.value)
+    assert g.stop_strings("calc:,Answer: ,a:b", "plain", 3) == ["calc:", "Answer: ", "a:b"]  # no task's name
+
+
 def test_a_stop_string_the_answers_hold_is_warned_at_start_naming_the_flag(tiny_model, tmp_path, capsys):
     """--stop 0 where the answers are 10, 20, ...: a reply would stop before its answer; the start says so, naming
     --stop. A stop string no answer holds says nothing; a numeric task looks at the answers' numbers only."""
@@ -6746,6 +6858,15 @@ def test_a_reward_part_named_like_a_trainer_metric_is_namespaced_or_refused(tiny
     with pytest.raises(g.UserError, match=r"--reward: 'mean': its part would be logged as reward_mean, which the "
                                           r"trainer logs itself"):
         g.load_data(g.Config(model=tiny_model, dataset="builtin", reward="arithmetic:1,mean:1"))
+    # a part named like another term of the mix, in a run of one task (a mixed run renames it for the task names):
+    # its entry overwrote that term's logged value (0.25 for arithmetic's 0.0 here), whichever came first
+    monkeypatch.setitem(reward_fns.REWARD_FNS, "halves", lambda c, a: {"arithmetic": 0.25, "other": 0.5})
+    for spec in ("arithmetic:1,halves:1", "halves:1,arithmetic:1"):
+        m = g.Metrics()
+        g.score(seqs, task_of(reward_fns.combine(spec, "arithmetic", g.TAKEN_PARTS)), 2, m)
+        assert seqs["reward"].tolist() == [0.75, 0.75]
+        got = {k: m.sums[k] / m.sums[k + "#n"] for k in m.sums if k.startswith("reward_") and k + "#n" in m.sums}
+        assert got == {"reward_arithmetic": 0.0, "reward_halves.arithmetic": 0.25, "reward_other": 0.5}, spec
 
 
 def test_flags_that_would_be_ignored_are_refused_naming_the_flag(tiny_model, tmp_path):
@@ -7021,6 +7142,150 @@ def test_rows_naming_no_task_of_the_list_are_one_error_and_the_weights_set_each_
                                                                             r"not one of --task arithmetic:3,exact:1")):
         with pytest.raises(g.UserError, match=says):
             g.load_data(dataclasses.replace(cfg, dataset=data_file(tmp_path / "e.jsonl", rows + [bad])))
+
+
+def mixed_folder(path, n_arithmetic, n_exact, n_eval=4):
+    """A dataset folder of two tasks' rows, each naming its task: train.jsonl (n_arithmetic and n_exact rows) and
+    test.jsonl (n_eval rows of each task, other questions)."""
+    arithmetic = lambda ks: [{"question": f"What is {k} + 1?", "answer": str(k + 1), "task": "arithmetic"} for k in ks]
+    exact = lambda ks: [{"question": f"Capital {k}?", "answer": f"city{k}", "task": "exact"} for k in ks]
+    path.mkdir()
+    data_file(path / "train.jsonl", arithmetic(range(n_eval, n_eval + n_arithmetic)) +
+              exact(range(n_eval, n_eval + n_exact)))
+    data_file(path / "test.jsonl", arithmetic(range(n_eval)) + exact(range(n_eval)))
+    return str(path)
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("arithmetic:1,exact:0.0001", "tasks: arithmetic 99.7% of the prompts (300 rows), exact 0.3% of the prompts (10 "
+                                  "rows; its weight asks for 0.031 of the 311 prompts: it gets 1, the fewest a task "
+                                  "gets), by --task 'arithmetic:1,exact:0.0001'; each group one task"),
+    ("arithmetic:1e307,exact:1", "tasks: arithmetic 99.7% of the prompts (300 rows), exact 0.3% of the prompts (10 "
+                                 "rows; its weight asks for 3.1e-305 of the 311 prompts: it gets 1, the fewest a task "
+                                 "gets), by --task 'arithmetic:1e307,exact:1'; each group one task"),
+    ("arithmetic:1e308,exact:1e308", "tasks: arithmetic 50% of the prompts (300 rows), exact 50% of the prompts (10 "
+                                     "rows), by --task 'arithmetic:1e308,exact:1e308'; each group one task")])
+def test_a_tasks_share_too_small_to_print_or_weights_that_would_overflow_are_said_as_they_are(tiny_model, tmp_path,
+                                                                                              capsys, spec, says):
+    """A share of one prompt in 311 read '0%' (and the other '100%'); weights whose sum overflows a float (1e307 x 310
+    rows) raised OverflowError. Now the start line says each share with the decimals it needs, and that a task whose
+    weight asks for less than one prompt gets one; the mix holds what the line says."""
+    cfg = g.Config(model=tiny_model, dataset=mixed_folder(tmp_path / "d", 300, 10), task=spec, eval_size=4)
+    _, train, _, _ = g.load_data(cfg)
+    assert capsys.readouterr().out.count(says) == 1
+    n = collections.Counter(r["task"] for r in train)
+    assert (n["arithmetic"], n["exact"]) == ((310, 1) if "exact:1e308" not in spec else (155, 155))
+
+
+def test_each_task_of_a_mixed_run_is_held_out_by_itself_and_a_task_left_without_eval_rows_says_why(tiny_model,
+                                                                                                      tmp_path):
+    """--eval_size 4 of an eval split whose first rows are all arithmetic's left exact without any, and the error said
+    only 'no usable rows left for evaluation (--task exact) (skipped: {})'. Now each task's rows are held out by
+    themselves (--eval_size of each); a split that holds no row of a task, or a file too small to hold any of a task's
+    rows out, is one error that names the task and the fix."""
+    cfg = g.Config(model=tiny_model, dataset=mixed_folder(tmp_path / "d", 30, 20, n_eval=6), task="arithmetic,exact",
+                   eval_size=4)
+    _, train, evals, _ = g.load_data(cfg)
+    assert collections.Counter(r["task"] for r in evals) == {"arithmetic": 4, "exact": 4}
+    assert [r["question"] for r in evals] == [f"What is {k} + 1?" for k in range(4)] + [f"Capital {k}?" for k in range(4)]
+    data_file(tmp_path / "d" / "test.jsonl", [{"question": "What is 0 + 1?", "answer": "1", "task": "arithmetic"}])
+    with pytest.raises(g.UserError, match=re.escape(f"--dataset {cfg.dataset}: its 'test' split holds no row of --task "
+                                                    f"exact, so it could not be evaluated: add rows of --task exact to "
+                                                    f"that split (each naming its task), or --eval_split '' to hold out "
+                                                    f"10% of its training rows")):
+        g.load_data(cfg)
+    rows = ([{"question": f"What is {k} + 1?", "answer": str(k + 1), "task": "arithmetic"} for k in range(40)]
+            + [{"question": f"Capital {k}?", "answer": f"city{k}", "task": "exact"} for k in range(9)])
+    one_file = data_file(tmp_path / "one.jsonl", rows)  # no splits: 10% of each task's rows, and exact has 9
+    with pytest.raises(g.UserError, match=re.escape(f"--dataset {one_file} has 9 row(s) of --task exact: too few to "
+                                                    f"hold any out for evaluation (the file has no splits; 10% are held "
+                                                    f"out, so it needs at least 10)")):
+        g.load_data(dataclasses.replace(cfg, dataset=one_file))
+    data_file(tmp_path / "one.jsonl", rows + [{"question": "Capital 9?", "answer": "city9", "task": "exact"}])
+    _, train, evals, _ = g.load_data(dataclasses.replace(cfg, dataset=one_file))
+    assert collections.Counter(r["task"] for r in evals) == {"arithmetic": 4, "exact": 1}  # min(4, 10%) of each
+    assert collections.Counter(r["task"] for r in train) == {"arithmetic": 22, "exact": 22}  # 36 and 9: equal halves of 45
+
+
+EPISODE_FLAGS = [{}, {"max_turns": 5}, {"max_turns": 2, "stop": "X,\\n"}, {"max_reply_tokens": 6},
+                 {"example": "on"}, {"example": "off"}, {"max_turns": 4, "example": "on", "stop": "none"}]
+
+
+@pytest.mark.parametrize("flags", EPISODE_FLAGS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "none")
+@pytest.mark.parametrize("base", [True, False], ids=["plain", "chat"])
+def test_a_mixed_runs_episode_flags_act_on_each_task_as_on_the_task_alone(tmp_path_factory, flags, base):
+    """--task arithmetic,calculator with each run-wide episode flag (--max_turns, --max_reply_tokens, --stop,
+    --example): each task gets what it would get alone -- its turns, stop strings and prompts (ids, question by
+    question), and in the rollout each reply's token budget and stop strings. A flag that means nothing to a task is
+    its default there, not a refusal: --max_turns for arithmetic (no environment; applied to every task it refused
+    --max_turns 5), --example on for arithmetic (no worked example)."""
+    d = tmp_path_factory.mktemp("flags")
+    model = build_tiny(str(d / "m"), chat_template=not base)
+    arithmetic = [{"question": f"What is {k} + 1?", "answer": str(k + 1), "task": "arithmetic"} for k in range(20)]
+    calculator = [{"question": f"What is {k} * 3?", "answer": str(3 * k), "task": "calculator"} for k in range(20)]
+    cfg = lambda data, task, **kw: g.Config(model=model, dataset=data_file(d / f"{task}.jsonl", data), task=task,
+                                            eval_size=2, max_prompt_tokens=1024, max_new_tokens=12, **kw)
+    mixed = g.load_data(cfg(arithmetic + calculator, "arithmetic,calculator", **flags))
+    means = {"arithmetic": {k: v for k, v in flags.items() if k != "max_turns" and (k, v) != ("example", "on")},
+             "calculator": flags}  # the flags that mean something to the task
+    view = lambda loaded, name: (loaded[3][name].max_turns, loaded[3][name].stop,
+                                 {r["question"]: r["ids"] for r in loaded[1] + loaded[2] if r["task"] == name})
+    for name, rows in (("arithmetic", arithmetic), ("calculator", calculator)):
+        alone = g.load_data(cfg(rows, name, **means[name]))
+        assert view(mixed, name) == view(alone, name), name
+    tasks = mixed[3]
+    assert tasks["arithmetic"].max_turns == 1 and tasks["calculator"].max_turns == flags.get("max_turns", 3)
+    stop = {"X,\\n": ["X", "\n"], "none": []}.get(flags.get("stop"))
+    assert [tasks[n].stop for n in tasks] == ([stop, stop] if stop is not None else [["\n\n"], ["\n"]] if base
+                                              else [[], []])
+    without = view(g.load_data(cfg(calculator, "calculator", example="off")), "calculator")[2]  # its prompts bare
+    shown = all(len(ids) > len(without[q]) for q, ids in view(mixed, "calculator")[2].items())
+    assert shown == (flags.get("example") == "on" or base and "example" not in flags)  # auto: in plain prompts
+    # the rollout: one row of each task, one episode each; both replies end the episode (no 'calc:')
+    tok, run_cfg = mixed[0], cfg(arithmetic + calculator, "arithmetic,calculator", group_size=1, **flags)
+    rows = [next(r for r in mixed[1] if r["task"] == n) for n in ("arithmetic", "calculator")]
+    server = Scripted([[(tok("5", add_special_tokens=False)["input_ids"], "stop")] * 2])
+    batch = g.rollout(run_cfg, server, tasks, rows, 0)
+    assert server.asked[0][1] == [flags.get("max_reply_tokens", run_cfg.max_new_tokens)] * 2  # each reply's budget
+    assert server.stops[0] == [tasks["arithmetic"].stop, tasks["calculator"].stop]
+    assert [e["turns"] for e in batch["episodes"]] == [1, 1]
+
+
+EPOCH_DRAWS = """import json, sys
+sys.path.insert(0, sys.argv[1])
+import grpo_sglang as g
+cfg = g.Config(model=sys.argv[2], dataset=sys.argv[3], task="arithmetic,exact", eval_size=4, seed=int(sys.argv[4]))
+train = g.load_data(cfg)[1]
+n, per_step, world = len(train), 10, 2  # one epoch: n draws, in steps of 10 prompts over 2 ranks
+print(json.dumps([[[train[i]["question"] for r in g.rank_rounds(n, step, per_step, cfg.seed, rank, world) for i in r]
+                   for rank in range(world)] for step in range(n // per_step)]))
+"""
+
+
+def test_the_mix_uses_every_row_of_a_task_over_an_epoch_of_its_share_in_one_order_in_every_process(tiny_model, tmp_path):
+    """--task arithmetic,exact, equal shares of 50 prompts: exact (10 rows, 25 prompts) trains on every row over an
+    epoch, each 2 or 3 times; arithmetic (40 rows, 25 prompts) on 25 distinct rows drawn by the seed, not the first 25
+    of its split (a mix that computed its shuffle and did not use it). What each rank draws, step by step over the
+    epoch, is the same in a new process (as a resumed run is) and on each rank, whatever Python's hash seed (a shuffle
+    seeded by hash(name) differed from process to process): the ranks' draws of the epoch are the mix, each prompt
+    once."""
+    data = mixed_folder(tmp_path / "d", 40, 10)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
+    draws = lambda seed, hash_seed: json.loads(subprocess.run(
+        [sys.executable, "-c", EPOCH_DRAWS, HERE, tiny_model, data, str(seed)], env={**env, "PYTHONHASHSEED": hash_seed},
+        capture_output=True, text=True, timeout=120, check=True).stdout.strip().splitlines()[-1])
+    epoch = draws(0, "1")
+    assert epoch == draws(0, "2")  # another process, another hash seed: the same draws, rank by rank
+    _, train, _, _ = g.load_data(g.Config(model=tiny_model, dataset=data, task="arithmetic,exact", eval_size=4))
+    drawn = collections.Counter(q for step in epoch for rank in step for q in rank)
+    assert drawn == collections.Counter(r["question"] for r in train)  # each prompt of the mix once over the epoch
+    exact = {q: k for q, k in drawn.items() if q.startswith("Capital")}
+    assert sorted(exact) == sorted(f"Capital {k}?" for k in range(4, 14)) and set(exact.values()) == {2, 3}
+    arithmetic = [q for q in drawn if q.startswith("What")]
+    first = [f"What is {k} + 1?" for k in range(4, 44)]  # its split's order
+    assert len(arithmetic) == 25 == len(set(arithmetic)) and set(arithmetic) != set(first[:25])
+    other = {q for step in draws(1, "1") for rank in step for q in rank if q.startswith("What")}
+    assert other != set(arithmetic) and other != set(first[:25])  # another --seed, another draw
 
 
 def test_a_mixed_run_logs_each_tasks_metrics_and_resumed_equals_one_that_never_stopped(tiny_model, tmp_path):
