@@ -12,7 +12,7 @@ As in PPO, π_old in the ratio π/π_old is the policy before this batch's updat
 are the trainer's own at the start of the step. With one update per batch (--mu 1, the default) the
 ratio is exactly 1, and the loss is the plain policy gradient. The clip acts from the second update
 on. The server that sampled the batch is not π_old. Its kernels round differently, and with --async
-(the default) it samples the next batch while the trainer learns from this one, one step behind.
+(the default) it sampled the batch during the last step, from the weights before that step's update.
 Truncated importance sampling (TIS, Yao et al. 2025) weighs each token by min(π_old / π_server, 2)
 to correct for both.
 
@@ -30,9 +30,8 @@ check"). The loss value is not a progress signal in GRPO. Watch the reward.
         torchrun --nproc_per_node 1 grpo_sglang.py --colocate        # 1 GPU, shared with the server
     python grpo_sglang.py --help                                    # every flag (docs/reference.md)
 
-Read it top to bottom, from the config through the loss, advantages, rollout and one step to
-the loop. The plumbing sits below a fence (the server's HTTP API, weight sync, FSDP,
-checkpoints). Where the story calls it, a comment says what comes back.
+Read it top to bottom, the config to the loop. The plumbing (HTTP, weight sync, FSDP) sits below
+a fence. Where the story calls it, a comment says what comes back.
 """
 import concurrent.futures, contextlib, dataclasses, functools, hashlib, json, math, os, random, re
 import socket, sys, tempfile, time
@@ -78,7 +77,7 @@ class GRPOConfig:
     loss_agg: str = arg("token", "'token' (DAPO), 'seq' (GRPO) or 'constant' (Dr. GRPO)",
                         ("token", "seq", "constant"))
     # the variants
-    ratio_level: str = arg("token", "'token' (GRPO) or 'sequence' (GSPO; it clips at ~3e-4)",
+    ratio_level: str = arg("token", "'token' (GRPO) or 'sequence' (GSPO; set the clips to ~3e-4)",
                            ("token", "sequence"))
     loss_type: str = arg("grpo", "'grpo': the clipped surrogate; 'cispo': a clipped, stopped IS "
                                  "weight on log π", ("grpo", "cispo"))
@@ -113,19 +112,17 @@ class GRPOConfig:
 # ---- The loss. policy_loss is PPO's, per token; the variants are named branches of it.
 # GSPO (--ratio_level sequence, Zheng et al. 2025) uses one ratio per sequence, the geometric mean
 # of its tokens' ratios. CISPO (--loss_type cispo, MiniMax-M1) clips the ratio as a weight and
-# stops its gradient, so a clipped token still learns, -sg(min(ρ, 1 + clip_high)) A log π. The
-# TIS weight can be per token or per sequence, truncated at the cap or zero above it (--tis_mode).
-# test_smoke.py checks each against hand values.
+# stops its gradient, so a clipped token still learns, -sg(min(ρ, 1 + clip_high)) A log π.
 
 def policy_loss(cfg, x, logp, old, ent):
     """Micro-batch x's loss per token. logp is log π with its gradient, old is log π_old, ent the
-    entropy, each (B, C). x holds adv, mask, server_lp and, with --beta > 0, ref_lp (the table's).
-    -> the loss, where the clip held the ratio back, and the KL (or None), each (B, C)."""
+    entropy, each (B, C). x holds adv, mask, server_lp and, with --beta > 0, ref_lp.
+    -> the loss, clipped (where the clip acted, for clip_frac) and the KL (or None), each (B, C)."""
     adv = per_token(x["adv"], logp)  # (B, 1), or (B, C) with one advantage per token
     ratio = torch.exp(log_ratio(logp, old, x["mask"], cfg.ratio_level))  # π / π_old
     clipped_ratio = torch.clamp(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high)
     loss = -torch.min(ratio * adv, clipped_ratio * adv)  # PPO's clipped surrogate
-    clipped = clipped_ratio * adv < ratio * adv
+    clipped = clipped_ratio * adv < ratio * adv  # min took the clipped term (no gradient)
     if cfg.loss_type == "cispo":
         clipped = ratio > 1 + cfg.clip_high
         loss = -torch.clamp(ratio, max=1 + cfg.clip_high).detach() * adv * logp
@@ -164,17 +161,17 @@ def tis_weights(old_logp, server_logp, cap, mask=None, mode="token_truncate"):
 
 
 def aggregate(x, mask, weight, mode, norm):
-    """(B, T) values, (B,) weights -> this micro-batch's share of the batch's mean, whose count
-    `norm` (loss_norm) is the whole batch's. 'token' (DAPO) is the mean over tokens. 'seq' (GRPO)
-    is the mean of each sequence's mean, so a long answer's tokens weigh less. 'constant' (Dr.
-    GRPO) divides by the sequences x max_new_tokens."""
+    """(B, T) values, (B,) weights -> this micro-batch's weighted sum over `norm`, the whole batch's
+    count (loss_norm), so the micro-batches' terms add up to the batch's mean. 'token' (DAPO) is the
+    mean over tokens. 'seq' (GRPO) is the mean of each sequence's mean, so a long answer's tokens
+    weigh less. 'constant' (Dr. GRPO) divides by the sequences x max_new_tokens."""
     if mode == "seq":
         return (weight * (x * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / norm
     return (weight.unsqueeze(1) * x * mask).sum() / norm
 
 
 def loss_norm(mode, seqs, tokens, max_new_tokens):
-    """The batch's divisor for aggregate (its weighted sequences, tokens, or sequences x length)."""
+    """aggregate's `norm`, from the whole batch's weighted sequences and tokens."""
     return {"seq": seqs, "token": tokens, "constant": seqs * max_new_tokens}[mode]
 
 
@@ -234,16 +231,15 @@ def weights(cfg, seqs):
 # ---- The rollout, an episode per sequence. Each turn, the server samples the model's reply to
 # the episode so far (token ids in, ids and log-probs out), and the task's environment answers
 # with the next user message or ends the episode. The message's tokens extend the episode with
-# mask 0: the model did not sample them, so they are never trained on. A single-turn task is an
-# episode of one turn.
+# mask 0, so they are never trained on. A single-turn task is an episode of one turn.
 
 def rollout(cfg, server, tasks, rows, version, greedy=False):
-    """group_size episodes per prompt row (one if greedy), sampled from θ_version -> the batch:
-    its rows, version, sampling settings, each episode's server (srv: all its turns go there, so
-    its prefix stays cached), the environments' warnings and seconds, its time span and episodes.
-    An episode holds its prompt and completion (token ids), its mask (1 where the model sampled
-    the token), server_lp (the sampler's log-probs, 0 where the mask is 0), its messages, answer,
-    turns and finish: 'stop', 'length' (out of tokens) or 'turns' (out of replies)."""
+    """group_size episodes per prompt row (one if greedy), sampled from θ_version -> the batch, a
+    dict of rows, version, sampling (settings), srv (each episode's server: all its turns go there,
+    so its prefix stays cached), warnings and env_s (the environments'), span and episodes.
+    An episode is a dict of prompt and completion (token ids), mask (1 where the model sampled
+    the token), server_lp (the sampler's log-probs, 0 where mask is 0), messages, answer, task,
+    turns and finish ('stop', 'length' if out of tokens, 'turns' if out of replies)."""
     n, t0 = 1 if greedy else cfg.group_size, time.time()
     sampling = {"temperature": 0.0 if greedy else cfg.temperature, "top_p": cfg.top_p,
                 "top_k": cfg.top_k, "max_new_tokens": cfg.max_new_tokens,
@@ -279,7 +275,9 @@ def rollout(cfg, server, tasks, rows, version, greedy=False):
             if said is None:  # done, with the server's finish ('stop' or 'length')
                 e["finish"] = finish
                 continue
-            said_ids = task.env_ids(said, ids[-1] if ids else None)  # the message's tokens
+            # what closes a reply (a chat's end of turn, or a newline) unless its last token did
+            # (one cut short did not), the message as the user's turn, and what opens the next reply
+            said_ids = task.env_ids(said, ids[-1] if ids else None)
             last = turn + 1 == task.max_turns
             if last or len(said_ids) >= cfg.max_new_tokens - len(e["completion"]):
                 # no reply left, or no room for the message. A reply cut short makes it 'length'.
@@ -292,22 +290,20 @@ def rollout(cfg, server, tasks, rows, version, greedy=False):
             "warnings": warn, "env_s": env_s, "span": (t0, time.time())}
 
 
-# ---- One step, in the order the math reads. The step's table of sequences, the no-grad
-# forwards, rewards, advantages and a weight per sequence, then mu optimizer steps on the loss.
+# ---- One step, in the order the math reads: the table, the no-grad forwards, rewards and
+# advantages, then mu optimizer steps on the loss.
 
 def sequences(batch, group_size, device):
     """A rollout batch -> `seqs`, the step's table, one row per sequence (an episode). Every
     per-sequence quantity lives here. Rows are never reordered or dropped. To filter one out, set
     its weight to 0. Its columns are
       lists (N)  prompt, completion (token ids), text (the last reply, which rewards and
-                 checks read), messages, answer, task, finish ('stop', 'length', 'turns'),
-                 server (its index)
+                 checks read), messages, answer, task, finish, server (its index)
       (N,)       group, length (every token after the prompt, the environment's too),
                  sampled_tokens (the model's own), turns, truncated (1 if finish is 'length');
                  the step adds reward, correct, adv (or (N, C), one per token) and weight
-      (N, C)     mask (1 where the model sampled the token), server_lp (the sampler's log-probs),
-                 right-padded; the forwards add old_lp, ref_lp and lp0 (the trainer's log-probs
-                 under the weights the server has)
+      (N, C)     the episodes' mask and server_lp, right-padded; the forwards add old_lp, ref_lp
+                 and lp0 (log π_old, under θ_step, the weights the server holds now)
       sampling   the batch's sampling settings (temperature, ...)"""
     eps = batch["episodes"]
     C = max(len(e["completion"]) for e in eps)
@@ -331,9 +327,10 @@ def sequences(batch, group_size, device):
 def completion_logprobs(model, b, temperature):
     """Micro-batch b -> (B, C) log π(token | what precedes it) of its completion tokens, and (B, C)
     the entropy of each token's distribution, both at `temperature`. b packs its sequences end to
-    end in rows (ids, pos). src is where each completion token's logits sit, tgt its id and dst its
-    place in the (B, C) table. model.token_logprobs (below the fence) never forms the (B, C, V)
-    logits: for a 150k vocabulary they would not fit."""
+    end in rows (ids, pos). Each attends only to itself, as its positions restart at 0, from which
+    transformers builds a causal mask per sequence. src is where each completion token's logits
+    sit, tgt its id and dst its place in the (B, C) table. model.token_logprobs never forms the
+    (B, C, V) logits, too big for a 150k vocabulary."""
     lp, ent = model.token_logprobs(b["ids"], b["pos"], b["src"], b["tgt"], temperature)  # (n,)
     table = lambda x: torch.zeros(b["mask"].shape, device=x.device).index_put(tuple(b["dst"]), x)
     return table(lp), table(ent)  # (B, C), each completion's tokens from its row's start
@@ -373,8 +370,8 @@ def score(seqs, tasks, group_size, metrics):
 
 def train(cfg, model, opt, seqs, mbs, world, check, metrics):
     """cfg.mu optimizer steps on this rank's micro-batches (mbs). Before the first, check(seqs,
-    metrics) compares the trainer's log-probs (lp0) with the server's on the same tokens, and
-    stops the run if they differ."""
+    metrics) compares the trainer's log-probs under θ_step (lp0) with the server's on the same
+    tokens (with --async, on rows it scores again), and stops the run if they differ."""
     metrics.mean("reward_mean", seqs["reward"].sum(), len(seqs["reward"]))  # shaping included
     n_seqs, n_tokens = batch_counts(seqs, mbs)  # the whole batch's, weighted, over all ranks
     norm = max(loss_norm(cfg.loss_agg, n_seqs, n_tokens, cfg.max_new_tokens), 1e-9)
@@ -386,7 +383,7 @@ def train(cfg, model, opt, seqs, mbs, world, check, metrics):
             x = rows_of(seqs, b)  # the table's (B,) and (B, C) slices for micro-batch b
             logp, ent = completion_logprobs(model, b, seqs["sampling"]["temperature"])
             old = x["old_lp"] if cfg.mu > 1 else logp.detach()  # π_old, before this step's updates
-            if update == 0:  # the server's weights, for the check and the metrics
+            if update == 0:  # θ_step, the server's weights, for the check and the metrics
                 seqs["lp0"][b["rows"], : b["C"]] = old
                 train_metrics(cfg, b, x, old, ent, metrics)
             loss, clipped, kl = policy_loss(cfg, x, logp, old, ent)  # (B, C) each
@@ -402,30 +399,32 @@ def train(cfg, model, opt, seqs, mbs, world, check, metrics):
         finite = bool(torch.isfinite(grad_norm))  # else skipped, as it would poison the weights
         metrics.mean("grad_norm", grad_norm, 1)
         skipped += not finite
-        if finite and n_seqs > 0:  # no sequence with a weight: the update is skipped (and logged)
+        if finite and n_seqs > 0:  # skipped if no sequence has weight (logged)
             opt.step()
         opt.zero_grad(set_to_none=True)
     metrics.max("nonfinite_skips", skipped)
     metrics.max("empty_batch_skips", cfg.mu if n_seqs == 0 else 0)
 
 
-# ---- The loop. -------------------------------------------------------------------------------
+# ---- The loop.
 
 def main(cfg):
-    rt = setup(cfg)                 # flags, ranks, GPUs and process group, checked first
-    server = Server(cfg, rt)        # up? our model? how do weights get there?
-    # tasks[row["task"]] is a row's task: reward_fn(row, warnings) -> (reward, {part: value}),
-    # correct(text, answer), env(messages, answer) -> the next message or None, env_ids(message,
-    # last reply token) -> its token ids, max_turns, stop (strings), decode(ids) -> text.
+    rt = setup(cfg)  # flags, ranks, GPUs and process group, checked first
+    server = Server(cfg, rt)  # up? our model? how do weights get there?
+    # tasks[row["task"]], a row's task, has
+    #   reward_fn(row, warnings) -> (reward, {part: value}); correct(text, answer) -> 1 if right
+    #   env(messages, answer) -> the next user message, or None to end the episode
+    #   env_ids(message, the reply's last token) -> token ids; max_turns; stop; decode(ids) -> text
     tok, train_rows, evals, tasks = load_data(cfg, server.context)  # (tokens: prompt + completion)
     model, ref, opt, start, state = load_models(cfg, rt)  # state is what steps keep (checkpointed)
     log = MetricsLog(cfg, rt, start, len(train_rows))
     pad = tok.pad_token_id or 0
-    # this rank's prompt rows of `step` (in rounds, as DAPO's dynamic sampling draws more), sampled
-    # from θ_version; then the hashes of the weights each server held at the rollout's end
+    # this rank's prompt rows of `step`, in rounds (more with DAPO's dynamic sampling)
     my_prompts = lambda step: [[train_rows[i] for i in r] for r in rank_rounds(
         len(train_rows), step, cfg.prompts_per_step, cfg.seed, rt.rank, rt.world,
         1 + cfg.dynamic_sampling)]
+    # their rollout from θ_version. sample_groups calls rollout() on round 0, and on later rounds
+    # only while groups are flat. Then each server used hashes the weights it holds, for the check.
     rollout_of = lambda rounds, version: server.weights_after(
         sample_groups(cfg, server, tasks, rounds, version))
 
@@ -436,9 +435,9 @@ def main(cfg):
     t_run, next_batch = time.time(), None
     for step in range(start, cfg.steps):
         clock, metrics = Clock(), Metrics()  # the step's named sums, means and maxima
-        # 1. The rollout. On-policy, sample it now from θ_step. With --async it was sampled from
-        #    θ_{step-1} during the last step, and now the server samples the next from θ_step.
-        #    (fail_together: a user's error on one rank stops every rank, so none waits forever.)
+        # 1. The rollout. --no-async samples it now, from θ_step. --async sampled it from θ_{step-1}
+        #    while the last step trained (the first step, now) and starts the next now, in a
+        #    thread, from θ_step, its prompts drawn here. fail_together stops all ranks on an error.
         batch = next_batch or fail_together(rollout_of, my_prompts(step), step)
         pending = cfg.async_ and step + 1 < cfg.steps and POOL.submit(
             rollout_of, my_prompts(step + 1), step)
