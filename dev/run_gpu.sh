@@ -235,7 +235,8 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
   qwen)  # Qwen2.5-Coder-0.5B-Instruct ($QWEN) on one GPU with two servers side by side (MEM_FRACTION 0.15 each):
          # --task python on the first (resumed where /tmp/runs/python has a checkpoint), and on the second the quick
          # start's and then the calculator's commands as the README writes them with --model $QWEN (QS_STEPS, CALC_STEPS;
-         # each skipped once it is done). Everything ends by QWEN_END seconds (the call's limit, less the copy)
+         # each skipped once it is done). PY_LR, PY_STEPS, PY_ARGS (later flags win) vary the python run. Everything
+         # ends by QWEN_END seconds (the call's limit, less the copy)
     Q=${QWEN:?set QWEN}; end=$((SECONDS + ${QWEN_END:-540}))
     bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1; unset SERVED
     GPU=0 MEM_FRACTION=0.15 MODEL=$Q LOG=$RES/serve.log bash serve.sh > "$RES/serve.out" 2>&1 &
@@ -246,7 +247,7 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
         --max_reply_tokens 256 --micro_batch 16 --lr "${PY_LR:-3e-6}" --steps "${PY_STEPS:-200}" --eval_every 20
         --save_every 10 --keep_checkpoints 1 --out_dir /tmp/runs/python)
     run python /tmp/runs/python $((end - SECONDS)) torchrun --nproc_per_node 1 --master_port 29511 grpo_sglang.py \
-        "${PY[@]}" "${resume[@]}" &
+        "${PY[@]}" "${resume[@]}" ${PY_ARGS:-} &
     py=$!
     for name in quickstart calculator; do
       [ -f "$RES/qwen_$name.done" ] && continue
