@@ -235,13 +235,15 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
   qwen)  # Qwen2.5-Coder-0.5B-Instruct ($QWEN) on one GPU with two servers side by side (MEM_FRACTION 0.15 each):
          # --task python on the first (resumed where /tmp/runs/python has a checkpoint), and on the second the quick
          # start's and then the calculator's commands as the README writes them with --model $QWEN (QS_STEPS, CALC_STEPS;
-         # each skipped once it is done). PY_LR, PY_STEPS, PY_ARGS (later flags win) vary the python run. Everything
+         # each skipped once it is done; QWEN_SOLO=1: none). PY_LR, PY_STEPS, PY_ARGS (later flags win) vary the python
+         # run. Everything
          # ends by QWEN_END seconds (the call's limit, less the copy)
     Q=${QWEN:?set QWEN}; end=$((SECONDS + ${QWEN_END:-540}))
     bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1; unset SERVED
     GPU=0 MEM_FRACTION=0.15 MODEL=$Q LOG=$RES/serve.log bash serve.sh > "$RES/serve.out" 2>&1 &
-    GPU=0 MEM_FRACTION=0.15 MODEL=$Q PORT=30001 PIDFILE=/tmp/serve2.pid LOG=$RES/serve2.log bash serve.sh \
-        > "$RES/serve2.out" 2>&1 & wait; log "qwen: servers: $(tail -qn 1 "$RES"/serve.out "$RES"/serve2.out | tr '\n' ' ')"
+    [ -n "${QWEN_SOLO:-}" ] || GPU=0 MEM_FRACTION=0.15 MODEL=$Q PORT=30001 PIDFILE=/tmp/serve2.pid \
+        LOG=$RES/serve2.log bash serve.sh > "$RES/serve2.out" 2>&1 &
+    wait; log "qwen: servers: $(tail -qn 1 "$RES"/serve*.out | tr '\n' ' ')"
     resume=(); [ -f /tmp/runs/python/latest ] && resume=(--resume)
     PY=(--colocate --model "$Q" --dataset builtin --task python --prompts_per_step 16 --max_new_tokens 640
         --max_reply_tokens 256 --micro_batch 16 --lr "${PY_LR:-3e-6}" --steps "${PY_STEPS:-200}" --eval_every 20
@@ -250,7 +252,7 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
         "${PY[@]}" "${resume[@]}" ${PY_ARGS:-} &
     py=$!
     for name in quickstart calculator; do
-      [ -f "$RES/qwen_$name.done" ] && continue
+      [ -f "$RES/qwen_$name.done" ] || [ -n "${QWEN_SOLO:-}" ] && continue
       [ $name = quickstart ] && args=("${QUICK[@]}" --steps "${QS_STEPS:-100}") \
                              || args=("${EPISODES[@]}" "${CALC[@]}" --steps "${CALC_STEPS:-100}")
       rm -rf "/tmp/runs/qwen_$name"
