@@ -236,8 +236,7 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
          # --task python on the first (resumed where /tmp/runs/python has a checkpoint), and on the second the quick
          # start's and then the calculator's commands as the README writes them with --model $QWEN (QS_STEPS, CALC_STEPS;
          # each skipped once it is done; QWEN_SOLO=1: none). PY_LR, PY_STEPS, PY_ARGS (later flags win) vary the python
-         # run. Everything
-         # ends by QWEN_END seconds (the call's limit, less the copy)
+         # run. Everything ends by QWEN_END seconds (the call's limit, less the copy)
     Q=${QWEN:?set QWEN}; end=$((SECONDS + ${QWEN_END:-540}))
     bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1; unset SERVED
     GPU=0 MEM_FRACTION=0.15 MODEL=$Q LOG=$RES/serve.log bash serve.sh > "$RES/serve.out" 2>&1 &
