@@ -6269,7 +6269,7 @@ def test_a_turns_environments_answer_together_in_a_bounded_pool(monkeypatch):
     wait for all 12 to have started finish (one at a time, the first would wait forever: here, 10 s, then a broken
     barrier and a warning), and 40 never run more than the pool's 32 at once. Each call's warnings are counted, as
     one Counter would."""
-    import threading
+    import threading, time
     barrier, running, most, lock = threading.Barrier(12, timeout=10), [0], [0], threading.Lock()
 
     def together(messages, answer):
@@ -6280,12 +6280,11 @@ def test_a_turns_environments_answer_together_in_a_bounded_pool(monkeypatch):
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.05)
+        time.sleep(0.2)  # (long enough to overlap on a busy machine)
         with lock:
             running[0] -= 1
         warnings["counted: one"] = warnings.get("counted: one", 0) + 1
         return None
-    import time
     from types import SimpleNamespace
     tasks = {"t": SimpleNamespace(env=together), "c": SimpleNamespace(env=counted), "none": SimpleNamespace(env=None)}
     ep = lambda task: {"task": task, "messages": [{"role": "assistant", "content": "hi"}], "answer": "1"}
