@@ -6540,10 +6540,14 @@ CALC_INSTRUCTION = ("To use a calculator, reply with calc: followed by the expre
 CALC_EXAMPLE = f"What is 347 * 29?\n{CALC_INSTRUCTION}\ncalc: 347 * 29\n10063\n347 * 29 = 10063\n\n"
 
 
-def test_a_worked_example_comes_before_each_question_in_plain_prompts_and_in_chat_ones_only_if_asked(tmp_path):
+def test_a_worked_example_comes_before_each_question_in_plain_prompts_and_in_chat_ones_only_if_asked(tmp_path,
+                                                                                                  monkeypatch):
     """--task calculator on a base model (plain prompts): each prompt, trained on or held out, is the task's worked
     episode and then the question, and the start says so; --example off gives the prompt of before. A chat model's
-    prompt is unchanged, and --example on puts the episode in as earlier turns; a task without an example refuses it."""
+    prompt is unchanged, and --example on puts the episode in as earlier turns; a task without an example refuses it.
+    (The task's built-in rows are 40 of its own, not its 20,000: each load tokenized them all, 5 s a load.)"""
+    monkeypatch.setitem(reward_fns.TASKS, "calculator", dataclasses.replace(
+        reward_fns.TASKS["calculator"], rows=lambda: reward_fns.calculator_rows(40)))
     tok = byte_tokenizer(str(tmp_path / "base"))  # no chat template: plain prompts; text round-trips, newlines too
     load = lambda *a, **k: g.load_data(g.Config(dataset="builtin", task="calculator", max_prompt_tokens=1024, **k))
     with contextlib.redirect_stdout(io.StringIO()) as said:
