@@ -7255,31 +7255,32 @@ def test_a_mixed_runs_episode_flags_act_on_each_task_as_on_the_task_alone(tmp_pa
     assert [e["turns"] for e in batch["episodes"]] == [1, 1]
 
 
-EPOCH_DRAWS = """import json, sys
-sys.path.insert(0, sys.argv[1])
-import grpo_sglang as g
-cfg = g.Config(model=sys.argv[2], dataset=sys.argv[3], task="arithmetic,exact", eval_size=4, seed=int(sys.argv[4]))
-train = g.load_data(cfg)[1]
-n, per_step, world = len(train), 10, 2  # one epoch: n draws, in steps of 10 prompts over 2 ranks
-print(json.dumps([[[train[i]["question"] for r in g.rank_rounds(n, step, per_step, cfg.seed, rank, world) for i in r]
-                   for rank in range(world)] for step in range(n // per_step)]))
-"""
+def epoch_draws(model, data, seed):
+    """-> what each rank draws, step by step, over one epoch of --task arithmetic,exact of `data` (10 prompts a step
+    over 2 ranks): [step][rank] -> the questions, in order."""
+    cfg = g.Config(model=model, dataset=data, task="arithmetic,exact", eval_size=4, seed=seed)
+    train = g.load_data(cfg)[1]
+    n, per_step, world = len(train), 10, 2  # one epoch: n draws
+    return [[[train[i]["question"] for r in g.rank_rounds(n, step, per_step, seed, rank, world) for i in r]
+             for rank in range(world)] for step in range(n // per_step)]
 
 
 def test_the_mix_uses_every_row_of_a_task_over_an_epoch_of_its_share_in_one_order_in_every_process(tiny_model, tmp_path):
     """--task arithmetic,exact, equal shares of 50 prompts: exact (10 rows, 25 prompts) trains on every row over an
     epoch, each 2 or 3 times; arithmetic (40 rows, 25 prompts) on 25 distinct rows drawn by the seed, not the first 25
     of its split (a mix that computed its shuffle and did not use it). What each rank draws, step by step over the
-    epoch, is the same in a new process (as a resumed run is) and on each rank, whatever Python's hash seed (a shuffle
-    seeded by hash(name) differed from process to process): the ranks' draws of the epoch are the mix, each prompt
-    once."""
+    epoch, is the same in a new process (as a resumed run is, with another hash seed) as in this one, and on each rank
+    (a shuffle seeded by hash(name) differed from process to process): the ranks' draws of the epoch are the mix,
+    each prompt once. (One new process, not one per draw: each takes ~8 s to import and load.)"""
     data = mixed_folder(tmp_path / "d", 40, 10)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    draws = lambda seed, hash_seed: json.loads(subprocess.run(
-        [sys.executable, "-c", EPOCH_DRAWS, HERE, tiny_model, data, str(seed)], env={**env, "PYTHONHASHSEED": hash_seed},
-        capture_output=True, text=True, timeout=120, check=True).stdout.strip().splitlines()[-1])
-    epoch = draws(0, "1")
-    assert epoch == draws(0, "2")  # another process, another hash seed: the same draws, rank by rank
+    epoch = epoch_draws(tiny_model, data, 0)
+    hash_seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"  # not this process's
+    show = (f"import json, sys; sys.path.insert(0, {HERE!r}); import test_smoke; "
+            f"print(json.dumps([hash('exact'), test_smoke.epoch_draws({tiny_model!r}, {data!r}, 0)]))")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONHASHSEED=hash_seed)
+    hashed, there = json.loads(subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True,
+                                              timeout=120, check=True).stdout.strip().splitlines()[-1])
+    assert hashed != hash("exact") and there == epoch  # another process, another hash: the same draws, rank by rank
     _, train, _, _ = g.load_data(g.Config(model=tiny_model, dataset=data, task="arithmetic,exact", eval_size=4))
     drawn = collections.Counter(q for step in epoch for rank in step for q in rank)
     assert drawn == collections.Counter(r["question"] for r in train)  # each prompt of the mix once over the epoch
@@ -7288,7 +7289,7 @@ def test_the_mix_uses_every_row_of_a_task_over_an_epoch_of_its_share_in_one_orde
     arithmetic = [q for q in drawn if q.startswith("What")]
     first = [f"What is {k} + 1?" for k in range(4, 44)]  # its split's order
     assert len(arithmetic) == 25 == len(set(arithmetic)) and set(arithmetic) != set(first[:25])
-    other = {q for step in draws(1, "1") for rank in step for q in rank if q.startswith("What")}
+    other = {q for step in epoch_draws(tiny_model, data, 1) for rank in step for q in rank if q.startswith("What")}
     assert other != set(arithmetic) and other != set(first[:25])  # another --seed, another draw
 
 
