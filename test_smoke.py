@@ -720,8 +720,8 @@ class Forked:
     child of its own with the script as __main__, as `python SCRIPT ARGS` runs it, and nothing of the tests' process
     in it: none of this project's modules are imported before it runs. torchrun runs as itself and forks its workers
     where it would start them (each in a session of its own). Tests that start a run themselves (a signal, a second
-    trainer) run a fresh Python, and so does a run while another is on (a thread's), and every run once the zygote
-    has failed (its error is in the test's output)."""
+    trainer) run a fresh Python (but kill -9's, which forks it here too), and so does a run while another is on (a
+    thread's), and every run once the zygote has failed (its error is in the test's output)."""
     lock, zygote, pending = threading.Lock(), None, False
 
     def __init__(self, pid, cmd):
@@ -3720,17 +3720,21 @@ def test_kill_9_then_resume_continues_exactly(tiny_model, tmp_path):
     s = StandIn(tiny_model, hold_generate_after=3)
     try:
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
-        with open(tmp_path / "killed.log", "w") as f:
-            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--seed", "3"), stdout=f,
-                                 stderr=subprocess.STDOUT, env=env, cwd=HERE)
+        cmd = train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--seed", "3")
+        with open(tmp_path / "killed.log", "w") as f:  # (forked as run()'s runs are, where the zygote is free)
+            p = Forked.start(cmd, env, f.name) or subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                                                   cwd=HERE)
             deadline = time.time() + 240
-            while time.time() < deadline and p.poll() is None:
-                ck = g.latest_checkpoint(str(tmp_path / "k"))
-                if ck and ck.endswith("step_2"):
-                    break
-                time.sleep(0.05)
-            p.send_signal(signal.SIGKILL)
-            p.wait()
+            try:
+                while time.time() < deadline and _alive(p.pid):
+                    ck = g.latest_checkpoint(str(tmp_path / "k"))
+                    if ck and ck.endswith("step_2"):
+                        break
+                    time.sleep(0.05)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+                p.wait()
         s.release.set()
         ck = g.latest_checkpoint(str(tmp_path / "k"))
         step = torch.load(os.path.join(ck, "trainer_state.pt"), weights_only=True)["step"]
