@@ -3055,7 +3055,8 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
     """Two servers, the second tensor-parallel (2 ranks): each step's prompts are split between them by group (every
     prompt of the step to exactly one server, all its completions there), every version reaches every rank of every server
     (tensor: one payload per TP rank; nccl: one group of 1 + 1 + 2 ranks, one broadcast per bucket), every rollout
-    and re-score comes from its version on each server, and after the run every rank holds the trainer's weights."""
+    and re-score comes from its version on each server, and after the run every rank holds the trainer's weights.
+    (Two runs on 2 ranks, against the two servers and then one: ~7 s a case.)"""
     a, b = StandIn(tiny_model), StandIn(tiny_model, tp=2)
     try:
         port = ["--nccl_port", str(free_port(2)), "--request_timeout", "60"] if sync == "nccl" else []
@@ -3472,7 +3473,10 @@ def test_async_resume_regenerates_the_pending_batch_from_the_checkpoint(tiny_mod
 
 @pytest.mark.parametrize("fault", ["dies", "stalls"])
 def test_async_server_failing_during_a_background_generation_stops_cleanly(tiny_model, tmp_path, fault):
-    # the initial eval and step 1's rollout work; step 2's rollout, running in the background, fails
+    """--async: the initial eval and step 1's rollout work; step 2's rollout, running in the background, fails (the
+    server dies, or stalls): one error, no traceback, no weights pushed meanwhile. ('stalls' waits out
+    --request_timeout 3 twice, a try and its retry, ~6 s: a shorter timeout could end a correct generation on 2 busy
+    cores.)"""
     code, out, took, s = run_against(tiny_model, tmp_path, {"fail_generate_after" if fault == "dies" else "stall_generate_after": 2},
                                      "--steps", "4", "--async", "--request_timeout", "3")
     assert code == 1 and ("stand-in: scheduler died" if fault == "dies" else "ReadTimeout") in out, out
@@ -4750,7 +4754,8 @@ def test_ranks_that_call_a_collective_a_different_number_of_times_stop_with_one_
     """The reward per turn as the guide had it (K, the most replies of the rank's episodes, per rank), on 2 ranks
     whose episodes differ, --scale_rewards batch: rank 1 called advantages(), and so its all-reduces, more often than
     rank 0, and the run hung until it was killed. Now the wait ends after --collective_timeout (15 s here) with one
-    message that names the step and the likely cause."""
+    message that names the step and the likely cause. (The test is that wait, ~17 s: the timeout bounds every
+    collective of the run, and a rank of a correct step on 2 busy cores may wait seconds for the other.)"""
     import time
     script = recipes_copy(tmp_path / "copy", ["turns"])
     src = (tmp_path / "copy" / "grpo_sglang.py").read_text()
@@ -6523,7 +6528,8 @@ DYNAMIC = ("--dynamic_sampling", "2", "--reward", "has_number", "--eval_every", 
 def test_dynamic_sampling_on_two_ranks_and_resumed_is_the_run_that_never_stopped(tiny_model, tmp_path):
     """--dynamic_sampling 2 end to end: on two ranks every rank ends its step with as many groups (no hang; the
     rounds each drew are logged), and a run stopped after step 2 and resumed draws and trains exactly as the run that
-    never stopped (the rounds are a pure function of the step)."""
+    never stopped (the rounds are a pure function of the step). (Four runs of the trainer, one of them on 2 ranks:
+    ~9 s.)"""
     (rows, w, s), (rows1, w1, s1) = stopped_and_resumed(tiny_model, tmp_path, *DYNAMIC).values()
     assert len(rows) == 4 and rows == rows1 and s.generations == s1.generations and all(torch.equal(w[k], w1[k]) for k in w)
     s = StandIn(tiny_model)
