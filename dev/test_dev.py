@@ -296,6 +296,7 @@ def test_every_mutation_breaks_a_line_its_file_holds_and_names_tests_that_exist(
     names = [m[0] for m in mutation_check.M]
     assert len(set(names)) == len(names), sorted({n for n in names if names.count(n) > 1})
     assert not [name for name, _, old, new, _ in mutation_check.M if old == new]
+
     def idle_of(tests):  # the entries whose -k expression selects none of `tests`
         compiled = [(f"{name} [-k {k}]", Expression.compile(k)) for name, _, _, _, k in mutation_check.M]
         return [n for n, e in compiled if not any(e.evaluate(lambda w, **_: w.lower() in t.lower()) for t in tests)]
