@@ -74,7 +74,7 @@ if [ "${1:-}" = "stop" ]; then
       kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true   # the whole process group
     done
     for pid in $(pids); do
-      for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+      for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done  # 30 s for it to end
       kill -KILL -- "-$pid" 2>/dev/null || true
       echo "[serve.sh] stopped server (pid $pid)"
     done
@@ -93,7 +93,7 @@ TP=$((10#$TP)) SERVERS=$((10#$SERVERS))  # TP=08 is 8, not an octal error
   die "PORT=$PORT is not a port: write a whole number from 1 to 65535 (e.g. PORT=30000)"
 [ $((PORT + SERVERS - 1)) -le 65535 ] || die "PORT=$PORT SERVERS=$SERVERS needs ports up to $((PORT + SERVERS - 1))," \
   "past 65535: write PORT=$((65536 - SERVERS)) or lower"
-if ! [[ $TIMEOUT =~ ^0*[1-9][0-9]*$ ]]; then  # else [ -ge ] fails every 3 s and the wait never ends
+if ! [[ $TIMEOUT =~ ^0*[1-9][0-9]*$ ]]; then  # else [ -ge ] fails at every poll and the wait never ends
   fix=$(awk -v t="$TIMEOUT" 'BEGIN { u = substr(t, length(t)); n = (u ~ /[smh]/) ? substr(t, 1, length(t) - 1) : t
     v = n * (u == "m" ? 60 : u == "h" ? 3600 : 1)  # 15m: 900, 1.5h: 5400, 2.5: 3 (whole seconds, rounded up)
     print (n ~ /^[0-9]*\.?[0-9]+$/ && v > 0) ? (v == int(v) ? v : int(v) + 1) : 900 }')
@@ -243,7 +243,7 @@ wait_healthy() { # k: until server k answers; exit 1 (stopping them all) if it d
     kill -0 "$pid" 2>/dev/null || fail "$k" "the server on GPU ${SGPUS[$k]} exited during start-up"
     [ $(( $(date +%s) - start )) -lt "$TIMEOUT" ] || fail "$k" "the server on GPU ${SGPUS[$k]} was not healthy after" \
       "${TIMEOUT}s: stopped (still loading? raise TIMEOUT, e.g. TIMEOUT=$((TIMEOUT * 2)))"
-    sleep 3
+    sleep 1  # (a check is one small request: each second costs nothing and says "healthy" sooner)
   done
   echo "[serve.sh] healthy after $(( $(date +%s) - start ))s: ${URLS[$k]} serves $MODEL on GPU ${SGPUS[$k]}" \
        "(pid $pid, log ${LOGS[$k]})"

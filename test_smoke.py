@@ -720,8 +720,8 @@ class Forked:
     child of its own with the script as __main__, as `python SCRIPT ARGS` runs it, and nothing of the tests' process
     in it: none of this project's modules are imported before it runs. torchrun runs as itself and forks its workers
     where it would start them (each in a session of its own). Tests that start a run themselves (a signal, a second
-    trainer) run a fresh Python, and so does a run while another is on (a thread's), and every run once the zygote
-    has failed (its error is in the test's output)."""
+    trainer) run a fresh Python (but kill -9's, which forks it here too), and so does a run while another is on (a
+    thread's), and every run once the zygote has failed (its error is in the test's output)."""
     lock, zygote, pending = threading.Lock(), None, False
 
     def __init__(self, pid, cmd):
@@ -3055,7 +3055,8 @@ def test_several_servers_and_a_tensor_parallel_one(tiny_model, tmp_path, sync):
     """Two servers, the second tensor-parallel (2 ranks): each step's prompts are split between them by group (every
     prompt of the step to exactly one server, all its completions there), every version reaches every rank of every server
     (tensor: one payload per TP rank; nccl: one group of 1 + 1 + 2 ranks, one broadcast per bucket), every rollout
-    and re-score comes from its version on each server, and after the run every rank holds the trainer's weights."""
+    and re-score comes from its version on each server, and after the run every rank holds the trainer's weights.
+    (Two runs on 2 ranks, against the two servers and then one: ~7 s a case.)"""
     a, b = StandIn(tiny_model), StandIn(tiny_model, tp=2)
     try:
         port = ["--nccl_port", str(free_port(2)), "--request_timeout", "60"] if sync == "nccl" else []
@@ -3472,7 +3473,10 @@ def test_async_resume_regenerates_the_pending_batch_from_the_checkpoint(tiny_mod
 
 @pytest.mark.parametrize("fault", ["dies", "stalls"])
 def test_async_server_failing_during_a_background_generation_stops_cleanly(tiny_model, tmp_path, fault):
-    # the initial eval and step 1's rollout work; step 2's rollout, running in the background, fails
+    """--async: the initial eval and step 1's rollout work; step 2's rollout, running in the background, fails (the
+    server dies, or stalls): one error, no traceback, no weights pushed meanwhile. ('stalls' waits out
+    --request_timeout 3 twice, a try and its retry, ~6 s: a shorter timeout could end a correct generation on 2 busy
+    cores.)"""
     code, out, took, s = run_against(tiny_model, tmp_path, {"fail_generate_after" if fault == "dies" else "stall_generate_after": 2},
                                      "--steps", "4", "--async", "--request_timeout", "3")
     assert code == 1 and ("stand-in: scheduler died" if fault == "dies" else "ReadTimeout") in out, out
@@ -3720,17 +3724,21 @@ def test_kill_9_then_resume_continues_exactly(tiny_model, tmp_path):
     s = StandIn(tiny_model, hold_generate_after=3)
     try:
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
-        with open(tmp_path / "killed.log", "w") as f:
-            p = subprocess.Popen(train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--seed", "3"), stdout=f,
-                                 stderr=subprocess.STDOUT, env=env, cwd=HERE)
+        cmd = train_cmd(tiny_model, s.url, tmp_path / "k", "--steps", "4", "--seed", "3")
+        with open(tmp_path / "killed.log", "w") as f:  # (forked as run()'s runs are, where the zygote is free)
+            p = Forked.start(cmd, env, f.name) or subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                                                   cwd=HERE)
             deadline = time.time() + 240
-            while time.time() < deadline and p.poll() is None:
-                ck = g.latest_checkpoint(str(tmp_path / "k"))
-                if ck and ck.endswith("step_2"):
-                    break
-                time.sleep(0.05)
-            p.send_signal(signal.SIGKILL)
-            p.wait()
+            try:
+                while time.time() < deadline and _alive(p.pid):
+                    ck = g.latest_checkpoint(str(tmp_path / "k"))
+                    if ck and ck.endswith("step_2"):
+                        break
+                    time.sleep(0.05)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+                p.wait()
         s.release.set()
         ck = g.latest_checkpoint(str(tmp_path / "k"))
         step = torch.load(os.path.join(ck, "trainer_state.pt"), weights_only=True)["step"]
@@ -4746,7 +4754,8 @@ def test_ranks_that_call_a_collective_a_different_number_of_times_stop_with_one_
     """The reward per turn as the guide had it (K, the most replies of the rank's episodes, per rank), on 2 ranks
     whose episodes differ, --scale_rewards batch: rank 1 called advantages(), and so its all-reduces, more often than
     rank 0, and the run hung until it was killed. Now the wait ends after --collective_timeout (15 s here) with one
-    message that names the step and the likely cause."""
+    message that names the step and the likely cause. (The test is that wait, ~17 s: the timeout bounds every
+    collective of the run, and a rank of a correct step on 2 busy cores may wait seconds for the other.)"""
     import time
     script = recipes_copy(tmp_path / "copy", ["turns"])
     src = (tmp_path / "copy" / "grpo_sglang.py").read_text()
@@ -6518,7 +6527,8 @@ DYNAMIC = ("--dynamic_sampling", "2", "--reward", "has_number", "--eval_every", 
 def test_dynamic_sampling_on_two_ranks_and_resumed_is_the_run_that_never_stopped(tiny_model, tmp_path):
     """--dynamic_sampling 2 end to end: on two ranks every rank ends its step with as many groups (no hang; the
     rounds each drew are logged), and a run stopped after step 2 and resumed draws and trains exactly as the run that
-    never stopped (the rounds are a pure function of the step)."""
+    never stopped (the rounds are a pure function of the step). (Four runs of the trainer, one of them on 2 ranks:
+    ~9 s.)"""
     (rows, w, s), (rows1, w1, s1) = stopped_and_resumed(tiny_model, tmp_path, *DYNAMIC).values()
     assert len(rows) == 4 and rows == rows1 and s.generations == s1.generations and all(torch.equal(w[k], w1[k]) for k in w)
     s = StandIn(tiny_model)
@@ -6539,10 +6549,14 @@ CALC_INSTRUCTION = ("To use a calculator, reply with calc: followed by the expre
 CALC_EXAMPLE = f"What is 347 * 29?\n{CALC_INSTRUCTION}\ncalc: 347 * 29\n10063\n347 * 29 = 10063\n\n"
 
 
-def test_a_worked_example_comes_before_each_question_in_plain_prompts_and_in_chat_ones_only_if_asked(tmp_path):
+def test_a_worked_example_comes_before_each_question_in_plain_prompts_and_in_chat_ones_only_if_asked(tmp_path,
+                                                                                                  monkeypatch):
     """--task calculator on a base model (plain prompts): each prompt, trained on or held out, is the task's worked
     episode and then the question, and the start says so; --example off gives the prompt of before. A chat model's
-    prompt is unchanged, and --example on puts the episode in as earlier turns; a task without an example refuses it."""
+    prompt is unchanged, and --example on puts the episode in as earlier turns; a task without an example refuses it.
+    (The task's built-in rows are 40 of its own, not its 20,000: each load tokenized them all, 5 s a load.)"""
+    monkeypatch.setitem(reward_fns.TASKS, "calculator", dataclasses.replace(
+        reward_fns.TASKS["calculator"], rows=lambda: reward_fns.calculator_rows(40)))
     tok = byte_tokenizer(str(tmp_path / "base"))  # no chat template: plain prompts; text round-trips, newlines too
     load = lambda *a, **k: g.load_data(g.Config(dataset="builtin", task="calculator", max_prompt_tokens=1024, **k))
     with contextlib.redirect_stdout(io.StringIO()) as said:
@@ -7250,31 +7264,32 @@ def test_a_mixed_runs_episode_flags_act_on_each_task_as_on_the_task_alone(tmp_pa
     assert [e["turns"] for e in batch["episodes"]] == [1, 1]
 
 
-EPOCH_DRAWS = """import json, sys
-sys.path.insert(0, sys.argv[1])
-import grpo_sglang as g
-cfg = g.Config(model=sys.argv[2], dataset=sys.argv[3], task="arithmetic,exact", eval_size=4, seed=int(sys.argv[4]))
-train = g.load_data(cfg)[1]
-n, per_step, world = len(train), 10, 2  # one epoch: n draws, in steps of 10 prompts over 2 ranks
-print(json.dumps([[[train[i]["question"] for r in g.rank_rounds(n, step, per_step, cfg.seed, rank, world) for i in r]
-                   for rank in range(world)] for step in range(n // per_step)]))
-"""
+def epoch_draws(model, data, seed):
+    """-> what each rank draws, step by step, over one epoch of --task arithmetic,exact of `data` (10 prompts a step
+    over 2 ranks): [step][rank] -> the questions, in order."""
+    cfg = g.Config(model=model, dataset=data, task="arithmetic,exact", eval_size=4, seed=seed)
+    train = g.load_data(cfg)[1]
+    n, per_step, world = len(train), 10, 2  # one epoch: n draws
+    return [[[train[i]["question"] for r in g.rank_rounds(n, step, per_step, seed, rank, world) for i in r]
+             for rank in range(world)] for step in range(n // per_step)]
 
 
 def test_the_mix_uses_every_row_of_a_task_over_an_epoch_of_its_share_in_one_order_in_every_process(tiny_model, tmp_path):
     """--task arithmetic,exact, equal shares of 50 prompts: exact (10 rows, 25 prompts) trains on every row over an
     epoch, each 2 or 3 times; arithmetic (40 rows, 25 prompts) on 25 distinct rows drawn by the seed, not the first 25
     of its split (a mix that computed its shuffle and did not use it). What each rank draws, step by step over the
-    epoch, is the same in a new process (as a resumed run is) and on each rank, whatever Python's hash seed (a shuffle
-    seeded by hash(name) differed from process to process): the ranks' draws of the epoch are the mix, each prompt
-    once."""
+    epoch, is the same in a new process (as a resumed run is, with another hash seed) as in this one, and on each rank
+    (a shuffle seeded by hash(name) differed from process to process): the ranks' draws of the epoch are the mix,
+    each prompt once. (One new process, not one per draw: each takes ~8 s to import and load.)"""
     data = mixed_folder(tmp_path / "d", 40, 10)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    draws = lambda seed, hash_seed: json.loads(subprocess.run(
-        [sys.executable, "-c", EPOCH_DRAWS, HERE, tiny_model, data, str(seed)], env={**env, "PYTHONHASHSEED": hash_seed},
-        capture_output=True, text=True, timeout=120, check=True).stdout.strip().splitlines()[-1])
-    epoch = draws(0, "1")
-    assert epoch == draws(0, "2")  # another process, another hash seed: the same draws, rank by rank
+    epoch = epoch_draws(tiny_model, data, 0)
+    hash_seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"  # not this process's
+    show = (f"import json, sys; sys.path.insert(0, {HERE!r}); import test_smoke; "
+            f"print(json.dumps([hash('exact'), test_smoke.epoch_draws({tiny_model!r}, {data!r}, 0)]))")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONHASHSEED=hash_seed)
+    hashed, there = json.loads(subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True,
+                                              timeout=120, check=True).stdout.strip().splitlines()[-1])
+    assert hashed != hash("exact") and there == epoch  # another process, another hash: the same draws, rank by rank
     _, train, _, _ = g.load_data(g.Config(model=tiny_model, dataset=data, task="arithmetic,exact", eval_size=4))
     drawn = collections.Counter(q for step in epoch for rank in step for q in rank)
     assert drawn == collections.Counter(r["question"] for r in train)  # each prompt of the mix once over the epoch
@@ -7283,7 +7298,7 @@ def test_the_mix_uses_every_row_of_a_task_over_an_epoch_of_its_share_in_one_orde
     arithmetic = [q for q in drawn if q.startswith("What")]
     first = [f"What is {k} + 1?" for k in range(4, 44)]  # its split's order
     assert len(arithmetic) == 25 == len(set(arithmetic)) and set(arithmetic) != set(first[:25])
-    other = {q for step in draws(1, "1") for rank in step for q in rank if q.startswith("What")}
+    other = {q for step in epoch_draws(tiny_model, data, 1) for rank in step for q in rank if q.startswith("What")}
     assert other != set(arithmetic) and other != set(first[:25])  # another --seed, another draw
 
 
