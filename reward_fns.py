@@ -16,7 +16,8 @@ Two registries:
   TASKS        --task NAME: a task is its reward (what --reward auto trains on), its correctness check (what
                `accuracy` and the held-out `eval_accuracy` count, whatever the reward: shaping never inflates them),
                its instruction, its built-in rows (--dataset builtin) and, for episodes of several turns, its
-               environment: (messages, answer) -> the next user message, or None (the episode ends).
+               environment: (messages, answer) -> the next user message, or None (the episode ends); one that takes
+               `warnings` too counts its own in that Counter (python_env: what its sandbox stopped or refused).
 
 A task is held to a contract as its reward is, so that a student's first environment fails with a message, not a
 traceback. At start the trainer checks the task it will run (check_task): a reward that names no REWARD_FNS entry, a
@@ -34,6 +35,7 @@ exact, choice          answers that are not numbers: the final line equals the a
                        punctuation, a/an/the); or names its letter. A list answer: any of its aliases.
 format                 1.0 for a line "#### <number>" or a "\\boxed{<number>}": a small shaping reward (weight ~0.1).
 guess, calculator      the built-in tasks of episodes: guess the number ("higher"/"lower"), a calculator tool.
+python                 a Python tool: a reply's code runs in a sandbox (run_python), its output is the next message.
 safe_reward            a reward's bad value or exception -> 0.0 and a counted warning (one NaN would poison a group).
 safe_env               an environment's exception or non-str message -> the episode ends, and a counted warning.
 combine                --reward -> the trainer's reward: (sample, warnings) -> (reward, {part: value}).
@@ -425,7 +427,7 @@ class Task:
     reward: str                      # what --reward auto trains on: a REWARD_FNS name or a mix ("guess:1,format:0.1")
     correct: Callable                # (completion, answer) -> bool, on the episode's last reply: what accuracy counts
     instruction: str = ""            # appended to each question
-    env: Callable | None = None      # (messages, answer) -> the next user message, or None: the episode is done
+    env: Callable | None = None      # (messages, answer[, warnings]) -> the next user message, or None: it is done
     max_turns: int = 1               # the model's replies per episode at most (--max_turns 0 takes this)
     rows: Callable | None = None     # () -> the built-in rows [{"question", "answer"}] (--dataset builtin)
     numeric: bool = True             # its answers hold a number (rows without one are skipped)
@@ -473,14 +475,15 @@ def check_task(name, task):
     calls = [("correct", "a check", ("completion", "answer"),
               "take (completion, answer) and return whether the completion is right (True or False)"),
              ("env", "an environment", ([], "answer"),
-              "take (messages, answer) and return the next user message (a str), or None to end the episode"),
+              "take (messages, answer) (and warnings, a Counter of its own warnings, if it wants them) and return the "
+              "next user message (a str), or None to end the episode"),
              ("check_answer", "an answer check", ("answer",),
               "take (answer) and return why no completion can match it (a str), or None")]
     for field, role, args, must in calls:
         fn = getattr(task, field)
         if fn is None and field != "correct":  # env and check_answer are optional
             continue
-        why = cannot_call(fn, role, *args)
+        why = cannot_call(fn, role, *args, **({"warnings": {}} if field == "env" and takes(fn, "warnings") else {}))
         if why:
             raise ValueError(f"{where}: its {field}, {why}: it must {must}")
     turns, env = task.max_turns, getattr(task.env, "__name__", "env")

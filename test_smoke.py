@@ -587,6 +587,10 @@ reward_fns.TASKS["reward_fn_given"] = reward_fns.Task(reward_fns.gsm8k_reward, r
 def rank_env(messages, answer):  # rank 1's episodes take up to 3 replies, rank 0's one: the ranks' batches differ
     return "What is the number ?" if __import__("os").environ.get("RANK") == "1" and len(messages) < 6 else None
 reward_fns.TASKS["rank_turns"] = dataclasses.replace(reward_fns.TASKS["talk"], env=rank_env)
+def sandboxed_env(messages, answer, warnings):  # 'talk', whose first reply runs code in the real sandbox: refused
+    reply = [{"role": "assistant", "content": "python: import socket"}]
+    return reward_fns.python_env(reply, answer, warnings) if len(messages) < 4 else None
+reward_fns.TASKS["sandboxed"] = dataclasses.replace(reward_fns.TASKS["talk"], env=sandboxed_env)
 """
 
 
@@ -1941,7 +1945,12 @@ def test_exact_and_choice_take_a_list_of_aliases_and_exact_compares_unicode_afte
      "the completion is right (True or False)"),
     (lambda t: dataclasses.replace(t["guess"], env=lambda messages: None),
      "its env, <lambda>(messages) cannot be called as an environment (too many positional arguments): it must take "
-     "(messages, answer) and return the next user message (a str), or None to end the episode"),
+     "(messages, answer) (and warnings, a Counter of its own warnings, if it wants them) and return the next user "
+     "message (a str), or None to end the episode"),
+    (lambda t: dataclasses.replace(t["guess"], env=lambda messages, answer, warnings, more: None),
+     "its env, <lambda>(messages, answer, warnings, more) cannot be called as an environment (missing a required "
+     "argument: 'more'): it must take (messages, answer) (and warnings, a Counter of its own warnings, if it wants "
+     "them) and return the next user message (a str), or None to end the episode"),
     (lambda t: dataclasses.replace(t["guess"], max_turns=1),
      "it has an environment (guess_env) but max_turns 1, so every episode ends at the first reply and the "
      "environment's messages would be thrown away: set max_turns to the most replies an episode may take, e.g. "
@@ -6325,6 +6334,21 @@ def test_a_python_episode_runs_the_replys_code_and_answers_with_its_output_then_
     assert reward_fns.python_correct(code["messages"][-1]["content"], "4214") and batch["env_s"] > 0
     assert not batch["warnings"]
 
+
+def test_a_run_whose_environment_runs_the_sandbox_trains_and_counts_each_refusal(tiny_model, tmp_path):
+    """The trainer end to end, 2 ranks, with an environment that runs each first reply's code in the real sandbox
+    (a refused import): every step trains, the environments' time is logged, and each refusal is one warning:
+    2 prompts x 4 episodes a step, so 8 a step over the ranks, named by its cause in the step's line."""
+    s = StandIn(tiny_model)
+    try:
+        code, out = run(train_cmd(tiny_model, s.url, tmp_path, "--task", "sandboxed", "--max_new_tokens", "24",
+                                  "--eval_every", "0", "--save_every", "0", nproc=2, rewards=True))
+    finally:
+        s.close()
+    assert code == 0, out
+    m = [r for r in read_metrics(tmp_path) if "loss" in r]
+    assert len(m) == 2 and all(r["env_warnings"] == 8 and r["time_env"] > 0 for r in m), m
+    assert "python_env: refused import socket" in out and "episodes of up to 3 replies" in out, out[-2000:]
 
 def test_the_word_problems_are_fixed_by_their_seed_and_each_answer_follows_from_its_text(tiny_model):
     """word_problem_rows: 1,000 rows, the same on every call (a fixed seed), every template used, each answer a

@@ -662,8 +662,12 @@ M = [  # (name, file, old, new, -k expression)
  ('71 env: each episode answered by the first task', 'grpo_sglang.py', 'env, w = tasks[e["task"]].env, Counter()',
   'env, w = next(iter(tasks.values())).env, Counter()', 'mixed_batch'),
  ('71 env: a thread\'s warnings dropped', 'grpo_sglang.py', '        reward_fns.merge_warnings(warn, w)\n',
-  '        pass\n',
-  'answer_together'),
+  '        pass\n', 'answer_together or environment_runs_the_sandbox'),
+ ('71 env: an environment that takes warnings refused at start', 'reward_fns.py',
+  '**({"warnings": {}} if field == "env" and takes(fn, "warnings") else {})', '**{}', 'environment_runs_the_sandbox'),
+ ('71 env: the warnings never passed to an environment', 'reward_fns.py',
+  'said = env(messages, answer, warnings=warnings) if takes(env, "warnings")',
+  'said = env(messages, answer, warnings={}) if takes(env, "warnings")', 'environment_runs_the_sandbox'),
 ]
 # the entries' -k expressions select tests of either file (dev/test_dev.py: the tests of the tools in dev/)
 TESTS = ["test_smoke.py", "dev/test_dev.py"]
