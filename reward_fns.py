@@ -676,12 +676,12 @@ PY_MAX_CODE = 4000  # characters of code at most: a longer snippet is refused wi
 def run_python(code, limits=None, modules=None):
     """Run a snippet in the sandbox -> (the text the model sees, None or why the sandbox stopped or refused it). The
     text is what it printed, then the value of its last expression (as a REPL shows it), or one line of error; at
-    most limits["output_chars"] characters. The sandbox is a new interpreter (-I -S: no site-packages, no environment
-    variables) with limits on CPU time, memory, file size and open files, no child processes (RLIMIT_NPROC 0), and an
-    audit hook that refuses imports outside `modules`, sockets, processes, signals, and writes or deletions outside
-    its folder (deleted afterwards). Started as root (which ignores RLIMIT_NPROC and may write anywhere), it is also
-    jailed in that folder (chroot) as the user nobody. The parent stops it at limits["wall_s"] seconds. limits and
-    modules: PY_LIMITS and PY_MODULES unless given."""
+    most limits["output_chars"] characters. The sandbox is a new interpreter (no site-packages, no environment
+    variables but a fixed hash seed, `random` seeded) with limits on CPU time, memory, file size and open files, no
+    child processes (RLIMIT_NPROC 0), and an audit hook that refuses imports outside `modules`, sockets, processes,
+    signals, and writes or deletions outside its folder (deleted afterwards). Started as root (which ignores
+    RLIMIT_NPROC and may write anywhere), it is also jailed in that folder (chroot) as the user nobody. The parent
+    stops it at limits["wall_s"] seconds. limits and modules: PY_LIMITS and PY_MODULES unless given."""
     import os, signal, shutil, subprocess, sys, tempfile
     limits, modules = limits or PY_LIMITS, modules or PY_MODULES  # (read now: a student may change them)
     if len(code) > PY_MAX_CODE:
@@ -694,9 +694,11 @@ def run_python(code, limits=None, modules=None):
     settings = json.dumps({**limits, "modules": list(modules)})
     out = tempfile.TemporaryFile()  # a file, not a pipe: RLIMIT_FSIZE bounds what the snippet can write to it
     try:
-        p = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-c", _SANDBOX, scratch, settings, code], cwd=work,
-                             stdin=subprocess.DEVNULL, stdout=out, stderr=out, env={"LC_ALL": "C.UTF-8"},
-                             start_new_session=True)
+        # -s -S: no site-packages; -P: not the folder on sys.path; env: ours alone, a fixed hash seed (the same
+        # code prints the same set in every run, and a resumed run is the one that never stopped)
+        p = subprocess.Popen([sys.executable, "-s", "-S", "-B", "-P", "-c", _SANDBOX, scratch, settings, code],
+                             cwd=work, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                             env={"LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0"})
         try:
             p.wait(timeout=(wall := limits["wall_s"]))
         except subprocess.TimeoutExpired:
@@ -723,13 +725,15 @@ def run_python(code, limits=None, modules=None):
     return f"Error: the code crashed (exit {p.returncode})", f"crashed (exit {p.returncode})"
 
 
-# The sandbox's own code, run as `python -I -S -B -c _SANDBOX scratch settings code`: trusted until it calls exec.
+# The sandbox's own code, run as `python -s -S -B -P -c _SANDBOX scratch settings code`: trusted until it calls exec.
 _SANDBOX = r"""
 import ast, json, os, posix, resource, sys
 scratch, lim, code = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 sys.argv = ["<code>"]
 for m in lim["modules"]:
     __import__(m)  # before the hook and the user change: the interpreter's files may be unreadable to nobody
+if "random" in sys.modules:
+    sys.modules["random"].seed(0)  # a snippet's draws are the same in every run
 for name in ("mkfifo", "mknod"):  # they make files and raise no audit event
     for mod in (os, posix):
         hasattr(mod, name) and delattr(mod, name)
