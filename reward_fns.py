@@ -696,7 +696,8 @@ def run_python(code, limits=None, modules=None):
     try:
         # -s -S: no site-packages; -P: not the folder on sys.path; env: ours alone, a fixed hash seed (the same
         # code prints the same set in every run, and a resumed run is the one that never stopped)
-        p = subprocess.Popen([sys.executable, "-s", "-S", "-B", "-P", "-c", _SANDBOX, scratch, settings, code],
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # (Python 3.10 has no -P)
+        p = subprocess.Popen([sys.executable, "-s", "-S", "-B", *safe_path, "-c", _SANDBOX, scratch, settings, code],
                              cwd=work, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                              env={"LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0"})
         try:

@@ -6239,10 +6239,11 @@ def test_the_sandbox_stops_or_refuses_each_escape_names_the_cause_and_the_episod
     the episode goes on (a message, not None), nothing in the test's folder changes, nobody connects to the test's
     socket, and the sandbox's own folder is gone."""
     import tempfile
-    out = str(tmp_path / "outside")
+    out, scratch = str(tmp_path / "outside"), str(tmp_path / "tmp")  # (scratch: the sandboxes' folders go there)
     os.makedirs(out)
+    os.makedirs(scratch)
     open(os.path.join(out, "keep.txt"), "w").write("keep")
-    before, left_before = _tree(out), set(glob.glob(os.path.join(tempfile.gettempdir(), "grpo_python_*")))
+    before = _tree(out)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -6254,6 +6255,7 @@ def test_the_sandbox_stops_or_refuses_each_escape_names_the_cause_and_the_episod
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(reward_fns, "PY_LIMITS", limits)
+            mp.setattr(tempfile, "tempdir", scratch)
             said = reward_fns.python_env([{"role": "assistant", "content": "```python\n" + code.format(
                 out=out, port=listener.getsockname()[1]) + "\n```"}], "1", w)
         with pytest.raises(socket.timeout):
@@ -6264,7 +6266,7 @@ def test_the_sandbox_stops_or_refuses_each_escape_names_the_cause_and_the_episod
     assert isinstance(said, str) and said.strip() and "got through" not in said, said
     assert len(said) < 400 and said.count("\n") <= 3, said  # a few lines, never the megabytes
     assert _tree(out) == before  # nothing outside its folder changed
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "grpo_python_*"))) == left_before
+    assert os.listdir(scratch) == []  # and its folder is gone
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="the root layer: run as root (CI is)")

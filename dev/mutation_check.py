@@ -651,6 +651,8 @@ M = [  # (name, file, old, new, -k expression)
   '(lambda hook: None)(make_hook(top,', 'sandbox_stops'),
  ('71 python: a snippet\'s draws differ from run to run', 'reward_fns.py', '    sys.modules["random"].seed(0)',
   '    pass', 'sandbox_answers'),
+ ('71 python: a snippet\'s folder left behind', 'reward_fns.py', '        shutil.rmtree(scratch, ignore_errors=True)',
+  '        pass', 'sandbox_stops'),
  ('71 python: root not jailed', 'reward_fns.py', 'os.chroot(scratch); top = "/work"; os.chdir(top)', 'pass',
   'jailed_as_nobody'),
  ('71 python: no wall-time limit', 'reward_fns.py', 'p.wait(timeout=(wall := limits["wall_s"]))',
