@@ -435,9 +435,10 @@ def main(cfg):
     t_run, next_batch = time.time(), None
     for step in range(start, cfg.steps):
         clock, metrics = Clock(), Metrics()  # the step's named sums, means and maxima
-        # 1. The rollout. --no-async samples it now, from θ_step. --async sampled it from θ_{step-1}
-        #    while the last step trained (the first step, now) and starts the next now, in a
-        #    thread, from θ_step, its prompts drawn here. fail_together stops all ranks on an error.
+        # 1. The rollout. --no-async samples it now, from θ_step. --async sampled it from
+        #    θ_{step-1} while the last step trained (the first step, now) and starts the next now,
+        #    in a thread, from θ_step, its prompts drawn here. fail_together stops all ranks on an
+        #    error.
         batch = next_batch or fail_together(rollout_of, my_prompts(step), step)
         pending = cfg.async_ and step + 1 < cfg.steps and POOL.submit(
             rollout_of, my_prompts(step + 1), step)
