@@ -263,6 +263,39 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
     done
     wait $py
     bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1 ;;
+  qwen_bench)  # the numbers at Qwen2.5-0.5B's shape ($QWEN), one server at MEM_FRACTION 0.3, in this order (each
+               # within what is left of BENCH_END seconds): the turn cost of --task python's episodes and of 3 replies
+               # of 256 tokens (dev/turn_cost.py); ours --async and --no-async (BENCH_STEPS, 10) on the quick start's
+               # single-turn task with replies of up to 256 tokens, beta 0, micro-batches of 32 (TRL's settings); the
+               # trainer's peak memory at the "what fits" batch (as the fit phase), full and --lora_rank 16; then TRL
+               # 1.16 (dev/trl_grpo.py, TRL_STEPS: 8) on the same single-turn work
+    Q=${QWEN:?set QWEN}; end=$((SECONDS + ${BENCH_END:-540}))
+    left() { local l=$((end - SECONDS)); echo $((l > 1 ? l : 1)); }  # (timeout 0 would be no limit)
+    server "$Q"
+    log "qwen_bench: dev/turn_cost.py"
+    timeout "$(( $(left) < 150 ? $(left) : 150 ))" python3 dev/turn_cost.py --model "$Q" --turns 3 --tokens 256 --reps 3 --tasks python \
+        --out "$RES/qwen_turn_cost.json" > "$RES/qwen_turn_cost.log" 2>&1
+    log "qwen_bench: turn_cost exit $?: $(tail -n 1 "$RES/qwen_turn_cost.log" | cut -c1-200)"
+    for mode in async no-async; do
+      run "qwen_ours_$mode" "/tmp/runs/qwen_ours_$mode" "$(left)" torchrun --nproc_per_node 1 grpo_sglang.py --colocate \
+          --model "$Q" --dataset builtin --prompts_per_step 16 --max_new_tokens 256 --micro_batch 32 --lr 1e-5 --beta 0 \
+          --steps "${BENCH_STEPS:-10}" --eval_every 0 --save_every 0 "--$mode" --out_dir "/tmp/runs/qwen_ours_$mode"
+    done
+    for mode in full lora; do
+      flags=(); [ $mode = lora ] && flags+=("${LORA[@]}")
+      run "qwen_fit_$mode" "/tmp/runs/qwen_fit_$mode" "$(left)" torchrun --nproc_per_node 1 grpo_sglang.py --colocate \
+          --model "$Q" --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --lr 1e-5 \
+          --beta 0.04 --steps "${FIT_STEPS:-4}" --eval_every 0 --save_every 0 "${flags[@]}" \
+          --out_dir "/tmp/runs/qwen_fit_$mode"
+    done
+    bash serve.sh stop > /dev/null 2>&1; unset SERVED  # TRL generates with transformers: the server's memory back
+    [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "${SITE:-/tmp/site}" .whl/*.whl
+    log "qwen_bench: dev/trl_grpo.py"; t0=$SECONDS
+    timeout "$(left)" python3 dev/trl_grpo.py --model "$Q" --steps "${TRL_STEPS:-8}" --max_new_tokens 256 \
+        --out /tmp/runs/qwen_trl > "$RES/qwen_trl.log" 2>&1
+    log "qwen_bench: trl exit $? after $((SECONDS - t0)) s"
+    cp /tmp/runs/qwen_trl/steps.jsonl "$RES/qwen_trl.steps.jsonl"
+    cp /tmp/runs/qwen_trl/summary.json "$RES/qwen_trl.summary.json" ;;
   *) log "unknown phase $phase" ;;
   esac
 done

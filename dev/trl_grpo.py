@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer on the work of the README's one-GPU quick start, for a side-by-side on the same GPU: the same
 model, the built-in task's training rows (grpo_sglang.load_splits, so the held-out rows stay out), its instruction in
-the chat template and its reward (reward_fns.arithmetic_reward), 16 prompts x 8 completions of up to 128 new tokens,
+the chat template and its reward (reward_fns.arithmetic_reward), 16 prompts x 8 completions of up to 128 new tokens (--max_new_tokens),
 AdamW at a constant lr 1e-5, no KL (beta 0), token-mean loss ("dapo", TRL's default, as grpo_sglang's --loss_agg
 token), clip 0.2, fp32 master weights computing in bf16, one optimizer step per batch in 4 micro-batches of 32.
 TRL samples with transformers' generate on the training GPU (its vLLM path needs vllm, which this machine lacks).
@@ -28,6 +28,7 @@ def main():
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--out", default="runs/trl")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max_new_tokens", type=int, default=128, help="TRL's max_completion_length")
     a = p.parse_args()
     import torch
     import trl
@@ -58,7 +59,7 @@ def main():
     cfg = GRPOConfig(output_dir=os.path.join(a.out, "trainer"), max_steps=a.steps, learning_rate=1e-5,
                      lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
                      per_device_train_batch_size=32, gradient_accumulation_steps=4, num_generations=8,
-                     max_completion_length=128, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2,
+                     max_completion_length=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2,
                      loss_type="dapo", scale_rewards="group", bf16=torch.cuda.is_available(), logging_steps=1, save_strategy="no",
                      report_to="none", seed=a.seed, model_init_kwargs={"dtype": torch.float32},
                      use_cpu=not torch.cuda.is_available())  # (the CPU: only to try this script)

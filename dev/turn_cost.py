@@ -165,7 +165,8 @@ def tasks(a, url):
     episode sampled (the trainer's single-turn request)."""
     version = requests.post(url + "/generate", json={"input_ids": [[1, 2, 3]], "sampling_params": {
         "max_new_tokens": 1}}, timeout=60).json()[0]["meta_info"]["weight_version"]
-    budgets = {"calculator": (128, 32), "guess": (192, 16)}  # the README's --max_new_tokens, --max_reply_tokens
+    # the README's --max_new_tokens, --max_reply_tokens
+    budgets = {"calculator": (128, 32), "guess": (192, 16), "python": (640, 256)}
     out = {}
     for name in a.tasks:
         cfg = g.Config(model=a.model, dataset="builtin", task=name, max_new_tokens=budgets[name][0],
