@@ -273,13 +273,13 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
     left() { local l=$((end - SECONDS)); echo $((l > 1 ? l : 1)); }  # (timeout 0 would be no limit)
     server "$Q"
     log "qwen_bench: dev/turn_cost.py"
-    timeout "$(( $(left) < 150 ? $(left) : 150 ))" python3 dev/turn_cost.py --model "$Q" --turns 3 --tokens 256 --reps 3 --tasks python \
-        --out "$RES/qwen_turn_cost.json" > "$RES/qwen_turn_cost.log" 2>&1
+    timeout "$(( $(left) < 150 ? $(left) : 150 ))" python3 dev/turn_cost.py --model "$Q" --turns 3 --tokens 256 \
+        --reps 3 --tasks python --out "$RES/qwen_turn_cost.json" > "$RES/qwen_turn_cost.log" 2>&1
     log "qwen_bench: turn_cost exit $?: $(tail -n 1 "$RES/qwen_turn_cost.log" | cut -c1-200)"
     for mode in async no-async; do
-      run "qwen_ours_$mode" "/tmp/runs/qwen_ours_$mode" "$(left)" torchrun --nproc_per_node 1 grpo_sglang.py --colocate \
-          --model "$Q" --dataset builtin --prompts_per_step 16 --max_new_tokens 256 --micro_batch 32 --lr 1e-5 --beta 0 \
-          --steps "${BENCH_STEPS:-10}" --eval_every 0 --save_every 0 "--$mode" --out_dir "/tmp/runs/qwen_ours_$mode"
+      run "qwen_ours_$mode" "/tmp/runs/qwen_ours_$mode" "$(left)" torchrun --nproc_per_node 1 grpo_sglang.py \
+          --colocate --model "$Q" --dataset builtin --prompts_per_step 16 --max_new_tokens 256 --micro_batch 32 \
+          --lr 1e-5 --beta 0 --steps "${BENCH_STEPS:-10}" --eval_every 0 --save_every 0 "--$mode" --out_dir "/tmp/runs/qwen_ours_$mode"
     done
     for mode in full lora; do
       flags=(); [ $mode = lora ] && flags+=("${LORA[@]}")
