@@ -279,7 +279,8 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
     for mode in async no-async; do
       run "qwen_ours_$mode" "/tmp/runs/qwen_ours_$mode" "$(left)" torchrun --nproc_per_node 1 grpo_sglang.py \
           --colocate --model "$Q" --dataset builtin --prompts_per_step 16 --max_new_tokens 256 --micro_batch 32 \
-          --lr 1e-5 --beta 0 --steps "${BENCH_STEPS:-10}" --eval_every 0 --save_every 0 "--$mode" --out_dir "/tmp/runs/qwen_ours_$mode"
+          --lr 1e-5 --beta 0 --steps "${BENCH_STEPS:-10}" --eval_every 0 --save_every 0 "--$mode" \
+          --out_dir "/tmp/runs/qwen_ours_$mode"
     done
     for mode in full lora; do
       flags=(); [ $mode = lora ] && flags+=("${LORA[@]}")
