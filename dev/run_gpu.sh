@@ -235,7 +235,8 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
   qwen)  # Qwen2.5-Coder-0.5B-Instruct ($QWEN) on one GPU with two servers side by side (MEM_FRACTION 0.15 each):
          # --task python on the first (resumed where /tmp/runs/python has a checkpoint), and on the second the quick
          # start's and then the calculator's commands as the README writes them with --model $QWEN (QS_STEPS, CALC_STEPS;
-         # each skipped once it is done; QWEN_SOLO=1: none). PY_LR, PY_STEPS, PY_ARGS (later flags win) vary the python
+         # each skipped once it is done; QWEN_SOLO=1: none); greedy episodes before and after (dev/play.py).
+         # PY_LR, PY_STEPS, PY_ARGS (later flags win) vary the python
          # run. Everything ends by QWEN_END seconds (the call's limit, less the copy)
     Q=${QWEN:?set QWEN}; end=$((SECONDS + ${QWEN_END:-540}))
     bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1; unset SERVED
@@ -244,6 +245,8 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
         LOG=$RES/serve2.log bash serve.sh > "$RES/serve2.out" 2>&1 &
     wait; log "qwen: servers: $(tail -qn 1 "$RES"/serve*.out | tr '\n' ' ')"
     resume=(); [ -f /tmp/runs/python/latest ] && resume=(--resume)
+    [ -f "$RES/python_play_before.json" ] || timeout 120 python3 dev/play.py --model "$Q" --rows 16 \
+        --out "$RES/python_play_before.json" > "$RES/python_play_before.log" 2>&1  # greedy episodes, before training
     PY=(--colocate --model "$Q" --dataset builtin --task python --prompts_per_step 16 --max_new_tokens 640
         --max_reply_tokens 256 --micro_batch 16 --lr "${PY_LR:-3e-6}" --steps "${PY_STEPS:-200}" --eval_every 20
         --save_every 10 --keep_checkpoints 1 --out_dir /tmp/runs/python)
@@ -262,6 +265,9 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
           "$RES/qwen_$name.metrics.jsonl" 2>/dev/null && touch "$RES/qwen_$name.done"
     done
     wait $py
+    timeout 120 python3 dev/play.py --model "$Q" --rows 16 --out "$RES/python_play_after.json" \
+        > "$RES/python_play_after.log" 2>&1  # the same episodes, played by the weights the run pushed last
+    log "qwen: greedy episodes before and after: $(tail -qn 1 "$RES"/python_play_*.log | tr '\n' ' ')"
     bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1 ;;
   qwen_bench)  # the numbers at Qwen2.5-0.5B's shape ($QWEN), one server at MEM_FRACTION 0.3, in this order (each
                # within what is left of BENCH_END seconds): the turn cost of --task python's episodes and of 3 replies
