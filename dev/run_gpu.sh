@@ -237,7 +237,8 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
          # start's and then the calculator's commands as the README writes them with --model $QWEN (QS_STEPS, CALC_STEPS;
          # each skipped once it is done; QWEN_SOLO=1: none); greedy episodes before and after (dev/play.py).
          # PY_LR, PY_STEPS, PY_ARGS (later flags win) vary the python
-         # run. Everything ends by QWEN_END seconds (the call's limit, less the copy)
+         # run. Everything ends by QWEN_END seconds (the call's limit, less the copy): the python run 35 s before, for
+         # the episodes after
     Q=${QWEN:?set QWEN}; end=$((SECONDS + ${QWEN_END:-540}))
     bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1; unset SERVED
     GPU=0 MEM_FRACTION=0.15 MODEL=$Q LOG=$RES/serve.log bash serve.sh > "$RES/serve.out" 2>&1 &
@@ -245,12 +246,12 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
         LOG=$RES/serve2.log bash serve.sh > "$RES/serve2.out" 2>&1 &
     wait; log "qwen: servers: $(tail -qn 1 "$RES"/serve*.out | tr '\n' ' ')"
     resume=(); [ -f /tmp/runs/python/latest ] && resume=(--resume)
-    [ -f "$RES/python_play_before.json" ] || timeout 120 python3 dev/play.py --model "$Q" --rows 16 \
+    [ -f "$RES/python_play_before.json" ] || timeout 60 python3 dev/play.py --model "$Q" --rows 16 \
         --out "$RES/python_play_before.json" > "$RES/python_play_before.log" 2>&1  # greedy episodes, before training
     PY=(--colocate --model "$Q" --dataset builtin --task python --prompts_per_step 16 --max_new_tokens 640
         --max_reply_tokens 256 --micro_batch 16 --lr "${PY_LR:-3e-6}" --steps "${PY_STEPS:-200}" --eval_every 20
         --save_every 10 --keep_checkpoints 1 --out_dir /tmp/runs/python)
-    run python /tmp/runs/python $((end - SECONDS)) torchrun --nproc_per_node 1 --master_port 29511 grpo_sglang.py \
+    run python /tmp/runs/python $((end - SECONDS - 35)) torchrun --nproc_per_node 1 --master_port 29511 grpo_sglang.py \
         "${PY[@]}" "${resume[@]}" ${PY_ARGS:-} &
     py=$!
     for name in quickstart calculator; do
@@ -265,7 +266,7 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
           "$RES/qwen_$name.metrics.jsonl" 2>/dev/null && touch "$RES/qwen_$name.done"
     done
     wait $py
-    timeout 120 python3 dev/play.py --model "$Q" --rows 16 --out "$RES/python_play_after.json" \
+    timeout 30 python3 dev/play.py --model "$Q" --rows 16 --out "$RES/python_play_after.json" \
         > "$RES/python_play_after.log" 2>&1  # the same episodes, played by the weights the run pushed last
     log "qwen: greedy episodes before and after: $(tail -qn 1 "$RES"/python_play_*.log | tr '\n' ' ')"
     bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1 ;;
