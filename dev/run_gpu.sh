@@ -259,7 +259,7 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
       [ $name = quickstart ] && args=("${QUICK[@]}" --steps "${QS_STEPS:-100}") \
                              || args=("${EPISODES[@]}" "${CALC[@]}" --steps "${CALC_STEPS:-100}")
       rm -rf "/tmp/runs/qwen_$name"
-      run "qwen_$name" "/tmp/runs/qwen_$name" $((end - SECONDS)) torchrun --nproc_per_node 1 --master_port 29512 \
+      run "qwen_$name" "/tmp/runs/qwen_$name" $((end - SECONDS - 35)) torchrun --nproc_per_node 1 --master_port 29512 \
           grpo_sglang.py "${args[@]}" --model "$Q" --server_url http://127.0.0.1:30001 --save_every 0 \
           --out_dir "/tmp/runs/qwen_$name"
       grep -q '"step": '"$( [ $name = quickstart ] && echo "${QS_STEPS:-100}" || echo "${CALC_STEPS:-100}")"', "eval' \
