@@ -65,6 +65,8 @@ server() {  # the README's server line, once (server MODEL: another model, after
   bash serve.sh stop > /dev/null; SERVED=$model; local t0=$SECONDS
   GPU=0 MEM_FRACTION=0.3 MODEL=$model LOG=$RES/serve.log bash serve.sh || { log "server did not start"; exit 1; }
   log "server ($model) healthy after $((SECONDS - t0)) s"; }
+left() { local l=$((end - SECONDS - ${1:-0})); echo $((l > 1 ? l : 1)); }  # seconds to $end, less $1 (at least 1:
+# timeout 0 would be no limit)
 MODELS=${MODELS:-/tmp/models}
 make_model() { [ -f "$MODELS/$1/config.json" ] || python3 dev/make_models.py "$MODELS" --tokenizer "$M" --only "$1" \
   >> "$RES/make_models.log" 2>&1; }
@@ -251,7 +253,7 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
     PY=(--colocate --model "$Q" --dataset builtin --task python --prompts_per_step 16 --max_new_tokens 640
         --max_reply_tokens 256 --micro_batch 16 --lr "${PY_LR:-3e-6}" --steps "${PY_STEPS:-200}" --eval_every 20
         --save_every 10 --keep_checkpoints 1 --out_dir /tmp/runs/python)
-    run python /tmp/runs/python $((end - SECONDS - 35)) torchrun --nproc_per_node 1 --master_port 29511 grpo_sglang.py \
+    run python /tmp/runs/python "$(left 35)" torchrun --nproc_per_node 1 --master_port 29511 grpo_sglang.py \
         "${PY[@]}" "${resume[@]}" ${PY_ARGS:-} &
     py=$!
     for name in quickstart calculator; do
@@ -259,7 +261,7 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
       [ $name = quickstart ] && args=("${QUICK[@]}" --steps "${QS_STEPS:-100}") \
                              || args=("${EPISODES[@]}" "${CALC[@]}" --steps "${CALC_STEPS:-100}")
       rm -rf "/tmp/runs/qwen_$name"
-      run "qwen_$name" "/tmp/runs/qwen_$name" $((end - SECONDS - 35)) torchrun --nproc_per_node 1 --master_port 29512 \
+      run "qwen_$name" "/tmp/runs/qwen_$name" "$(left 35)" torchrun --nproc_per_node 1 --master_port 29512 \
           grpo_sglang.py "${args[@]}" --model "$Q" --server_url http://127.0.0.1:30001 --save_every 0 \
           --out_dir "/tmp/runs/qwen_$name"
       grep -q '"step": '"$( [ $name = quickstart ] && echo "${QS_STEPS:-100}" || echo "${CALC_STEPS:-100}")"', "eval' \
@@ -277,7 +279,6 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
                # trainer's peak memory at the "what fits" batch (as the fit phase), full and --lora_rank 16; then TRL
                # 1.16 (dev/trl_grpo.py, TRL_STEPS: 8) on the same single-turn work
     Q=${QWEN:?set QWEN}; end=$((SECONDS + ${BENCH_END:-540}))
-    left() { local l=$((end - SECONDS)); echo $((l > 1 ? l : 1)); }  # (timeout 0 would be no limit)
     server "$Q"
     log "qwen_bench: dev/turn_cost.py"
     timeout "$(( $(left) < 150 ? $(left) : 150 ))" python3 dev/turn_cost.py --model "$Q" --turns 3 --tokens 256 \
