@@ -667,9 +667,10 @@ PY_LIMITS = {"cpu_s": 2, "wall_s": 10, "memory_mb": 512, "output_chars": 1000, "
 # The modules a snippet may import: loaded before the limits apply, any other import is refused. To add one, name it
 # here (a module of the standard library; a package such as numpy also needs the interpreter's site-packages: drop
 # "-S" in run_python, and its threads need RLIMIT_NPROC raised). Never add one that reaches the network, starts
-# processes or loads C code at will: socket, subprocess, multiprocessing, ctypes, os's process calls.
+# processes or loads C code at will: socket, subprocess, multiprocessing, ctypes, os's process calls. (unicodedata:
+# Python imports it itself to read a name that is not ASCII, such as `总数 = 12`, or a "\N{...}" escape.)
 PY_MODULES = ("math", "cmath", "fractions", "decimal", "statistics", "itertools", "functools", "collections", "heapq",
-              "bisect", "datetime", "re", "string", "json", "operator", "random")
+              "bisect", "datetime", "re", "string", "json", "operator", "random", "unicodedata")
 PY_MAX_CODE = 4000  # characters of code at most: a longer snippet is refused without running
 
 

@@ -6200,6 +6200,10 @@ def test_the_sandbox_answers_with_what_the_code_printed_its_last_value_or_one_li
     assert run("print('a')\n1 / 0") == ("a\nZeroDivisionError: division by zero", None)
     assert run("print(") [0].startswith("SyntaxError: ") and run("x = 1") == ("(no output)", None)
     assert run("None") == ("(no output)", None)
+    # a name that is not ASCII and a \N{} escape: Python imports unicodedata itself to read them (the GPU run of
+    # --task python saw it refused 16 times in 60 steps)
+    assert run("总数 = 12 * 3\nprint(总数)") == ("36", None)
+    assert run('print("\\N{DEGREE SIGN}")') == ("\u00b0", None)
     same = "import random\nprint(random.random(), list({'apple', 'pear', 'plum', 'fig'}))"
     assert run(same) == run(same)  # the same draws and set order in every run: a resumed run is the same run
 

@@ -672,6 +672,8 @@ M = [  # (name, file, old, new, -k expression)
  ('71 env: the warnings never passed to an environment', 'reward_fns.py',
   'said = env(messages, answer, warnings=warnings) if takes(env, "warnings")',
   'said = env(messages, answer, warnings={}) if takes(env, "warnings")', 'environment_runs_the_sandbox'),
+ ('71 python: a name that is not ASCII refused', 'reward_fns.py', '"operator", "random", "unicodedata")',
+  '"operator", "random")', 'sandbox_answers'),
 ]
 # the entries' -k expressions select tests of either file (dev/test_dev.py: the tests of the tools in dev/)
 TESTS = ["test_smoke.py", "dev/test_dev.py"]
