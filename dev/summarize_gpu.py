@@ -254,6 +254,7 @@ def main(argv=None):
                 differ += [] if there == got else [folder]
                 print(f"results/{folder}: {'the same' if there == got else 'DIFFERS from its summary.json'}")
                 continue
+            os.makedirs(os.path.join(RESULTS, folder), exist_ok=True)  # (git rm took the folder with its raw files)
             open(os.path.join(RESULTS, folder, "summary.json"), "w").write(dumps(got))
             print(f"results/{folder}: wrote summary.json")
     except Error as e:
