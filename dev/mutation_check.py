@@ -674,6 +674,8 @@ M = [  # (name, file, old, new, -k expression)
   'said = env(messages, answer, warnings={}) if takes(env, "warnings")', 'environment_runs_the_sandbox'),
  ('71 python: a name that is not ASCII refused', 'reward_fns.py', '"operator", "random", "unicodedata")',
   '"operator", "random")', 'sandbox_answers'),
+ ('71 play: the training rows played', 'dev/play.py', '_, _, evals, tasks = g.load_data(cfg)',
+  'evals, _, _, tasks = g.load_data(cfg)', 'play_tool'),
 ]
 # the entries' -k expressions select tests of either file (dev/test_dev.py: the tests of the tools in dev/)
 TESTS = ["test_smoke.py", "dev/test_dev.py"]

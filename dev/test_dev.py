@@ -67,6 +67,23 @@ def test_the_profile_tool_profiles_the_steps_it_is_asked_for(tiny_model, server,
     assert [r["step"] for r in read_metrics(tmp_path / "run") if "reward_mean" in r] == [1, 2, 3, 4]
 
 
+def test_the_play_tool_plays_the_first_held_out_rows_greedily_with_the_servers_weights(tiny_model, server, tmp_path):
+    """dev/play.py's episodes (the README's episode before and after training) are the task's first held-out rows, in
+    order, played greedily (the same twice), each marked right or wrong by the task's own check."""
+    cfg = g.Config(model=tiny_model, dataset="builtin", task="python", max_new_tokens=64, max_reply_tokens=32)
+    _, _, evals, tasks = g.load_data(cfg)
+    got = []
+    for k in range(2):
+        code, out = run([sys.executable, os.path.join(DEV, "play.py"), "--model", tiny_model, "--url", server.url,
+                         "--rows", "3", "--max_new_tokens", "64", "--max_reply_tokens", "32",
+                         "--out", str(tmp_path / f"{k}.json")], timeout=180)
+        assert code == 0 and "play: 0 of 3 right (server weights default)" in out, out
+        got.append(json.load(open(tmp_path / f"{k}.json")))
+    assert got[0] == got[1] and [e["answer"] for e in got[0]] == [r["answer"] for r in evals[:3]]
+    assert all(r["question"] in e["messages"][0]["content"] for e, r in zip(got[0], evals))
+    assert all(e["correct"] == tasks["python"].correct(e["messages"][-1]["content"], e["answer"]) for e in got[0])
+
+
 def test_the_benchmark_tools_run_the_trainers_step_on_a_tiny_shape(tmp_path):
     """dev/fit_bench.py (what fits my GPU) and dev/train_phase_bench.py run the trainer's own step on made-up
     rollouts (through sequences(), as a real batch): on the CPU, a tiny Llama (2 layers, 64 wide, MLP 128, 4 heads of
