@@ -59,6 +59,15 @@ run() { local name=$1 dir=$2 limit=$3; shift 3; log "$name: $*"; local t0=$SECON
   local last; last=$(grep -E '^error|^step +[0-9]+ ' "$RES/$name.log" | tail -n 1 | cut -c1-150)
   log "$name: exit $code after $((SECONDS - t0)) s: $last"
   cp "$dir/metrics.jsonl" "$RES/$name.metrics.jsonl" 2>/dev/null; return 0; }
+# trl_run NAME TIMEOUT ARGS...: TRL 1.16 (dev/trl_grpo.py ARGS; the wheels in .whl/ installed first, if any), its
+# log, steps.jsonl and summary.json in $RES as NAME.*
+trl_run() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "${SITE:-/tmp/site}" .whl/*.whl
+  log "$name: dev/trl_grpo.py $*"
+  timeout "$limit" python3 dev/trl_grpo.py "$@" --out "/tmp/runs/$name" > "$RES/$name.log" 2>&1
+  log "$name: exit $? after $((SECONDS - t0)) s"
+  cp "/tmp/runs/$name/steps.jsonl" "$RES/$name.steps.jsonl"
+  cp "/tmp/runs/$name/summary.json" "$RES/$name.summary.json"; }
 server() {  # the README's server line, once (server MODEL: another model, after stopping this one)
   local model=${1:-$M}
   curl -sf "http://127.0.0.1:30000/health" > /dev/null && [ "$model" = "${SERVED:-$M}" ] && return
@@ -93,12 +102,7 @@ for phase in $phases; do
           --dataset builtin --prompts_per_step 16 --max_new_tokens 128 --micro_batch 32 --lr 1e-5 --beta 0 --steps 30 \
           --eval_every 0 --save_every 0 "--$mode" --out_dir "/tmp/runs/ours_$mode"
     done
-    [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "${SITE:-/tmp/site}" .whl/*.whl
-    log "trl: dev/trl_grpo.py"; t0=$SECONDS
-    timeout 900 python3 dev/trl_grpo.py --model "$M" --steps "${TRL_STEPS:-40}" --out /tmp/runs/trl \
-        > "$RES/trl.log" 2>&1
-    log "trl: exit $? after $((SECONDS - t0)) s"
-    cp /tmp/runs/trl/steps.jsonl "$RES/trl.steps.jsonl"; cp /tmp/runs/trl/summary.json "$RES/trl.summary.json" ;;
+    trl_run trl 900 --model "$M" --steps "${TRL_STEPS:-40}" ;;
   trust)
     server
     run lr1e-6 /tmp/runs/lr1e-6 900 torchrun --nproc_per_node 1 grpo_sglang.py "${QUICK[@]}" --lr 1e-6 \
@@ -285,13 +289,7 @@ c['add_bos_token'] = True; json.dump(c, open(p, 'w'), indent=1)" "$G"
           --out_dir "/tmp/runs/qwen_fit_$mode"
     done
     bash serve.sh stop > /dev/null 2>&1; unset SERVED  # TRL generates with transformers: the server's memory back
-    [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "${SITE:-/tmp/site}" .whl/*.whl
-    log "qwen_bench: dev/trl_grpo.py"; t0=$SECONDS
-    timeout "$(left)" python3 dev/trl_grpo.py --model "$Q" --steps "${TRL_STEPS:-8}" --max_new_tokens 256 \
-        --out /tmp/runs/qwen_trl > "$RES/qwen_trl.log" 2>&1
-    log "qwen_bench: trl exit $? after $((SECONDS - t0)) s"
-    cp /tmp/runs/qwen_trl/steps.jsonl "$RES/qwen_trl.steps.jsonl"
-    cp /tmp/runs/qwen_trl/summary.json "$RES/qwen_trl.summary.json" ;;
+    trl_run qwen_trl "$(left)" --model "$Q" --steps "${TRL_STEPS:-8}" --max_new_tokens 256 ;;
   qwen_words)  # ours (--async and --no-async, BENCH_STEPS: 10) against TRL 1.16 (TRL_STEPS: 8) on replies that run
                # long: the python task's 1,000 word problems as a .jsonl file with --task gsm8k (reason step by step,
                # then '#### <number>'; no tool), 256 new tokens, beta 0, micro-batches of 32; by BENCH_END seconds
@@ -306,13 +304,8 @@ print(''.join(json.dumps(r) + '\n' for r in reward_fns.word_problem_rows()), end
           --out_dir "/tmp/runs/words_ours_$mode"
     done
     bash serve.sh stop > /dev/null 2>&1; unset SERVED  # TRL generates with transformers: the server's memory back
-    [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "${SITE:-/tmp/site}" .whl/*.whl
-    log "qwen_words: dev/trl_grpo.py"; t0=$SECONDS
-    timeout "$(left)" python3 dev/trl_grpo.py --model "$Q" --steps "${TRL_STEPS:-8}" --max_new_tokens 256 \
-        --dataset /tmp/words.jsonl --task gsm8k --out /tmp/runs/words_trl > "$RES/words_trl.log" 2>&1
-    log "qwen_words: trl exit $? after $((SECONDS - t0)) s"
-    cp /tmp/runs/words_trl/steps.jsonl "$RES/words_trl.steps.jsonl"
-    cp /tmp/runs/words_trl/summary.json "$RES/words_trl.summary.json" ;;
+    trl_run words_trl "$(left)" --model "$Q" --steps "${TRL_STEPS:-8}" --max_new_tokens 256 --dataset /tmp/words.jsonl \
+        --task gsm8k ;;
   *) log "unknown phase $phase" ;;
   esac
 done

@@ -1,9 +1,10 @@
 """TRL's GRPOTrainer on the work of the README's one-GPU quick start, for a side-by-side on the same GPU: the same
 model, the built-in task's training rows (grpo_sglang.load_splits, so the held-out rows stay out), its instruction in
 the chat template and its reward (reward_fns.arithmetic_reward; --task and --dataset: another single-turn task's, on
-the rows grpo_sglang would train on with the same flags), 16 prompts x 8 completions of up to 128 new tokens (--max_new_tokens),
-AdamW at a constant lr 1e-5, no KL (beta 0), token-mean loss ("dapo", TRL's default, as grpo_sglang's --loss_agg
-token), clip 0.2, fp32 master weights computing in bf16, one optimizer step per batch in 4 micro-batches of 32.
+the rows grpo_sglang would train on with the same flags), 16 prompts x 8 completions of up to 128 new tokens
+(--max_new_tokens), AdamW at a constant lr 1e-5, no KL (beta 0), token-mean loss ("dapo", TRL's default, as
+grpo_sglang's --loss_agg token), clip 0.2, fp32 master weights computing in bf16, one optimizer step per batch in 4
+micro-batches of 32.
 TRL samples with transformers' generate on the training GPU (its vLLM path needs vllm, which this machine lacks).
 
     pip install trl   # 1.16.0 measured
@@ -30,8 +31,9 @@ def main():
     p.add_argument("--out", default="runs/trl")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max_new_tokens", type=int, default=128, help="TRL's max_completion_length")
-    p.add_argument("--task", default="arithmetic", help="a single-turn task of reward_fns.TASKS: its instruction, reward")
-    p.add_argument("--dataset", default="builtin", help="as grpo_sglang's --dataset (a .jsonl file: its rows, 10%% held out)")
+    p.add_argument("--task", default="arithmetic", choices=sorted(reward_fns.TASKS),
+                   help="a single-turn task of reward_fns.TASKS (instruction, reward)")
+    p.add_argument("--dataset", default="builtin", help="as grpo_sglang's --dataset (a .jsonl file: 10%% held out)")
     a = p.parse_args()
     import torch
     import trl
