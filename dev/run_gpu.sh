@@ -28,6 +28,8 @@
 #               --lora_rank 16, each without and with --grad_checkpointing: the trainer's peak (metrics' peak_mem_gb),
 #               the GPU's use (nvidia-smi every 0.5 s). (Until 8a15aea it ran at --beta 0: the fit_1.5b_* runs of
 #               results/h200/fit, raw files at bf31402)
+#   qwen_model, qwen, qwen_bench, qwen_words   Qwen2.5-Coder-0.5B-Instruct ($QWEN): built from the registry's parts,
+#               then --task python, the numbers at its shape, ours against TRL on long replies (each case says more)
 #
 #   (cost, syncbench and same_tokens, with their tools check_cost.py, lora_sync_bench.py and same_tokens.py: last
 #   at f93241d; their results are in results/h200/trust, lora and calls_1203b)
@@ -36,7 +38,7 @@
 # Whatever a phase leaves in $RES (a run's NAME.log and NAME.metrics.jsonl through run(), a tool's json), copied into
 # results/<folder>/, is summarized by python dev/summarize_gpu.py --at SHA results/<folder>: a new phase needs no
 # code there.
-# (STEPS, TRL_STEPS: shorter runs to try it; the trl phase installs the wheels in .whl/ if there are any)
+# (STEPS, TRL_STEPS: shorter runs to try it; the phases that run TRL install the wheels in .whl/ if there are any)
 # The server here needs ATTENTION_BACKEND=triton EXTRA_ARGS="--sampling-backend pytorch" (this machine's SGLang has
 # no FA3 or flashinfer kernels); a stock SGLang install needs neither.
 set -uo pipefail

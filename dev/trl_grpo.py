@@ -68,8 +68,8 @@ def main():
                      lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
                      per_device_train_batch_size=32, gradient_accumulation_steps=4, num_generations=8,
                      max_completion_length=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2,
-                     loss_type="dapo", scale_rewards="group", bf16=torch.cuda.is_available(), logging_steps=1, save_strategy="no",
-                     report_to="none", seed=a.seed, model_init_kwargs={"dtype": torch.float32},
+                     loss_type="dapo", scale_rewards="group", bf16=torch.cuda.is_available(), logging_steps=1,
+                     save_strategy="no", report_to="none", seed=a.seed, model_init_kwargs={"dtype": torch.float32},
                      use_cpu=not torch.cuda.is_available())  # (the CPU: only to try this script)
     trainer = GRPOTrainer(model=a.model, reward_funcs=reward, args=cfg, train_dataset=data, callbacks=[Log()])
     t[0] = time.time()
